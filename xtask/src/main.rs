@@ -6,13 +6,16 @@
 
 use std::process::ExitCode;
 
+mod cuda;
 mod util;
 
 const HELP: &str = "\
 cargo xtask <command>
 
 commands:
-  anchor-venv   create target/anchor-venv with the pinned numpy / faiss-cpu / hnswlib
+  anchor-venv     create target/anchor-venv with the pinned numpy / faiss-cpu / hnswlib
+  cuda-toolchain  install the pinned nvcc and a link-time libcuda under target/
+  cuda-test       clippy + tests of every crate's `cuda` feature (links here; skips device cases without a GPU)
 ";
 
 fn main() -> ExitCode {
@@ -23,13 +26,14 @@ fn main() -> ExitCode {
     };
     let result = match cmd.as_str() {
         "anchor-venv" => util::anchor_venv().map(|p| println!("{}", p.display())),
+        "cuda-toolchain" => cuda::toolchain_cmd(),
+        "cuda-test" => cuda::test_cmd(rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())
         }
         other => Err(format!("unknown xtask command `{other}`\n\n{HELP}")),
     };
-    let _ = rest;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
