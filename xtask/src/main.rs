@@ -7,6 +7,7 @@
 use std::process::ExitCode;
 
 mod cuda;
+mod ptx;
 mod util;
 
 const HELP: &str = "\
@@ -15,6 +16,7 @@ cargo xtask <command>
 commands:
   anchor-venv     create target/anchor-venv with the pinned numpy / faiss-cpu / hnswlib
   cuda-toolchain  install the pinned nvcc and a link-time libcuda under target/
+  ptx             compile kernels/*.cu to the committed kernels/*.ptx (`--check`: fail when stale)
   cuda-test       clippy + tests of every crate's `cuda` feature (links here; skips device cases without a GPU)
 ";
 
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
         "anchor-venv" => util::anchor_venv().map(|p| println!("{}", p.display())),
         "cuda-toolchain" => cuda::toolchain_cmd(),
         "cuda-test" => cuda::test_cmd(rest),
+        "ptx" => ptx::ptx_cmd(rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())

@@ -1,0 +1,154 @@
+//! The batch path of [`CpuRetriever`]: row blocks sized for the L2 cache are
+//! scored against every query of the batch before the next block is read, so
+//! a batch streams the corpus from memory once instead of once per query.
+//!
+//! Within a block, register tiles of a few rows × up to four queries share
+//! their loads (see [`crate::kernels`]); each parallel task keeps one
+//! [`Selector`] per query, and the tasks' selectors are merged per query with
+//! the same comparator.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use ndarray::ArrayView2;
+use rayon::prelude::*;
+use topk_core::{validate, Metric, Neighbor, Result, Retriever};
+
+use crate::kernels::{finish, TileOut, MAX_TILE_ROWS, TILE_QUERIES};
+use crate::retriever::CpuRetriever;
+use crate::select::Selector;
+
+/// Bytes of corpus rows per block: half of a 512 KiB L2, leaving room for the
+/// query tile and the selectors.
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// A validated batch in row-major order, with cosine norms.
+struct Batch<'q> {
+    data: Cow<'q, [f32]>,
+    dim: usize,
+    norms: Vec<f32>,
+}
+
+impl Batch<'_> {
+    fn len(&self) -> usize {
+        self.data.len() / self.dim
+    }
+
+    fn query(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+
+    fn norm(&self, i: usize) -> f32 {
+        self.norms.get(i).copied().unwrap_or(0.0)
+    }
+}
+
+impl CpuRetriever {
+    /// Searches every row of a `Q × D` batch (any layout) and writes result `i`
+    /// into `out[i]`; `out` ends with exactly Q entries, each holding
+    /// `min(k, N)` neighbours best first, and the inner vectors' capacity is
+    /// reused. The whole batch is validated before any search runs.
+    ///
+    /// Results are identical to `Q` calls of [`Retriever::search_into`].
+    pub fn search_batch_into(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+        out: &mut Vec<Vec<Neighbor>>,
+    ) -> Result<()> {
+        validate::queries(queries, self.dim())?;
+        let k = validate::k(k, self.len())?;
+        let nq = queries.nrows();
+        out.resize_with(nq, Vec::new);
+        if nq == 0 {
+            return Ok(());
+        }
+        let data = match queries.as_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(queries.iter().copied().collect()),
+        };
+        let norms = if self.metric() == Metric::Cosine {
+            data.chunks_exact(self.dim())
+                .map(|q| self.kernels.norm(q))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let batch = Batch {
+            data,
+            dim: self.dim(),
+            norms,
+        };
+        let sels = self.select_batch(&batch, k);
+        for (i, (sel, o)) in sels.into_iter().zip(out.iter_mut()).enumerate() {
+            let (q, qn) = (batch.query(i), batch.norm(i));
+            sel.finish(o, |row| self.score_one(q, qn, row));
+        }
+        Ok(())
+    }
+
+    /// One selector per query, over the whole corpus.
+    fn select_batch(&self, batch: &Batch<'_>, k: usize) -> Vec<Selector> {
+        let n = self.len();
+        let tile_rows = self.kernels.tile_rows(self.metric());
+        let block_rows = (BLOCK_BYTES / (4 * self.dim())).max(1).div_ceil(tile_rows) * tile_rows;
+        let fresh = || vec![Selector::new(k); batch.len()];
+        self.install(|| {
+            (0..n.div_ceil(block_rows))
+                .into_par_iter()
+                .fold(fresh, |mut sels, b| {
+                    let range = b * block_rows..((b + 1) * block_rows).min(n);
+                    self.scan_block(batch, range, tile_rows, &mut sels);
+                    sels
+                })
+                .reduce(fresh, |a, b| {
+                    a.into_iter()
+                        .zip(b)
+                        .map(|(x, y)| x.merge(y))
+                        .collect()
+                })
+        })
+    }
+
+    /// Offers every pair of (rows `range`, batch query) to that query's selector.
+    fn scan_block(
+        &self,
+        batch: &Batch<'_>,
+        range: Range<usize>,
+        tile_rows: usize,
+        sels: &mut [Selector],
+    ) {
+        let metric = self.metric();
+        let sq = metric == Metric::L2;
+        let mut raw: TileOut = [[0.0; TILE_QUERIES]; MAX_TILE_ROWS];
+        let mut q0 = 0;
+        while q0 < batch.len() {
+            let nq = TILE_QUERIES.min(batch.len() - q0);
+            let mut qs: [&[f32]; TILE_QUERIES] = [batch.query(q0); TILE_QUERIES];
+            for (j, q) in qs.iter_mut().enumerate().take(nq) {
+                *q = batch.query(q0 + j);
+            }
+            let mut r0 = range.start;
+            while r0 < range.end {
+                let nr = tile_rows.min(range.end - r0);
+                // A short tile repeats its last row; those results are ignored.
+                let mut rows: [&[f32]; MAX_TILE_ROWS] = [self.corpus.row(r0); MAX_TILE_ROWS];
+                for (j, r) in rows.iter_mut().enumerate().take(tile_rows) {
+                    *r = self.corpus.row(r0 + j.min(nr - 1));
+                }
+                self.kernels
+                    .tile(sq, &rows[..tile_rows], &qs[..nq], &mut raw);
+                for (j, raw_row) in raw.iter().enumerate().take(nr) {
+                    let i = r0 + j;
+                    let row_norm = self.corpus.norm(i);
+                    for (jq, &v) in raw_row.iter().enumerate().take(nq) {
+                        let s = finish(metric, v, batch.norm(q0 + jq), row_norm);
+                        sels[q0 + jq].offer(i as u32, s);
+                    }
+                }
+                r0 += nr;
+            }
+            q0 += nq;
+        }
+    }
+}

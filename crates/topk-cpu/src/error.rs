@@ -1,0 +1,42 @@
+//! The errors of the CPU backends that topk-core's contract errors do not
+//! cover; they travel through [`topk_core::Error::Backend`] as backend "cpu".
+
+use crate::kernels::Path;
+
+/// A failure specific to the CPU backends.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CpuError {
+    // ---- kernels --------------------------------------------------------
+    /// A kernel path was forced that this CPU cannot run.
+    #[error("kernel path {path} is not available on this CPU (available: {available})")]
+    PathUnavailable {
+        /// The path asked for.
+        path: Path,
+        /// The paths this CPU runs, comma separated.
+        available: String,
+    },
+
+    // ---- threads ----------------------------------------------------------
+    /// A thread count outside `1..`.
+    #[error("invalid thread count {threads}: use at least 1")]
+    ZeroThreads {
+        /// The count given.
+        threads: usize,
+    },
+    /// The dedicated thread pool could not be started.
+    #[error("could not start a pool of {threads} threads: {source}")]
+    ThreadPool {
+        /// Threads asked for.
+        threads: usize,
+        /// rayon's reason.
+        #[source]
+        source: rayon::ThreadPoolBuildError,
+    },
+}
+
+impl From<CpuError> for topk_core::Error {
+    fn from(e: CpuError) -> Self {
+        topk_core::Error::backend("cpu", e)
+    }
+}

@@ -1,0 +1,259 @@
+//! AVX2 + FMA path: the 32 canonical partial sums live in four ymm registers,
+//! register `g` holding lanes `8g .. 8g + 8`.
+//!
+//! Entry points are `unsafe fn`s whose one extra precondition is that the CPU
+//! runs AVX2 and FMA; [`super::Kernels`] checks it once. Shapes are asserted
+//! at entry, so the raw loads inside are in bounds.
+
+use std::arch::x86_64::*;
+
+use topk_core::LANES;
+
+use super::{padded_tail, TileOut, TILE_QUERIES};
+
+/// f32 lanes per ymm register.
+const W: usize = 8;
+/// Registers per canonical chunk of 32 partial sums.
+const GROUPS: usize = LANES / W;
+
+/// One canonical step on 8 lanes: `fma(q, r, p)` for a dot product, or
+/// `t = r - q; fma(t, t, p)` for a squared distance.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn step<const SQ: bool>(q: __m256, r: __m256, p: __m256) -> __m256 {
+    if SQ {
+        let t = _mm256_sub_ps(r, q);
+        _mm256_fmadd_ps(t, t, p)
+    } else {
+        _mm256_fmadd_ps(q, r, p)
+    }
+}
+
+/// Loads 8 values at `x[off..off + 8]`.
+///
+/// # Safety
+/// `off + 8 <= x.len()`, and the CPU runs AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load(x: &[f32], off: usize) -> __m256 {
+    debug_assert!(off + W <= x.len());
+    // SAFETY: in bounds by the caller's contract; loadu has no alignment need.
+    unsafe { _mm256_loadu_ps(x.as_ptr().add(off)) }
+}
+
+/// Butterfly steps 4, 2, 1 over lanes 0..8, returning lane 0: `p[j] + p[j + s]`
+/// keeps the reference's operand order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn butterfly8(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let y = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    let z = _mm_add_ss(y, _mm_movehdup_ps(y));
+    _mm_cvtss_f32(z)
+}
+
+/// The full butterfly (steps 16, 8, 4, 2, 1) over four registers of partials.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn butterfly(p: [__m256; GROUPS]) -> f32 {
+    let lo = _mm256_add_ps(p[0], p[2]);
+    let hi = _mm256_add_ps(p[1], p[3]);
+    butterfly8(_mm256_add_ps(lo, hi))
+}
+
+/// Accumulates one 32-value chunk starting at `off` of `q` and `r`.
+///
+/// # Safety
+/// `off + 32 <= len` for both slices; the CPU runs AVX2 and FMA.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunk<const SQ: bool>(q: &[f32], r: &[f32], off: usize, p: &mut [__m256; GROUPS]) {
+    for (g, pg) in p.iter_mut().enumerate() {
+        // SAFETY: off + 8g + 8 <= off + 32, in bounds by the caller's contract.
+        let (qv, rv) = unsafe { (load(q, off + g * W), load(r, off + g * W)) };
+        *pg = step::<SQ>(qv, rv, *pg);
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pair_impl<const SQ: bool>(q: &[f32], r: &[f32]) -> f32 {
+    assert_eq!(q.len(), r.len());
+    let full = q.len() / LANES;
+    let mut p = [_mm256_setzero_ps(); GROUPS];
+    for c in 0..full {
+        // SAFETY: chunk c ends at 32(c + 1) <= 32 full <= len.
+        unsafe { chunk::<SQ>(q, r, c * LANES, &mut p) };
+    }
+    if full * LANES < q.len() {
+        let (tq, tr) = (padded_tail(q), padded_tail(r));
+        // SAFETY: the padded tails hold exactly one chunk.
+        unsafe { chunk::<SQ>(&tq, &tr, 0, &mut p) };
+    }
+    butterfly(p)
+}
+
+/// Canonical dot (`sq = false`) or squared distance (`sq = true`) of one pair.
+///
+/// # Safety
+/// The CPU runs AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn pair(sq: bool, q: &[f32], r: &[f32]) -> f32 {
+    // SAFETY: same features as this function; `pair_impl` asserts the shape.
+    unsafe {
+        if sq {
+            pair_impl::<true>(q, r)
+        } else {
+            pair_impl::<false>(q, r)
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_impl<const SQ: bool>(q: &[f32], rows: &[f32], out: &mut [f32]) {
+    let d = q.len();
+    assert_eq!(rows.len(), out.len() * d);
+    let full = d / LANES;
+    let tq = padded_tail(q);
+    let has_tail = full * LANES < d;
+    // Two rows at a time: their independent FMA chains hide the latency of
+    // each chain's dependent additions.
+    let mut pairs = rows.chunks_exact(2 * d);
+    let mut outs = out.chunks_exact_mut(2);
+    for (two, o) in (&mut pairs).zip(&mut outs) {
+        let (r0, r1) = two.split_at(d);
+        let mut p0 = [_mm256_setzero_ps(); GROUPS];
+        let mut p1 = [_mm256_setzero_ps(); GROUPS];
+        for c in 0..full {
+            // SAFETY: chunk c lies inside q, r0 and r1 (all of length d).
+            unsafe {
+                chunk::<SQ>(q, r0, c * LANES, &mut p0);
+                chunk::<SQ>(q, r1, c * LANES, &mut p1);
+            }
+        }
+        if has_tail {
+            let (t0, t1) = (padded_tail(r0), padded_tail(r1));
+            // SAFETY: the padded tails hold exactly one chunk.
+            unsafe {
+                chunk::<SQ>(&tq, &t0, 0, &mut p0);
+                chunk::<SQ>(&tq, &t1, 0, &mut p1);
+            }
+        }
+        o[0] = butterfly(p0);
+        o[1] = butterfly(p1);
+    }
+    for (row, o) in pairs.remainder().chunks_exact(d).zip(outs.into_remainder()) {
+        // SAFETY: same features; equal lengths.
+        *o = unsafe { pair_impl::<SQ>(q, row) };
+    }
+}
+
+/// Raw canonical values of consecutive rows against one query.
+///
+/// # Safety
+/// The CPU runs AVX2 and FMA. (`rows.len() == out.len() * q.len()` is asserted.)
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn rows(sq: bool, q: &[f32], rows: &[f32], out: &mut [f32]) {
+    // SAFETY: same features as this function.
+    unsafe {
+        if sq {
+            rows_impl::<true>(q, rows, out)
+        } else {
+            rows_impl::<false>(q, rows, out)
+        }
+    }
+}
+
+/// An `R × Q` tile. The canonical lanes of one register group `g` depend only
+/// on the values `d ≡ 8g .. 8g + 8 (mod 32)`, so the groups are computed one
+/// after another: one accumulator per pair at a time, which is what lets a
+/// 3 × 4 tile (12 accumulators) fit in the 16 ymm registers.
+///
+/// # Safety
+/// The CPU runs AVX2 and FMA; every slice has the same length.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
+    rows: &[&[f32]],
+    qs: &[&[f32]],
+    out: &mut TileOut,
+) {
+    assert!(rows.len() == R && qs.len() == Q);
+    let d = qs[0].len();
+    let full = d / LANES;
+    let mut parts = [[[_mm256_setzero_ps(); GROUPS]; Q]; R];
+    for g in 0..GROUPS {
+        let mut acc = [[_mm256_setzero_ps(); Q]; R];
+        for c in 0..full {
+            let off = c * LANES + g * W;
+            let mut rv = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                // SAFETY: off + 8 <= 32 full <= d = rows[r].len().
+                rv[r] = unsafe { load(rows[r], off) };
+            }
+            for q in 0..Q {
+                // SAFETY: as above, qs[q].len() = d.
+                let qv = unsafe { load(qs[q], off) };
+                for r in 0..R {
+                    acc[r][q] = step::<SQ>(qv, rv[r], acc[r][q]);
+                }
+            }
+        }
+        if full * LANES < d {
+            // Rebuilt per group: only vectors of D not a multiple of 32 get here.
+            let mut rt = [[0.0_f32; LANES]; R];
+            for (t, r) in rt.iter_mut().zip(rows) {
+                *t = padded_tail(r);
+            }
+            let mut qt = [[0.0_f32; LANES]; Q];
+            for (t, q) in qt.iter_mut().zip(qs) {
+                *t = padded_tail(q);
+            }
+            let off = g * W;
+            let mut rv = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                // SAFETY: off + 8 <= 32, the length of a padded tail.
+                rv[r] = unsafe { load(&rt[r], off) };
+            }
+            for q in 0..Q {
+                // SAFETY: as above.
+                let qv = unsafe { load(&qt[q], off) };
+                for r in 0..R {
+                    acc[r][q] = step::<SQ>(qv, rv[r], acc[r][q]);
+                }
+            }
+        }
+        for r in 0..R {
+            for q in 0..Q {
+                parts[r][q][g] = acc[r][q];
+            }
+        }
+    }
+    for r in 0..R {
+        for q in 0..Q {
+            out[r][q] = butterfly(parts[r][q]);
+        }
+    }
+}
+
+/// Dispatches a tile to its monomorphised kernel (rows: 3 for a dot, 2 for a
+/// squared distance, whose difference needs a spare register).
+///
+/// # Safety
+/// The CPU runs AVX2 and FMA; `rows.len()` is 3 (dot) or 2 (`sq`),
+/// `qs.len()` is in `1..=4`, and every slice has the same length.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tile(sq: bool, rows: &[&[f32]], qs: &[&[f32]], out: &mut TileOut) {
+    assert!(rows.len() == if sq { 2 } else { 3 } && (1..=TILE_QUERIES).contains(&qs.len()));
+    // SAFETY: same features; the shapes are asserted above and by the caller.
+    unsafe {
+        match (sq, qs.len()) {
+            (false, 1) => tile_impl::<3, 1, false>(rows, qs, out),
+            (false, 2) => tile_impl::<3, 2, false>(rows, qs, out),
+            (false, 3) => tile_impl::<3, 3, false>(rows, qs, out),
+            (false, _) => tile_impl::<3, 4, false>(rows, qs, out),
+            (true, 1) => tile_impl::<2, 1, true>(rows, qs, out),
+            (true, 2) => tile_impl::<2, 2, true>(rows, qs, out),
+            (true, 3) => tile_impl::<2, 3, true>(rows, qs, out),
+            (true, _) => tile_impl::<2, 4, true>(rows, qs, out),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Every kernel path against topk-core's scalar reference, bit for bit, with
+//! each path this CPU offers forced in turn.
+
+use proptest::prelude::*;
+use topk_core::{canon_dot as ref_dot, canon_norm as ref_norm, canon_sqdist as ref_sqdist, Metric};
+
+use super::*;
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::{palette, vector, Kind, Rng};
+
+/// The paths to test; fails when a path this CPU must offer is missing, so a
+/// run cannot pass by testing less than it claims.
+fn paths() -> Vec<Kernels> {
+    let all = Kernels::all_available();
+    let names: Vec<&str> = all.iter().map(|k| k.path().as_str()).collect();
+    println!("kernel paths tested on this CPU: {}", names.join(", "));
+    assert_eq!(all[0].path(), Path::Scalar);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        assert!(names.contains(&"avx2"));
+    }
+    if std::env::var_os("TOPK_REQUIRE_AVX512").is_some_and(|v| v == "1") {
+        assert!(names.contains(&"avx512"), "TOPK_REQUIRE_AVX512=1 but AVX-512F is not available");
+    }
+    all
+}
+
+#[test]
+fn reports_the_paths_it_tests() {
+    let p = paths();
+    assert!(p.contains(&Kernels::best()));
+    for path in Path::ALL {
+        assert_eq!(Kernels::new(path).is_ok(), path.is_available());
+    }
+}
+
+#[test]
+fn an_unavailable_path_is_a_typed_error() {
+    for path in Path::ALL.into_iter().filter(|p| !p.is_available()) {
+        let e = Kernels::new(path).unwrap_err();
+        assert!(matches!(e, CpuError::PathUnavailable { path: p, .. } if p == path));
+        assert!(e.to_string().contains(path.as_str()), "{e}");
+    }
+}
+
+fn dims() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => 1usize..40, 2 => 40usize..200, 1 => 200usize..=1100]
+}
+
+fn check_pair(k: Kernels, a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
+    let path = k.path();
+    prop_assert_eq!(k.dot(a, b).to_bits(), ref_dot(a, b).to_bits(), "dot on {}", path);
+    prop_assert_eq!(k.sqdist(a, b).to_bits(), ref_sqdist(a, b).to_bits(), "sqdist on {}", path);
+    prop_assert_eq!(k.norm(a).to_bits(), ref_norm(a).to_bits(), "norm on {}", path);
+    for m in Metric::ALL {
+        let s = k.score_row(m, a, k.norm(a), b, k.norm(b));
+        prop_assert_eq!(s.to_bits(), m.score_scalar(a, b).to_bits(), "{} on {}", m, path);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn pairs_match_the_reference(seed: u64, d in dims(), mask: u8) {
+        let kinds = palette(mask);
+        let mut rng = Rng::new(seed);
+        let a = vector(&mut rng, kinds[rng.below(kinds.len())], d, &[]);
+        let b = vector(&mut rng, kinds[rng.below(kinds.len())], d, &a);
+        for k in Kernels::all_available() {
+            check_pair(k, &a, &b)?;
+        }
+    }
+
+    #[test]
+    fn row_blocks_match_the_reference(seed: u64, d in dims(), n in 1usize..9, mask: u8) {
+        let kinds = palette(mask);
+        let mut rng = Rng::new(seed);
+        let q = vector(&mut rng, kinds[rng.below(kinds.len())], d, &[]);
+        let rows = common::corpus(seed.rotate_left(7), n, d, &kinds);
+        let norms: Vec<f32> = rows.chunks_exact(d).map(ref_norm).collect();
+        for k in Kernels::all_available() {
+            for m in Metric::ALL {
+                let mut out = vec![0.0; n];
+                k.score_rows(m, &q, ref_norm(&q), &rows, &norms, &mut out);
+                for (i, (s, r)) in out.iter().zip(rows.chunks_exact(d)).enumerate() {
+                    prop_assert_eq!(s.to_bits(), m.score_scalar(&q, r).to_bits(),
+                        "row {} of {}, {} on {}", i, n, m, k.path());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_match_the_reference(seed: u64, d in dims(), nq in 1usize..=TILE_QUERIES, mask: u8) {
+        let kinds = palette(mask);
+        let data = common::corpus(seed, MAX_TILE_ROWS + TILE_QUERIES, d, &kinds);
+        let vecs: Vec<&[f32]> = data.chunks_exact(d).collect();
+        let (rows, qs) = vecs.split_at(MAX_TILE_ROWS);
+        let qs = &qs[..nq];
+        for k in Kernels::all_available() {
+            for sq in [false, true] {
+                let metric = if sq { Metric::L2 } else { Metric::Dot };
+                let rows = &rows[..k.tile_rows(metric)];
+                let mut out: TileOut = [[f32::NAN; TILE_QUERIES]; MAX_TILE_ROWS];
+                k.tile(sq, rows, qs, &mut out);
+                for (r, row) in rows.iter().enumerate() {
+                    for (j, q) in qs.iter().enumerate() {
+                        let want = if sq { ref_sqdist(q, row) } else { ref_dot(q, row) };
+                        prop_assert_eq!(out[r][j].to_bits(), want.to_bits(),
+                            "tile ({}, {}) sq={} on {}", r, j, sq, k.path());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The zero padding of a partial chunk adds `fma(0, 0, p)`, which is `p` bit
+/// for bit unless `p` is `-0.0`; and a partial sum is never `-0.0`, because it
+/// starts at `+0.0` and a fused sum of `-0.0` and `+0.0` rounds to `+0.0`.
+#[test]
+fn zero_padding_is_exact_because_partials_are_never_negative_zero() {
+    let partials = [
+        0.0_f32,
+        1.0,
+        -1.0,
+        f32::from_bits(1),
+        -f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ];
+    for p in partials {
+        assert_eq!(0.0_f32.mul_add(0.0, p).to_bits(), p.to_bits(), "{p:e}");
+    }
+    // A product of -0.0 added to the +0.0 start stays +0.0.
+    assert_eq!((-0.0_f32).mul_add(1.0, 0.0).to_bits(), 0.0_f32.to_bits());
+    assert_eq!(0.0_f32.mul_add(-1.0, 0.0).to_bits(), 0.0_f32.to_bits());
+
+    // Vectors of negative zeros whose length leaves a padded tail, on every path.
+    for d in [1, 5, 31, 33, 63, 65, 100] {
+        let neg = vec![-0.0_f32; d];
+        let ones = vec![1.0_f32; d];
+        for k in paths() {
+            assert_eq!(k.dot(&neg, &ones).to_bits(), 0.0_f32.to_bits(), "d={d} {}", k.path());
+            assert_eq!(k.dot(&neg, &ones).to_bits(), ref_dot(&neg, &ones).to_bits());
+            assert_eq!(k.sqdist(&neg, &neg).to_bits(), ref_sqdist(&neg, &neg).to_bits());
+            // L2 of identical rows is the negated zero distance: -0.0 kept.
+            let s = k.score_row(Metric::L2, &neg, 0.0, &neg, 0.0);
+            assert_eq!(s.to_bits(), (-0.0_f32).to_bits());
+        }
+    }
+}
+
+/// Lane order, fused multiply-add and the butterfly each change the result of
+/// a crafted vector; every path must reproduce the reference anyway.
+#[test]
+fn crafted_orders_agree_on_every_path() {
+    let mut a = vec![0.0_f32; 70];
+    a[0] = 1e8;
+    a[1] = 1.0;
+    a[32] = -1e8;
+    a[64] = 3.0;
+    a[17] = 1e-3;
+    let x = 1.0_f32 + 2.0_f32.powi(-12);
+    let mut b = vec![1.0_f32; 70];
+    b[33] = x;
+    a[33] = x;
+    for k in paths() {
+        assert_eq!(k.dot(&a, &b).to_bits(), ref_dot(&a, &b).to_bits(), "{}", k.path());
+        assert_eq!(k.sqdist(&a, &b).to_bits(), ref_sqdist(&a, &b).to_bits(), "{}", k.path());
+    }
+}
+
+#[test]
+fn overflow_gives_the_reference_nan_and_infinities() {
+    let big = vec![1e30_f32; 64];
+    let mut mixed = big.clone();
+    mixed[1] = -1e30;
+    for k in paths() {
+        for (a, b) in [(&big, &big), (&big, &mixed), (&mixed, &mixed)] {
+            assert_eq!(k.dot(a, b).to_bits(), ref_dot(a, b).to_bits(), "{}", k.path());
+            assert_eq!(k.sqdist(a, b).to_bits(), ref_sqdist(a, b).to_bits(), "{}", k.path());
+        }
+    }
+}
+
+#[test]
+fn free_functions_use_the_best_path() {
+    let a: Vec<f32> = (0..77).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let b: Vec<f32> = (0..77).map(|i| 1.0 / (i as f32 + 1.0)).collect();
+    assert_eq!(canon_dot(&a, &b).to_bits(), ref_dot(&a, &b).to_bits());
+    assert_eq!(canon_sqdist(&a, &b).to_bits(), ref_sqdist(&a, &b).to_bits());
+    assert_eq!(canon_norm(&a).to_bits(), ref_norm(&a).to_bits());
+    let s = score_row(Metric::Cosine, &a, canon_norm(&a), &b, canon_norm(&b));
+    assert_eq!(s.to_bits(), Metric::Cosine.score_scalar(&a, &b).to_bits());
+    let _ = Kind::Uniform;
+}
+
+#[test]
+#[should_panic(expected = "length mismatch")]
+fn mismatched_lengths_panic_like_the_reference() {
+    Kernels::best().dot(&[1.0, 2.0], &[1.0]);
+}

@@ -1,0 +1,206 @@
+//! `CpuRetriever`, the fast exact backend: rayon over row blocks, SIMD
+//! canonical scores, per-block bounded selection merged with the one
+//! comparator. The batch path lives in [`crate::batch`].
+
+use std::sync::Arc;
+
+use ndarray::ArrayView2;
+use rayon::prelude::*;
+use topk_core::{validate, Metric, Neighbor, Result, Retriever};
+
+use crate::corpus::Corpus;
+use crate::error::CpuError;
+use crate::kernels::Kernels;
+use crate::select::Selector;
+
+/// Rows scored per kernel call: their scores sit in a stack buffer, so a scan
+/// allocates nothing per row.
+pub(crate) const SCORE_BLOCK: usize = 64;
+/// Values (about 1 MiB) per parallel task of a single-query scan: large enough
+/// that scheduling costs vanish, small enough to balance two to many cores.
+const TASK_VALUES: usize = 1 << 18;
+
+/// Exact top-K on the CPU, bit-identical to [`crate::Oracle`].
+#[derive(Debug, Clone)]
+pub struct CpuRetriever {
+    pub(crate) corpus: Corpus,
+    pub(crate) kernels: Kernels,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+fn norms_with(kernels: Kernels) -> impl FnOnce(&[f32], usize) -> Vec<f32> {
+    move |data, dim| {
+        data.par_chunks(dim * SCORE_BLOCK)
+            .flat_map_iter(|block| block.chunks_exact(dim).map(move |r| kernels.norm(r)))
+            .collect()
+    }
+}
+
+impl CpuRetriever {
+    /// Copies an `N × D` corpus (any layout) and validates it (DESIGN.md §4).
+    pub fn new(corpus: ArrayView2<'_, f32>, metric: Metric) -> Result<CpuRetriever> {
+        let kernels = Kernels::best();
+        Ok(CpuRetriever {
+            corpus: Corpus::from_view(corpus, metric, norms_with(kernels))?,
+            kernels,
+            pool: None,
+        })
+    }
+
+    /// Takes a row-major buffer of `data.len() / dim` rows without copying it.
+    pub fn from_rowmajor(data: Vec<f32>, dim: usize, metric: Metric) -> Result<CpuRetriever> {
+        let kernels = Kernels::best();
+        Ok(CpuRetriever {
+            corpus: Corpus::from_rowmajor(data, dim, metric, norms_with(kernels))?,
+            kernels,
+            pool: None,
+        })
+    }
+
+    /// Uses the given kernels instead of the fastest ones (to test or compare
+    /// a path). Results are the same bytes on every path.
+    pub fn with_kernels(mut self, kernels: Kernels) -> CpuRetriever {
+        self.kernels = kernels;
+        self
+    }
+
+    /// Runs searches on a dedicated pool of `threads` threads instead of
+    /// rayon's global pool.
+    pub fn with_threads(mut self, threads: usize) -> Result<CpuRetriever> {
+        if threads == 0 {
+            return Err(CpuError::ZeroThreads { threads }.into());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("topk-cpu-{i}"))
+            .build()
+            .map_err(|source| CpuError::ThreadPool { threads, source })?;
+        self.pool = Some(Arc::new(pool));
+        Ok(self)
+    }
+
+    /// The kernels searches run on.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// Threads a search may use.
+    pub fn threads(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
+    }
+
+    /// The corpus, row-major.
+    pub fn data(&self) -> &[f32] {
+        self.corpus.data()
+    }
+
+    /// Runs `f` on this retriever's pool.
+    pub(crate) fn install<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+
+    /// The query's canonical norm for cosine (unused, so not computed, otherwise).
+    pub(crate) fn query_norm(&self, query: &[f32]) -> f32 {
+        if self.corpus.metric() == Metric::Cosine {
+            self.kernels.norm(query)
+        } else {
+            0.0
+        }
+    }
+
+    /// The score of row `i`, for the exact bits of the selected results.
+    pub(crate) fn score_one(&self, query: &[f32], query_norm: f32, i: u32) -> f32 {
+        let i = i as usize;
+        self.kernels.score_row(
+            self.corpus.metric(),
+            query,
+            query_norm,
+            self.corpus.row(i),
+            self.corpus.norm(i),
+        )
+    }
+
+    /// Offers rows `range` to `sel`.
+    fn scan(&self, query: &[f32], query_norm: f32, range: std::ops::Range<usize>, sel: &mut Selector) {
+        let mut scores = [0.0_f32; SCORE_BLOCK];
+        let mut start = range.start;
+        while start < range.end {
+            let end = (start + SCORE_BLOCK).min(range.end);
+            let scores = &mut scores[..end - start];
+            self.kernels.score_rows(
+                self.corpus.metric(),
+                query,
+                query_norm,
+                self.corpus.rows(start..end),
+                self.corpus.norms(start..end),
+                scores,
+            );
+            for (i, &s) in (start..end).zip(scores.iter()) {
+                sel.offer(i as u32, s);
+            }
+            start = end;
+        }
+    }
+
+    /// Selects the best `k` rows for one validated query.
+    fn select(&self, query: &[f32], query_norm: f32, k: usize) -> Selector {
+        let n = self.len();
+        let task_rows = (TASK_VALUES / self.dim()).max(SCORE_BLOCK);
+        if n <= task_rows {
+            let mut sel = Selector::new(k);
+            self.scan(query, query_norm, 0..n, &mut sel);
+            return sel;
+        }
+        self.install(|| {
+            (0..n.div_ceil(task_rows))
+                .into_par_iter()
+                .fold(
+                    || Selector::new(k),
+                    |mut sel, t| {
+                        let range = t * task_rows..((t + 1) * task_rows).min(n);
+                        self.scan(query, query_norm, range, &mut sel);
+                        sel
+                    },
+                )
+                .reduce(|| Selector::new(k), Selector::merge)
+        })
+    }
+}
+
+impl Retriever for CpuRetriever {
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn len(&self) -> usize {
+        self.corpus.len()
+    }
+
+    fn dim(&self) -> usize {
+        self.corpus.dim()
+    }
+
+    fn metric(&self) -> Metric {
+        self.corpus.metric()
+    }
+
+    fn search_into(&self, query: &[f32], k: usize, out: &mut Vec<Neighbor>) -> Result<()> {
+        validate::query(query, self.dim())?;
+        let k = validate::k(k, self.len())?;
+        let query_norm = self.query_norm(query);
+        self.select(query, query_norm, k)
+            .finish(out, |i| self.score_one(query, query_norm, i));
+        Ok(())
+    }
+
+    fn search_batch(&self, queries: ArrayView2<'_, f32>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
+        let mut out = Vec::new();
+        self.search_batch_into(queries, k, &mut out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,162 @@
+//! `cuda_probe`: quick latency probe of the GPU engine over the DESIGN.md §6
+//! configurations, one JSON line per measurement on stdout.
+//!
+//! Usage: `cuda_probe [--quick] [--trials T]`. Rows are seeded Gaussian,
+//! L2-normalised, dot metric. Every configuration is first checked against
+//! the scalar definition (index and score bits) for its largest K.
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use topk_core::{order::sort_best_first, Metric, Neighbor};
+use topk_cuda::{device_info, measure_d2d_bandwidth, CudaOptions, CudaRetriever, RoundTrip};
+
+fn gaussian_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut v = vec![0.0f32; n * d];
+    for row in v.chunks_mut(d) {
+        // Box-Muller: enough for benchmark data, no extra dependency.
+        for x in row.iter_mut() {
+            let u1: f64 = rng.random::<f64>().max(1e-12);
+            let u2: f64 = rng.random::<f64>();
+            *x = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32;
+        }
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+        row.iter_mut().for_each(|x| *x /= norm);
+    }
+    v
+}
+
+fn reference(corpus: &[f32], d: usize, q: &[f32], k: usize) -> Vec<Neighbor> {
+    let mut all: Vec<Neighbor> = corpus
+        .chunks(d)
+        .enumerate()
+        .map(|(i, r)| Neighbor::new(i as u32, Metric::Dot.score_scalar(q, r)))
+        .collect();
+    sort_best_first(&mut all);
+    all.truncate(k);
+    all
+}
+
+fn same_bits(a: &[Neighbor], b: &[Neighbor]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.index == y.index && x.score.to_bits() == y.score.to_bits())
+}
+
+fn stats(mut t: Vec<f64>) -> (f64, f64, f64) {
+    t.sort_by(f64::total_cmp);
+    (t[t.len() / 2], t[0], t[t.len() - 1])
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let trials: usize = args
+        .iter()
+        .position(|a| a == "--trials")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let info = device_info(0)?;
+    let bw = measure_d2d_bandwidth(0, 1 << 30)?;
+    println!(
+        "{}",
+        serde_json::json!({"kind": "env", "device": info.name, "driver": info.driver_version,
+            "memory": info.total_memory, "sms": info.multiprocessors, "d2d_bytes_per_s": bw})
+    );
+    let ns: &[usize] = if quick { &[10_000, 100_000, 1_000_000] } else { &[10_000, 50_000, 100_000, 500_000, 1_000_000] };
+    let ds: &[usize] = if quick { &[384, 1024] } else { &[384, 768, 1024] };
+    let ks = [8usize, 32, 100, 1000];
+    let cpu_k = *ks.iter().max().unwrap_or(&1000);
+    for &n in ns {
+        for &d in ds {
+            let corpus = gaussian_rows(n, d, 42);
+            let query = gaussian_rows(1, d, 7);
+            let gpu = CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, CudaOptions::default())?;
+            let dq = gpu.upload_query(&query)?;
+            let expect = reference(&corpus, d, &query, cpu_k);
+            let floor_ms = (n * d * 4) as f64 / bw * 1e3;
+            for &k in &ks {
+                let mut out = Vec::new();
+                gpu.search_host(&query, k, &mut out)?;
+                let ok_host = same_bits(&out, &expect[..k.min(n)]);
+                gpu.search_device(&dq, k, &mut out)?;
+                let ok_dev = same_bits(&out, &expect[..k.min(n)]);
+                for _ in 0..5 {
+                    gpu.search_host(&query, k, &mut out)?;
+                }
+                let mut th = Vec::with_capacity(trials);
+                let mut td = Vec::with_capacity(trials);
+                for _ in 0..trials {
+                    let t = Instant::now();
+                    gpu.search_host(&query, k, &mut out)?;
+                    th.push(t.elapsed().as_secs_f64() * 1e3);
+                    let t = Instant::now();
+                    gpu.search_device(&dq, k, &mut out)?;
+                    td.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                let (hm, hmin, hmax) = stats(th);
+                let (dm, dmin, dmax) = stats(td);
+                println!(
+                    "{}",
+                    serde_json::json!({"kind": "single", "n": n, "d": d, "k": k, "metric": "dot",
+                        "trials": trials, "host_median_ms": hm, "host_min_ms": hmin, "host_max_ms": hmax,
+                        "device_median_ms": dm, "device_min_ms": dmin, "device_max_ms": dmax,
+                        "floor_ms": floor_ms, "host_minus_floor_us": (hm - floor_ms) * 1e3,
+                        "correct": ok_host && ok_dev})
+                );
+            }
+            if n == 1_000_000 && d == 1024 {
+                let q = 256;
+                let queries = gaussian_rows(q, d, 9);
+                let mut tb = Vec::new();
+                let mut first = None;
+                for i in 0..4 {
+                    let t = Instant::now();
+                    let r = gpu.search_batch_rowmajor(&queries, 100)?;
+                    if i > 0 {
+                        tb.push(t.elapsed().as_secs_f64() * 1e3);
+                    } else {
+                        first = Some(r);
+                    }
+                }
+                let ok = first.is_some_and(|r| {
+                    same_bits(&r[0], &reference(&corpus, d, &queries[..d], 100))
+                        && same_bits(&r[q - 1], &reference(&corpus, d, &queries[(q - 1) * d..], 100))
+                });
+                let (bm, bmin, bmax) = stats(tb);
+                println!(
+                    "{}",
+                    serde_json::json!({"kind": "batch", "n": n, "d": d, "k": 100, "q": q,
+                        "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok})
+                );
+            }
+            if n <= 100_000 {
+                let cpu = topk_cpu_oracle(&corpus, d);
+                let mut rt = RoundTrip::new(&gpu, 1000)?;
+                let mut out = Vec::new();
+                let mut tr = Vec::new();
+                for _ in 0..10 {
+                    let t = Instant::now();
+                    rt.run(&dq, &cpu, 100, &mut out)?;
+                    tr.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                let (m, _, _) = stats(tr);
+                println!(
+                    "{}",
+                    serde_json::json!({"kind": "roundtrip_oracle", "n": n, "d": d, "k": 100,
+                        "median_ms": m, "correct": same_bits(&out, &expect[..100.min(n)])})
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn topk_cpu_oracle(corpus: &[f32], d: usize) -> topk_cpu::Oracle {
+    let view = ndarray::ArrayView2::from_shape((corpus.len() / d, d), corpus).expect("shape");
+    topk_cpu::Oracle::new(view, Metric::Dot).expect("valid corpus")
+}

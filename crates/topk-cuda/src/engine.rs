@@ -1,0 +1,750 @@
+//! The GPU engine behind [`crate::CudaRetriever`]: context, modules, the
+//! resident corpus and per-stream scratch slots, all allocated at
+//! construction (DESIGN.md §5).
+//!
+//! A search takes one slot (its own stream, device scratch and pinned host
+//! staging) under that slot's mutex, so concurrent searches from several
+//! threads run on separate streams without sharing scratch; with more threads
+//! than slots the extra ones wait for a slot.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cust::context::{Context, CurrentContext};
+use cust::device::{Device, DeviceAttribute};
+use cust::event::{Event, EventFlags};
+use cust::memory::{DeviceBuffer, DeviceSlice, LockedBuffer};
+use cust::module::Module;
+use cust::stream::{Stream, StreamFlags, StreamWaitEventFlags};
+use ndarray::ArrayView2;
+use topk_core::order::rank_key;
+use topk_core::{validate, Metric, Neighbor};
+
+use crate::error::{CudaError, DriverResult};
+use crate::launch::{self, DPtr, Kernels, CAND_CAP, HIST_BINS, STATUS_OK};
+use crate::ptx;
+use crate::{CudaOptions, DeviceInfo};
+
+/// One result as the kernels write it; the layout of [`Neighbor`].
+#[derive(Clone, Copy, Debug, Default, rustacuda_derive::DeviceCopy)]
+#[repr(C)]
+pub(crate) struct DevNeighbor {
+    index: u32,
+    score: f32,
+}
+
+impl DevNeighbor {
+    pub(crate) fn new(index: u32, score: f32) -> Self {
+        DevNeighbor { index, score }
+    }
+}
+
+/// A query's threshold bin and candidate count (`TopkThreshold`).
+#[derive(Clone, Copy, Debug, Default, rustacuda_derive::DeviceCopy)]
+#[repr(C)]
+pub(crate) struct DevThreshold {
+    bucket: u32,
+    count: u32,
+}
+
+/// The primary context, shared by the engine and every object holding
+/// device memory of it, so that frees run with the context current.
+pub(crate) struct Ctx {
+    ctx: Context,
+}
+
+impl Ctx {
+    pub(crate) fn make_current(&self) -> Result<(), CudaError> {
+        CurrentContext::set_current(&self.ctx).op("cuCtxSetCurrent")
+    }
+}
+
+/// Initialises the driver and retains the primary context of `device`.
+pub(crate) fn open(device: usize) -> Result<(Arc<Ctx>, Device), CudaError> {
+    cust::init(cust::CudaFlags::empty()).map_err(|e| CudaError::NoDriver {
+        reason: format!("{e} ({e:?})"),
+    })?;
+    let available = Device::num_devices().op("cuDeviceGetCount")? as usize;
+    if device >= available {
+        return Err(CudaError::NoDevice {
+            requested: device,
+            available,
+        });
+    }
+    let dev = Device::get_device(device as u32).op("cuDeviceGet")?;
+    let ctx = Context::new(dev).op("cuDevicePrimaryCtxRetain")?;
+    Ok((Arc::new(Ctx { ctx }), dev))
+}
+
+/// Name, driver and memory of `dev`.
+pub(crate) fn info_of(dev: Device) -> Result<DeviceInfo, CudaError> {
+    let mut driver = 0i32;
+    // SAFETY: `driver` is valid for one i32 write.
+    launch::check("cuDriverGetVersion", unsafe {
+        cust::sys::cuDriverGetVersion(&mut driver)
+    })?;
+    let major = dev
+        .get_attribute(DeviceAttribute::ComputeCapabilityMajor)
+        .op("cuDeviceGetAttribute")?;
+    let minor = dev
+        .get_attribute(DeviceAttribute::ComputeCapabilityMinor)
+        .op("cuDeviceGetAttribute")?;
+    Ok(DeviceInfo {
+        name: dev.name().op("cuDeviceGetName")?,
+        driver_version: format!("{}.{}", driver / 1000, (driver % 1000) / 10),
+        total_memory: dev.total_memory().op("cuDeviceTotalMem")?,
+        compute_capability: (major, minor),
+        multiprocessors: dev
+            .get_attribute(DeviceAttribute::MultiprocessorCount)
+            .op("cuDeviceGetAttribute")? as u32,
+    })
+}
+
+/// Allocates `len` elements, naming the buffer in an out-of-memory error.
+fn alloc<T: cust::memory::DeviceCopy>(
+    what: &'static str,
+    len: usize,
+) -> Result<DeviceBuffer<T>, CudaError> {
+    let len = len.max(1);
+    // SAFETY: every buffer is written by a copy or a kernel before it is read
+    // (the counters and histograms are zeroed explicitly after allocation).
+    unsafe { DeviceBuffer::uninitialized(len) }.map_err(|e| match e {
+        cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
+            what,
+            requested: len * std::mem::size_of::<T>(),
+            available: launch::free_memory().unwrap_or(0),
+        },
+        other => CudaError::driver("cuMemAlloc", other),
+    })
+}
+
+fn pinned<T: cust::memory::DeviceCopy + Default>(
+    len: usize,
+) -> Result<LockedBuffer<T>, CudaError> {
+    LockedBuffer::new(&T::default(), len.max(1)).op("cuMemAllocHost")
+}
+
+fn ptr<T: cust::memory::DeviceCopy>(b: &DeviceSlice<T>) -> DPtr {
+    b.as_device_ptr().as_raw()
+}
+
+/// Scratch of one concurrent search: a stream, device buffers for a chunk of
+/// queries and the pinned staging of its inputs and outputs.
+struct Slot {
+    stream: Stream,
+    queries: DeviceBuffer<f32>,
+    qnorm: DeviceBuffer<f32>,
+    scores: DeviceBuffer<f32>,
+    hist: DeviceBuffer<u32>,
+    th: DeviceBuffer<DevThreshold>,
+    cand: DeviceBuffer<u64>,
+    cand_count: DeviceBuffer<u32>,
+    done: DeviceBuffer<u32>,
+    out: DeviceBuffer<DevNeighbor>,
+    ids: DeviceBuffer<u32>,
+    owner: DeviceBuffer<u32>,
+    id_scores: DeviceBuffer<f32>,
+    q_host: LockedBuffer<f32>,
+    out_host: LockedBuffer<DevNeighbor>,
+    scores_host: LockedBuffer<f32>,
+    ids_host: LockedBuffer<u32>,
+    owner_host: LockedBuffer<u32>,
+    id_scores_host: LockedBuffer<f32>,
+}
+
+/// Device bytes one slot needs, for the up-front memory check.
+fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> usize {
+    chunk * d * 4
+        + chunk * 4
+        + chunk * n * 4
+        + chunk * HIST_BINS * 4
+        + chunk * 8
+        + chunk * CAND_CAP * 8
+        + chunk * 8
+        + chunk * (max_k + 1) * 8
+        + gather * 12
+}
+
+impl Slot {
+    fn new(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> Result<Self, CudaError> {
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
+        let slot = Slot {
+            queries: alloc("query staging", chunk * d)?,
+            qnorm: alloc("query norms", chunk)?,
+            scores: alloc("score buffer", chunk * n)?,
+            hist: alloc("score histograms", chunk * HIST_BINS)?,
+            th: alloc("thresholds", chunk)?,
+            cand: alloc("candidate keys", chunk * CAND_CAP)?,
+            cand_count: alloc("candidate counters", chunk)?,
+            done: alloc("block tickets", chunk)?,
+            out: alloc("results", chunk * (max_k + 1))?,
+            ids: alloc("gather ids", gather)?,
+            owner: alloc("gather owners", gather)?,
+            id_scores: alloc("gather scores", gather)?,
+            q_host: pinned(chunk * d)?,
+            out_host: pinned(chunk * (max_k + 1))?,
+            scores_host: pinned(n)?,
+            ids_host: pinned(gather)?,
+            owner_host: pinned(gather)?,
+            id_scores_host: pinned(gather)?,
+            stream,
+        };
+        let s = slot.stream.as_inner();
+        // SAFETY: each range is exactly the buffer it names.
+        unsafe {
+            launch::zero32(s, ptr(&slot.hist), slot.hist.len())?;
+            launch::zero32(s, ptr(&slot.cand_count), slot.cand_count.len())?;
+            launch::zero32(s, ptr(&slot.done), slot.done.len())?;
+        }
+        slot.stream.synchronize().op("cuStreamSynchronize")?;
+        Ok(slot)
+    }
+}
+
+/// The engine: everything [`crate::CudaRetriever`] owns on the device.
+pub(crate) struct Engine {
+    n: usize,
+    d: usize,
+    metric: Metric,
+    opts: CudaOptions,
+    chunk: usize,
+    info: DeviceInfo,
+    kernels: Kernels,
+    corpus: DeviceBuffer<f32>,
+    rnorm: DeviceBuffer<f32>,
+    slots: Vec<Mutex<Slot>>,
+    next: AtomicUsize,
+    // Declared after the buffers that live in them: fields drop in order.
+    _score_module: Module,
+    _select_module: Module,
+    ctx: Arc<Ctx>,
+}
+
+/// Queries per batch launch: bounds the score buffer at `chunk × N` floats.
+const BATCH_CHUNK: usize = 64;
+
+impl Engine {
+    pub(crate) fn new(
+        corpus: ArrayView2<'_, f32>,
+        metric: Metric,
+        opts: CudaOptions,
+    ) -> Result<Self, CudaError> {
+        let (n, d) = validate::corpus_view(corpus)?;
+        match corpus.as_slice() {
+            Some(flat) => Self::build(flat, n, d, metric, opts),
+            None => {
+                let flat: Vec<f32> = corpus.iter().copied().collect();
+                Self::build(&flat, n, d, metric, opts)
+            }
+        }
+    }
+
+    pub(crate) fn from_rowmajor(
+        data: &[f32],
+        dim: usize,
+        metric: Metric,
+        opts: CudaOptions,
+    ) -> Result<Self, CudaError> {
+        let n = validate::corpus(data, dim)?;
+        Self::build(data, n, dim, metric, opts)
+    }
+
+    fn build(
+        flat: &[f32],
+        n: usize,
+        d: usize,
+        metric: Metric,
+        opts: CudaOptions,
+    ) -> Result<Self, CudaError> {
+        opts.check()?;
+        let (ctx, dev) = open(opts.device)?;
+        let info = info_of(dev)?;
+        let chunk = opts.max_batch.min(BATCH_CHUNK);
+        let per_slot = slot_bytes(n, d, chunk, opts.max_k, opts.max_gather);
+        let requested = n * d * 4 + n * 4 + per_slot * opts.streams;
+        let available = launch::free_memory()?;
+        if requested > available {
+            return Err(CudaError::OutOfMemory {
+                what: "the engine (corpus, norms and per-stream scratch)",
+                requested,
+                available,
+            });
+        }
+        let score_module = Module::from_ptx(ptx::SCORE_PTX, &[]).map_err(|e| CudaError::ModuleLoad {
+            module: "score",
+            reason: e.to_string(),
+        })?;
+        let select_module =
+            Module::from_ptx(ptx::SELECT_PTX, &[]).map_err(|e| CudaError::ModuleLoad {
+                module: "select",
+                reason: e.to_string(),
+            })?;
+        let kernels = Kernels::load(&score_module, &select_module, info.multiprocessors)?;
+        let corpus = DeviceBuffer::from_slice(flat).map_err(|e| match e {
+            cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
+                what: "corpus",
+                requested: flat.len() * 4,
+                available: launch::free_memory().unwrap_or(0),
+            },
+            other => CudaError::driver("cuMemcpyHtoD (corpus)", other),
+        })?;
+        let rnorm = alloc::<f32>("row norms", if metric == Metric::Cosine { n } else { 1 })?;
+        let mut slots = Vec::with_capacity(opts.streams);
+        for _ in 0..opts.streams {
+            slots.push(Mutex::new(Slot::new(n, d, chunk, opts.max_k, opts.max_gather)?));
+        }
+        if metric == Metric::Cosine {
+            let slot = slots[0].lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: corpus holds n × d floats and rnorm n.
+            unsafe {
+                kernels.norms(
+                    slot.stream.as_inner(),
+                    ptr(&corpus),
+                    n as u32,
+                    d as u32,
+                    ptr(&rnorm),
+                )?;
+            }
+            slot.stream.synchronize().op("cuStreamSynchronize (row norms)")?;
+        }
+        tracing::debug!(n, d, %metric, streams = opts.streams, chunk, "topk-cuda engine ready");
+        Ok(Engine {
+            n,
+            d,
+            metric,
+            opts,
+            chunk,
+            info,
+            kernels,
+            corpus,
+            rnorm,
+            slots,
+            next: AtomicUsize::new(0),
+            _score_module: score_module,
+            _select_module: select_module,
+            ctx,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.n
+    }
+    pub(crate) fn dim(&self) -> usize {
+        self.d
+    }
+    pub(crate) fn metric(&self) -> Metric {
+        self.metric
+    }
+    pub(crate) fn options(&self) -> &CudaOptions {
+        &self.opts
+    }
+    pub(crate) fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    pub(crate) fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+
+    /// Takes a free slot if there is one, else waits for the next in turn.
+    fn slot(&self) -> Result<MutexGuard<'_, Slot>, CudaError> {
+        self.ctx.make_current()?;
+        for s in &self.slots {
+            if let Ok(g) = s.try_lock() {
+                return Ok(g);
+            }
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        // A panic in another search cannot leave a slot half-written in a way
+        // that matters: every search rewrites what it reads.
+        Ok(self.slots[i].lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Queues scoring and selection of `nq` queries already in `queries` (on
+    /// the slot's stream). Selection runs on the device when `k` fits the
+    /// result buffers; otherwise only the scores are produced.
+    fn enqueue(&self, slot: &Slot, queries: DPtr, nq: usize, k: usize) -> Result<(), CudaError> {
+        let s = slot.stream.as_inner();
+        let (n, d) = (self.n as u32, self.d as u32);
+        // SAFETY: every buffer was sized at construction for `chunk` queries
+        // (nq <= chunk), N rows, D columns and max_k results (k <= max_k on
+        // the device path); `queries` holds nq × d floats (checked by callers).
+        unsafe {
+            if self.metric == Metric::Cosine {
+                self.kernels.norms(s, queries, nq as u32, d, ptr(&slot.qnorm))?;
+            }
+            self.kernels.score(
+                s,
+                self.metric,
+                ptr(&self.corpus),
+                ptr(&self.rnorm),
+                n,
+                d,
+                queries,
+                nq as u32,
+                ptr(&slot.qnorm),
+                ptr(&slot.scores),
+                ptr(&slot.hist),
+            )?;
+            if k <= self.opts.max_k {
+                self.kernels
+                    .threshold(s, ptr(&slot.hist), nq as u32, k as u32, ptr(&slot.th))?;
+                self.kernels.gather(
+                    s,
+                    ptr(&slot.scores),
+                    n,
+                    nq as u32,
+                    ptr(&slot.th),
+                    ptr(&slot.cand),
+                    ptr(&slot.cand_count),
+                    ptr(&slot.done),
+                    k as u32,
+                    ptr(&slot.out),
+                )?;
+            } else {
+                // The histogram must be clean for the next search.
+                launch::zero32(s, ptr(&slot.hist), nq * HIST_BINS)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the `nq × (k + 1)` result rows back and waits for the stream.
+    fn fetch_results(&self, slot: &mut Slot, nq: usize, k: usize) -> Result<(), CudaError> {
+        let entries = nq * (k + 1);
+        // SAFETY: out_host holds chunk × (max_k + 1) >= entries elements; the
+        // stream is synchronised before the host reads them.
+        unsafe {
+            launch::d2h(
+                slot.stream.as_inner(),
+                slot.out_host.as_mut_ptr() as *mut c_void,
+                ptr(&slot.out),
+                entries * std::mem::size_of::<DevNeighbor>(),
+            )?;
+        }
+        slot.stream.synchronize().op("cuStreamSynchronize")
+    }
+
+    /// Reads query `qi`'s results into `out`, finishing it on the host from its
+    /// scores when the device path did not (k > max_k or too many ties).
+    fn collect(
+        &self,
+        slot: &mut Slot,
+        qi: usize,
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        out.clear();
+        if k <= self.opts.max_k {
+            let row = &slot.out_host.as_slice()[qi * (k + 1)..(qi + 1) * (k + 1)];
+            if row[0].index == STATUS_OK {
+                out.extend(row[1..].iter().map(|r| Neighbor::new(r.index, r.score)));
+                return Ok(());
+            }
+            tracing::debug!(k, "candidate set over the device cap; selecting on the host");
+        }
+        self.select_on_host(slot, qi, k, out)
+    }
+
+    /// The slower exact path: brings query `qi`'s N scores to the host and
+    /// selects there with the §3 key.
+    fn select_on_host(
+        &self,
+        slot: &mut Slot,
+        qi: usize,
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        let n = self.n;
+        // SAFETY: scores holds chunk × n floats (qi < chunk); scores_host holds
+        // n; the stream is synchronised before reading.
+        unsafe {
+            launch::d2h(
+                slot.stream.as_inner(),
+                slot.scores_host.as_mut_ptr() as *mut c_void,
+                ptr(&slot.scores) + (qi * n * 4) as u64,
+                n * 4,
+            )?;
+        }
+        slot.stream.synchronize().op("cuStreamSynchronize")?;
+        let scores = &slot.scores_host.as_slice()[..n];
+        let mut keys: Vec<u64> = scores
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| rank_key(s, i as u32))
+            .collect();
+        if k < n {
+            keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+            keys.truncate(k);
+        }
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        out.clear();
+        out.extend(keys.iter().map(|&key| {
+            let i = u32::MAX - key as u32;
+            Neighbor::new(i, scores[i as usize])
+        }));
+        Ok(())
+    }
+
+    /// One host query, end to end.
+    pub(crate) fn search_host(
+        &self,
+        query: &[f32],
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        validate::query(query, self.d)?;
+        let k = validate::k(k, self.n)?;
+        let mut slot = self.slot()?;
+        slot.q_host.as_mut_slice()[..self.d].copy_from_slice(query);
+        let s = slot.stream.as_inner();
+        // SAFETY: q_host (pinned) and queries both hold at least d floats.
+        unsafe {
+            launch::h2d(
+                s,
+                ptr(&slot.queries),
+                slot.q_host.as_ptr() as *const c_void,
+                self.d * 4,
+            )?;
+        }
+        let qptr = ptr(&slot.queries);
+        self.finish_one(&mut slot, qptr, k, out)
+    }
+
+    fn finish_one(
+        &self,
+        slot: &mut Slot,
+        qptr: DPtr,
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        self.enqueue(slot, qptr, 1, k)?;
+        if k <= self.opts.max_k {
+            self.fetch_results(slot, 1, k)?;
+        }
+        self.collect(slot, 0, k, out)
+    }
+
+    /// One query already on the device. With `wait_on`, the search first waits
+    /// (on the device, not the host) for the work queued on that stream.
+    pub(crate) fn search_device(
+        &self,
+        query: &DeviceSlice<f32>,
+        wait_on: Option<&Stream>,
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        if query.len() != self.d {
+            return Err(CudaError::DeviceQueryLength {
+                got: query.len(),
+                expected: self.d,
+            });
+        }
+        let k = validate::k(k, self.n)?;
+        let mut slot = self.slot()?;
+        if let Some(caller) = wait_on {
+            let ev = Event::new(EventFlags::DISABLE_TIMING).op("cuEventCreate")?;
+            ev.record(caller).op("cuEventRecord")?;
+            slot.stream
+                .wait_event(ev, StreamWaitEventFlags::DEFAULT)
+                .op("cuStreamWaitEvent")?;
+        }
+        self.finish_one(&mut slot, ptr(query), k, out)
+    }
+
+    /// A batch of `nq` row-major queries, in chunks of the slot's capacity.
+    pub(crate) fn search_batch(
+        &self,
+        queries: &[f32],
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        let d = self.d;
+        let k = validate::k(k, self.n)?;
+        let nq = queries.len() / d;
+        let mut results = Vec::with_capacity(nq);
+        let mut slot = self.slot()?;
+        for (c, chunk) in queries.chunks(self.chunk * d).enumerate() {
+            let cq = chunk.len() / d;
+            slot.q_host.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
+            // SAFETY: q_host and queries hold chunk × d >= cq × d floats.
+            unsafe {
+                launch::h2d(
+                    slot.stream.as_inner(),
+                    ptr(&slot.queries),
+                    slot.q_host.as_ptr() as *const c_void,
+                    chunk.len() * 4,
+                )?;
+            }
+            let qptr = ptr(&slot.queries);
+            self.enqueue(&slot, qptr, cq, k)?;
+            if k <= self.opts.max_k {
+                self.fetch_results(&mut slot, cq, k)?;
+            }
+            for qi in 0..cq {
+                let mut v = Vec::with_capacity(k);
+                self.collect(&mut slot, qi, k, &mut v)?;
+                results.push(v);
+            }
+            tracing::trace!(chunk = c, queries = cq, "batch chunk done");
+        }
+        Ok(results)
+    }
+
+    /// Canonical scores of listed rows per query (the graph index's batched
+    /// distance step).
+    pub(crate) fn score_ids(
+        &self,
+        queries: &[f32],
+        ids: &[u32],
+        offsets: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CudaError> {
+        let d = self.d;
+        if queries.len() % d != 0 {
+            return Err(CudaError::Input(topk_core::Error::DimensionMismatch {
+                what: format!("score_ids queries ({} values)", queries.len()),
+                expected: d,
+                got: queries.len() % d,
+            }));
+        }
+        let nq = queries.len() / d;
+        for (i, q) in queries.chunks(d).enumerate() {
+            validate::query_at(q, d, i)?;
+        }
+        if nq > self.chunk {
+            return Err(CudaError::OverCapacity {
+                what: "queries",
+                got: nq,
+                max: self.chunk,
+            });
+        }
+        if ids.len() > self.opts.max_gather {
+            return Err(CudaError::OverCapacity {
+                what: "ids",
+                got: ids.len(),
+                max: self.opts.max_gather,
+            });
+        }
+        if offsets.len() != nq + 1
+            || offsets.first() != Some(&0)
+            || offsets.last() != Some(&ids.len())
+            || offsets.windows(2).any(|w| w[0] > w[1])
+        {
+            return Err(CudaError::BadOffsets {
+                reason: format!(
+                    "offsets must have {} non-decreasing entries from 0 to {} (got {:?})",
+                    nq + 1,
+                    ids.len(),
+                    offsets
+                ),
+            });
+        }
+        if out.len() != ids.len() {
+            return Err(CudaError::BadOffsets {
+                reason: format!("out has {} slots for {} ids", out.len(), ids.len()),
+            });
+        }
+        if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= self.n) {
+            return Err(CudaError::RowIdOutOfRange {
+                id,
+                position,
+                n: self.n,
+            });
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut slot = self.slot()?;
+        let slot = &mut *slot;
+        slot.q_host.as_mut_slice()[..queries.len()].copy_from_slice(queries);
+        slot.ids_host.as_mut_slice()[..ids.len()].copy_from_slice(ids);
+        let owner = &mut slot.owner_host.as_mut_slice()[..ids.len()];
+        for (q, w) in offsets.windows(2).enumerate() {
+            owner[w[0]..w[1]].fill(q as u32);
+        }
+        let s = slot.stream.as_inner();
+        let count = ids.len();
+        // SAFETY: every staging buffer holds at least the copied lengths
+        // (checked against the capacities above); ids are < n; the stream is
+        // synchronised before `id_scores_host` is read.
+        unsafe {
+            launch::h2d(s, ptr(&slot.queries), slot.q_host.as_ptr() as *const c_void, queries.len() * 4)?;
+            launch::h2d(s, ptr(&slot.ids), slot.ids_host.as_ptr() as *const c_void, count * 4)?;
+            launch::h2d(s, ptr(&slot.owner), slot.owner_host.as_ptr() as *const c_void, count * 4)?;
+            if self.metric == Metric::Cosine {
+                self.kernels
+                    .norms(s, ptr(&slot.queries), nq as u32, d as u32, ptr(&slot.qnorm))?;
+            }
+            self.kernels.score_ids(
+                s,
+                self.metric,
+                ptr(&self.corpus),
+                ptr(&self.rnorm),
+                d as u32,
+                ptr(&slot.queries),
+                ptr(&slot.qnorm),
+                ptr(&slot.ids),
+                ptr(&slot.owner),
+                count as u32,
+                ptr(&slot.id_scores),
+            )?;
+            launch::d2h(
+                s,
+                slot.id_scores_host.as_mut_ptr() as *mut c_void,
+                ptr(&slot.id_scores),
+                count * 4,
+            )?;
+        }
+        slot.stream.synchronize().op("cuStreamSynchronize")?;
+        out.copy_from_slice(&slot.id_scores_host.as_slice()[..count]);
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Frees need the context current on the dropping thread.
+        if let Err(e) = self.ctx.make_current() {
+            tracing::warn!("topk-cuda: could not make the context current to free: {e}");
+        }
+        for s in &self.slots {
+            let slot = s.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = slot.stream.synchronize() {
+                tracing::warn!("topk-cuda: stream error at drop: {e}");
+            }
+        }
+    }
+}
+
+/// A device buffer that frees itself with its context current.
+pub(crate) struct OwnedDevice<T: cust::memory::DeviceCopy> {
+    pub(crate) buf: DeviceBuffer<T>,
+    ctx: Arc<Ctx>,
+}
+
+impl<T: cust::memory::DeviceCopy> OwnedDevice<T> {
+    pub(crate) fn from_slice(ctx: &Arc<Ctx>, data: &[T]) -> Result<Self, CudaError> {
+        ctx.make_current()?;
+        Ok(OwnedDevice {
+            buf: DeviceBuffer::from_slice(data).op("cuMemcpyHtoD")?,
+            ctx: Arc::clone(ctx),
+        })
+    }
+    pub(crate) fn zeroed(ctx: &Arc<Ctx>, what: &'static str, len: usize) -> Result<Self, CudaError> {
+        ctx.make_current()?;
+        let mut buf = alloc::<T>(what, len)?;
+        buf.set_zero().op("cuMemsetD8")?;
+        Ok(OwnedDevice {
+            buf,
+            ctx: Arc::clone(ctx),
+        })
+    }
+}
+
+impl<T: cust::memory::DeviceCopy> Drop for OwnedDevice<T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.make_current() {
+            tracing::warn!("topk-cuda: could not make the context current to free: {e}");
+        }
+    }
+}

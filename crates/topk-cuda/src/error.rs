@@ -1,0 +1,138 @@
+//! The crate's one error type: every driver status, missing device and
+//! rejected input becomes a variant that carries the values involved.
+
+/// Everything that can go wrong in the GPU backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    // ---- availability ------------------------------------------------------
+    /// The crate was built without the `cuda` feature.
+    #[error("this build has no CUDA support; rebuild with `--features cuda`")]
+    NotCompiled,
+    /// The driver could not be initialised (no NVIDIA driver, or no device).
+    #[error("no CUDA-capable device or driver: cuInit failed ({reason}); install the NVIDIA driver or run on a machine with a GPU")]
+    NoDriver {
+        /// The driver's own description of the failure.
+        reason: String,
+    },
+    /// The requested device ordinal does not exist.
+    #[error("no CUDA-capable device with ordinal {requested}: the driver reports {available} device(s)")]
+    NoDevice {
+        /// The ordinal asked for (`CudaOptions::device`).
+        requested: usize,
+        /// How many devices the driver sees.
+        available: usize,
+    },
+
+    // ---- resources ---------------------------------------------------------
+    /// The engine's buffers do not fit in device memory.
+    #[error("out of device memory allocating {what}: {requested} bytes requested, {available} bytes available")]
+    OutOfMemory {
+        /// The buffer (or the whole engine) being allocated.
+        what: &'static str,
+        /// Bytes requested.
+        requested: usize,
+        /// Bytes free on the device when asked.
+        available: usize,
+    },
+    /// A driver call failed.
+    #[error("CUDA driver call `{op}` failed: {reason}")]
+    Driver {
+        /// The operation (driver entry point or engine step).
+        op: &'static str,
+        /// The driver's description of the status.
+        reason: String,
+    },
+    /// The embedded PTX failed to load (e.g. a driver older than its ISA).
+    #[error("loading the PTX module `{module}` failed: {reason} (the driver must support PTX ISA 9.0, CUDA 13.0)")]
+    ModuleLoad {
+        /// Which kernel module.
+        module: &'static str,
+        /// The driver's description of the status.
+        reason: String,
+    },
+
+    // ---- inputs ------------------------------------------------------------
+    /// An input broke the rules of DESIGN.md §4 (shape, finiteness, K).
+    #[error(transparent)]
+    Input(#[from] topk_core::Error),
+    /// An option outside its range.
+    #[error("invalid option {name} = {value}: {reason}")]
+    InvalidOption {
+        /// Option name.
+        name: &'static str,
+        /// The value given.
+        value: usize,
+        /// The valid range.
+        reason: &'static str,
+    },
+    /// A device-resident query of the wrong length.
+    #[error("device query has {got} values, the corpus has D = {expected}")]
+    DeviceQueryLength {
+        /// Values in the device slice.
+        got: usize,
+        /// The corpus dimension.
+        expected: usize,
+    },
+    /// A row id given to `score_ids` is outside the corpus.
+    #[error("row id {id} at position {position} is out of range for a corpus of N = {n} rows")]
+    RowIdOutOfRange {
+        /// The offending id.
+        id: u32,
+        /// Where it sits in the id list.
+        position: usize,
+        /// Corpus rows.
+        n: usize,
+    },
+    /// More ids or queries than the engine's `score_ids` capacity.
+    #[error("{what} = {got} exceeds the capacity of {max} set by CudaOptions at construction")]
+    OverCapacity {
+        /// What overflowed ("ids", "queries").
+        what: &'static str,
+        /// Given.
+        got: usize,
+        /// Capacity.
+        max: usize,
+    },
+    /// `score_ids` offsets do not describe the id list.
+    #[error("score_ids: {reason}")]
+    BadOffsets {
+        /// What is inconsistent, with values.
+        reason: String,
+    },
+}
+
+#[cfg(feature = "cuda")]
+impl CudaError {
+    /// Wraps a driver status for the operation `op`, turning out-of-memory into
+    /// the variant that names the bytes.
+    pub(crate) fn driver(op: &'static str, e: cust::error::CudaError) -> Self {
+        CudaError::Driver {
+            op,
+            reason: format!("{e} ({e:?})"),
+        }
+    }
+}
+
+/// One place turns a driver status into a [`CudaError`].
+#[cfg(feature = "cuda")]
+pub(crate) trait DriverResult<T> {
+    /// Names the failed operation.
+    fn op(self, op: &'static str) -> Result<T, CudaError>;
+}
+
+#[cfg(feature = "cuda")]
+impl<T> DriverResult<T> for Result<T, cust::error::CudaError> {
+    fn op(self, op: &'static str) -> Result<T, CudaError> {
+        self.map_err(|e| CudaError::driver(op, e))
+    }
+}
+
+impl From<CudaError> for topk_core::Error {
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::Input(inner) => inner,
+            other => topk_core::Error::backend("cuda", other),
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The build without the `cuda` feature: the same public surface, where
+//! construction returns [`CudaError::NotCompiled`] and nothing links libcuda.
+//! The engine type is uninhabited, so no method past construction can run.
+
+use ndarray::ArrayView2;
+use topk_core::{Metric, Neighbor, Retriever};
+
+use crate::{CudaError, CudaOptions, CudaRetriever, DeviceInfo};
+
+/// Uninhabited: no engine exists in a build without CUDA.
+pub(crate) enum Engine {}
+
+impl Engine {
+    pub(crate) fn new(
+        _corpus: ArrayView2<'_, f32>,
+        _metric: Metric,
+        opts: CudaOptions,
+    ) -> Result<Self, CudaError> {
+        opts.check()?;
+        Err(CudaError::NotCompiled)
+    }
+    pub(crate) fn from_rowmajor(
+        _data: &[f32],
+        _dim: usize,
+        _metric: Metric,
+        opts: CudaOptions,
+    ) -> Result<Self, CudaError> {
+        opts.check()?;
+        Err(CudaError::NotCompiled)
+    }
+    pub(crate) fn len(&self) -> usize {
+        match *self {}
+    }
+    pub(crate) fn dim(&self) -> usize {
+        match *self {}
+    }
+    pub(crate) fn metric(&self) -> Metric {
+        match *self {}
+    }
+    pub(crate) fn options(&self) -> &CudaOptions {
+        match *self {}
+    }
+    pub(crate) fn info(&self) -> &DeviceInfo {
+        match *self {}
+    }
+    pub(crate) fn search_host(&self, _q: &[f32], _k: usize, _out: &mut Vec<Neighbor>) -> Result<(), CudaError> {
+        match *self {}
+    }
+    pub(crate) fn search_batch(&self, _q: &[f32], _k: usize) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        match *self {}
+    }
+    pub(crate) fn score_ids(
+        &self,
+        _queries: &[f32],
+        _ids: &[u32],
+        _offsets: &[usize],
+        _out: &mut [f32],
+    ) -> Result<(), CudaError> {
+        match *self {}
+    }
+}
+
+/// A device-resident query; none can exist without CUDA.
+#[derive(Debug)]
+pub enum DeviceQuery {}
+
+impl DeviceQuery {
+    pub(crate) fn upload(engine: &Engine, _query: &[f32]) -> Result<Self, CudaError> {
+        match *engine {}
+    }
+    pub(crate) fn search(&self, _engine: &Engine, _k: usize, _out: &mut Vec<Neighbor>) -> Result<(), CudaError> {
+        match *self {}
+    }
+    /// Values in the query (D).
+    pub fn len(&self) -> usize {
+        match *self {}
+    }
+    /// Always false.
+    pub fn is_empty(&self) -> bool {
+        match *self {}
+    }
+}
+
+/// The CPU round-trip baseline; needs CUDA.
+#[derive(Debug)]
+pub enum RoundTrip {}
+
+impl RoundTrip {
+    /// Always [`CudaError::NotCompiled`] (no retriever can exist here).
+    pub fn new(gpu: &CudaRetriever, _max_k: usize) -> Result<Self, CudaError> {
+        let _ = gpu;
+        Err(CudaError::NotCompiled)
+    }
+    /// Unreachable: no `RoundTrip` exists without CUDA.
+    pub fn run(
+        &mut self,
+        _query: &DeviceQuery,
+        _cpu: &dyn Retriever,
+        _k: usize,
+        _out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        match *self {}
+    }
+}
+
+/// Always [`CudaError::NotCompiled`].
+pub fn device_info(_device: usize) -> Result<DeviceInfo, CudaError> {
+    Err(CudaError::NotCompiled)
+}
+
+/// Always [`CudaError::NotCompiled`].
+pub fn measure_d2d_bandwidth(_device: usize, _bytes: usize) -> Result<f64, CudaError> {
+    Err(CudaError::NotCompiled)
+}

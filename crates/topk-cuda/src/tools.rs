@@ -1,0 +1,227 @@
+//! Device-side helpers around the engine: queries resident on the device, the
+//! benchmark's CPU round-trip baseline, the device-to-device bandwidth that
+//! sets the HBM floor, and the device description of the environment record.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cust::event::{Event, EventFlags};
+use cust::memory::LockedBuffer;
+use cust::stream::{Stream, StreamFlags};
+use topk_core::{Neighbor, Retriever};
+
+use crate::engine::{self, Ctx, DevNeighbor, Engine, OwnedDevice};
+use crate::error::{CudaError, DriverResult};
+use crate::launch;
+use crate::{CudaRetriever, DeviceInfo};
+
+/// A query resident in device memory (see [`CudaRetriever::upload_query`]).
+pub struct DeviceQuery {
+    buf: OwnedDevice<f32>,
+    device: usize,
+}
+
+impl std::fmt::Debug for DeviceQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceQuery")
+            .field("len", &self.buf.buf.len())
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl DeviceQuery {
+    pub(crate) fn upload(engine: &Engine, query: &[f32]) -> Result<Self, CudaError> {
+        Ok(DeviceQuery {
+            buf: OwnedDevice::from_slice(engine.ctx(), query)?,
+            device: engine.options().device,
+        })
+    }
+
+    pub(crate) fn search(
+        &self,
+        engine: &Engine,
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        if self.device != engine.options().device {
+            return Err(CudaError::InvalidOption {
+                name: "device of the query",
+                value: self.device,
+                reason: "the query lives on another device than the corpus",
+            });
+        }
+        engine.search_device(&self.buf.buf, None, k, out)
+    }
+
+    /// Values in the query (D).
+    pub fn len(&self) -> usize {
+        self.buf.buf.len()
+    }
+
+    /// Always false: a query has D ≥ 1 values.
+    pub fn is_empty(&self) -> bool {
+        self.buf.buf.is_empty()
+    }
+
+    /// The device slice, to hand to other CUDA code.
+    pub fn as_slice(&self) -> &cust::memory::DeviceSlice<f32> {
+        &self.buf.buf
+    }
+}
+
+/// The CPU round-trip baseline of DESIGN.md §6: a query that starts on the
+/// device is copied to the host, searched there by any [`Retriever`], and the
+/// results copied back to the device, as a pipeline without a GPU engine must.
+/// Buffers are pinned and allocated once.
+pub struct RoundTrip {
+    stream: Stream,
+    q_host: LockedBuffer<f32>,
+    res_host: LockedBuffer<DevNeighbor>,
+    res_dev: OwnedDevice<DevNeighbor>,
+    scratch: Vec<Neighbor>,
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for RoundTrip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoundTrip")
+            .field("dim", &self.q_host.len())
+            .field("max_k", &self.res_host.len())
+            .finish()
+    }
+}
+
+impl RoundTrip {
+    /// Buffers for queries of `gpu`'s dimension and up to `max_k` results.
+    pub fn new(gpu: &CudaRetriever, max_k: usize) -> Result<Self, CudaError> {
+        let ctx = Arc::clone(gpu.engine().ctx());
+        ctx.make_current()?;
+        let max_k = max_k.max(1);
+        Ok(RoundTrip {
+            stream: Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?,
+            q_host: LockedBuffer::new(&0.0f32, gpu.engine().dim()).op("cuMemAllocHost")?,
+            res_host: LockedBuffer::new(&DevNeighbor::default(), max_k).op("cuMemAllocHost")?,
+            res_dev: OwnedDevice::zeroed(&ctx, "round-trip results", max_k)?,
+            scratch: Vec::with_capacity(max_k),
+            ctx,
+        })
+    }
+
+    /// Device query → host, `cpu.search_into`, results → device, synchronised.
+    /// `out` receives the results the device now holds.
+    pub fn run(
+        &mut self,
+        query: &DeviceQuery,
+        cpu: &dyn Retriever,
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        let d = self.q_host.len();
+        if query.len() != d {
+            return Err(CudaError::DeviceQueryLength {
+                got: query.len(),
+                expected: d,
+            });
+        }
+        let s = self.stream.as_inner();
+        // SAFETY: both hold d floats; synchronised before the host reads.
+        unsafe {
+            launch::d2h(
+                s,
+                self.q_host.as_mut_slice().as_mut_ptr() as *mut c_void,
+                query.as_slice().as_device_ptr().as_raw(),
+                d * 4,
+            )?;
+        }
+        self.stream.synchronize().op("cuStreamSynchronize")?;
+        cpu.search_into(self.q_host.as_slice(), k, &mut self.scratch)?;
+        let m = self.scratch.len();
+        if m > self.res_host.len() {
+            return Err(CudaError::OverCapacity {
+                what: "round-trip results",
+                got: m,
+                max: self.res_host.len(),
+            });
+        }
+        for (dst, src) in self.res_host.as_mut_slice().iter_mut().zip(&self.scratch) {
+            *dst = DevNeighbor::from(*src);
+        }
+        // SAFETY: res_host and res_dev hold max_k >= m entries; synchronised
+        // before res_host is written again.
+        unsafe {
+            launch::h2d(
+                s,
+                self.res_dev.buf.as_device_ptr().as_raw(),
+                self.res_host.as_slice().as_ptr() as *const c_void,
+                m * std::mem::size_of::<DevNeighbor>(),
+            )?;
+        }
+        self.stream.synchronize().op("cuStreamSynchronize")?;
+        out.clear();
+        out.extend_from_slice(&self.scratch);
+        Ok(())
+    }
+}
+
+impl Drop for RoundTrip {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.make_current() {
+            tracing::warn!("topk-cuda: could not make the context current to free: {e}");
+        }
+    }
+}
+
+/// Name, driver version, memory and multiprocessors of device `device`.
+pub fn device_info(device: usize) -> Result<DeviceInfo, CudaError> {
+    let (_ctx, dev) = engine::open(device)?;
+    engine::info_of(dev)
+}
+
+/// Device-to-device copy bandwidth of `device` in bytes per second, counting
+/// bytes read plus bytes written (the convention of the HBM floor in
+/// DESIGN.md §6): the median of 10 timed copies of `bytes` after 3 warm-ups.
+pub fn measure_d2d_bandwidth(device: usize, bytes: usize) -> Result<f64, CudaError> {
+    let (ctx, _dev) = engine::open(device)?;
+    let words = bytes.div_ceil(4).max(1);
+    let src = OwnedDevice::<u32>::zeroed(&ctx, "bandwidth source", words)?;
+    let dst = OwnedDevice::<u32>::zeroed(&ctx, "bandwidth destination", words)?;
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
+    let (start, stop) = (
+        Event::new(EventFlags::DEFAULT).op("cuEventCreate")?,
+        Event::new(EventFlags::DEFAULT).op("cuEventCreate")?,
+    );
+    let copy = || -> Result<(), CudaError> {
+        // SAFETY: both buffers hold `words` u32 and do not overlap.
+        unsafe {
+            launch::d2d(
+                stream.as_inner(),
+                dst.buf.as_device_ptr().as_raw(),
+                src.buf.as_device_ptr().as_raw(),
+                words * 4,
+            )
+        }
+    };
+    for _ in 0..3 {
+        copy()?;
+    }
+    let mut times = Vec::with_capacity(10);
+    for _ in 0..10 {
+        start.record(&stream).op("cuEventRecord")?;
+        copy()?;
+        stop.record(&stream).op("cuEventRecord")?;
+        stop.synchronize().op("cuEventSynchronize")?;
+        let ms = stop.elapsed_time_f32(&start).op("cuEventElapsedTime")?;
+        times.push(f64::from(ms) / 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    Ok(2.0 * (words * 4) as f64 / median)
+}
+
+impl From<Neighbor> for DevNeighbor {
+    fn from(n: Neighbor) -> Self {
+        DevNeighbor::new(n.index, n.score)
+    }
+}

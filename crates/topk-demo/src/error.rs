@@ -1,0 +1,88 @@
+//! The demo's error type: what went wrong, and with which input.
+
+/// Everything `topk_demo` reports before exiting with status 1.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// A file could not be read or written.
+    #[error(transparent)]
+    File(#[from] topk_io::Error),
+    /// The corpus broke an input rule (non-finite value, no rows, D = 0).
+    #[error("corpus {origin}: {source}")]
+    Corpus {
+        /// The file, or the synthetic story's description.
+        origin: String,
+        /// The rule broken.
+        #[source]
+        source: topk_core::Error,
+    },
+    /// The queries broke an input rule, or the search failed.
+    #[error("queries {origin}: {source}")]
+    Queries {
+        /// The file, or the synthetic story's description.
+        origin: String,
+        /// The rule broken.
+        #[source]
+        source: topk_core::Error,
+    },
+    /// Corpus and queries have different row lengths.
+    #[error("the queries {queries} have D = {queries_dim}, but the corpus {corpus} has D = {corpus_dim}")]
+    DimensionMismatch {
+        /// Query origin.
+        queries: String,
+        /// Values per query.
+        queries_dim: usize,
+        /// Corpus origin.
+        corpus: String,
+        /// Values per corpus row.
+        corpus_dim: usize,
+    },
+    /// A search parameter out of range (K = 0).
+    #[error(transparent)]
+    Parameter(topk_core::Error),
+    /// The synthetic corpus asked for cannot be allocated.
+    #[error("a synthetic corpus of --n {n} rows x --d {d} values does not fit in memory addresses")]
+    SyntheticTooLarge {
+        /// Rows asked for.
+        n: usize,
+        /// Values per row asked for.
+        d: usize,
+    },
+    /// `--backend cuda` in a build without the GPU engine.
+    #[error("this build has no CUDA support; rebuild with `--features cuda`")]
+    NoCuda,
+}
+
+/// The message of `e` followed by those of its sources, skipping a source
+/// whose text the previous message already contains (several errors embed
+/// their source's message in their own).
+pub fn full_message(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_chain_has_no_repeats() {
+        let e = DemoError::Parameter(topk_core::Error::ZeroK);
+        assert_eq!(full_message(&e), "invalid K = 0: ask for at least one neighbour");
+        let e = DemoError::Corpus {
+            origin: "c.npy".into(),
+            source: topk_core::Error::EmptyCorpus,
+        };
+        let m = full_message(&e);
+        assert_eq!(m.matches("empty corpus").count(), 1, "{m}");
+        assert!(m.starts_with("corpus c.npy: "), "{m}");
+    }
+}

@@ -1,0 +1,260 @@
+//! One run of the demo: load (or synthesise) the data, build the backend,
+//! search every query, show the first answers and write them all.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ndarray::{Array2, ArrayView2, Axis};
+use topk_core::{validate, Metric, Neighbor, Retriever};
+use tracing::info;
+
+use crate::backend;
+use crate::cli::Args;
+use crate::error::DemoError;
+
+/// Queries per backend call: large enough for a backend's batch path to pay
+/// off, small enough that the progress bar moves.
+const CHUNK: usize = 256;
+
+/// Corpus and queries, with a description of where each came from.
+struct Inputs {
+    corpus: Array2<f32>,
+    corpus_origin: String,
+    queries: Array2<f32>,
+    queries_origin: String,
+    synthetic: bool,
+}
+
+/// Runs the demo and prints its report on stdout.
+pub fn run(args: &Args) -> Result<(), DemoError> {
+    // Before any loading: a bad K should not wait for a large corpus to load.
+    validate::k(args.k, usize::MAX).map_err(DemoError::Parameter)?;
+    let metric = Metric::from(args.metric);
+    let inputs = load(args)?;
+    let (n, d) = inputs.corpus.dim();
+    if inputs.queries.ncols() != d {
+        return Err(DemoError::DimensionMismatch {
+            queries: inputs.queries_origin,
+            queries_dim: inputs.queries.ncols(),
+            corpus: inputs.corpus_origin,
+            corpus_dim: d,
+        });
+    }
+    // The whole batch is checked here so that an error names the query's
+    // position in the file, not in a chunk.
+    validate::queries(inputs.queries.view(), d).map_err(|source| DemoError::Queries {
+        origin: inputs.queries_origin.clone(),
+        source,
+    })?;
+
+    let started = Instant::now();
+    let retriever = backend::build(args.backend, inputs.corpus, metric, &inputs.corpus_origin)?;
+    let build_time = started.elapsed();
+    info!(
+        backend = retriever.backend(), n, d, %metric,
+        ms = ms(build_time), "built the backend"
+    );
+
+    let started = Instant::now();
+    let results = search_all(&*retriever, inputs.queries.view(), args.k).map_err(|source| {
+        DemoError::Queries {
+            origin: inputs.queries_origin.clone(),
+            source,
+        }
+    })?;
+    let search_time = started.elapsed();
+    let q = results.len();
+    info!(
+        backend = retriever.backend(), queries = q, k = args.k,
+        ms = ms(search_time), qps = qps(q, search_time), "searched"
+    );
+
+    print!(
+        "{}",
+        report(
+            &*retriever,
+            &inputs.corpus_origin,
+            &inputs.queries_origin,
+            inputs.synthetic,
+            args,
+            &results,
+            (build_time, search_time),
+        )
+    );
+
+    if let Some(out) = &args.out {
+        let files = topk_io::write_results(out, &results)?;
+        for f in &files {
+            info!(path = %f.display(), "wrote results");
+        }
+        println!(
+            "wrote {} queries x {} neighbours to {}",
+            q,
+            results.first().map_or(0, Vec::len),
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+    }
+    Ok(())
+}
+
+/// Reads the files named on the command line, or makes the synthetic story's rows.
+fn load(args: &Args) -> Result<Inputs, DemoError> {
+    match (&args.corpus, &args.queries) {
+        (Some(corpus), Some(queries)) => Ok(Inputs {
+            corpus: read(corpus, "corpus")?,
+            corpus_origin: corpus.display().to_string(),
+            queries: read(queries, "queries")?,
+            queries_origin: queries.display().to_string(),
+            synthetic: false,
+        }),
+        // clap makes each of --corpus and --queries require the other.
+        _ => {
+            let (n, d, seed) = (args.n, args.d, args.seed);
+            let fits = |rows: usize| {
+                rows.checked_mul(d)
+                    .and_then(|v| v.checked_mul(size_of::<f32>()))
+                    .is_some_and(|b| b <= isize::MAX as usize)
+            };
+            if !fits(n) || !fits(args.nq) {
+                return Err(DemoError::SyntheticTooLarge {
+                    n: n.max(args.nq),
+                    d,
+                });
+            }
+            let started = Instant::now();
+            let corpus = topk_io::synth::gaussian_rows(n, d, seed, true);
+            let queries = topk_io::synth::gaussian_queries(args.nq, d, seed, true);
+            info!(n, d, queries = args.nq, seed, ms = ms(started.elapsed()), "generated synthetic rows");
+            Ok(Inputs {
+                corpus,
+                corpus_origin: format!("(synthetic, seed {seed})"),
+                queries,
+                queries_origin: format!("(synthetic, seed {seed})"),
+                synthetic: true,
+            })
+        }
+    }
+}
+
+fn read(path: &Path, what: &str) -> Result<Array2<f32>, DemoError> {
+    let started = Instant::now();
+    let m = topk_io::read_matrix(path)?;
+    info!(
+        path = %path.display(), rows = m.nrows(), dim = m.ncols(),
+        ms = ms(started.elapsed()), "loaded {what}"
+    );
+    Ok(m)
+}
+
+/// Searches every query in chunks, with a progress bar on a terminal.
+fn search_all(
+    retriever: &dyn Retriever,
+    queries: ArrayView2<'_, f32>,
+    k: usize,
+) -> topk_core::Result<Vec<Vec<Neighbor>>> {
+    let q = queries.nrows();
+    let bar = if q > CHUNK {
+        // Drawn on stderr only when it is a terminal, so logs and pipes stay clean.
+        let bar = ProgressBar::with_draw_target(Some(q as u64), ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} queries ({per_sec}, eta {eta})",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut results = Vec::with_capacity(q);
+    for chunk in queries.axis_chunks_iter(Axis(0), CHUNK) {
+        results.extend(retriever.search_batch(chunk, k)?);
+        bar.inc(chunk.nrows() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(results)
+}
+
+/// The human-readable report: what ran, on what, how fast, and the first answers.
+fn report(
+    retriever: &dyn Retriever,
+    corpus_origin: &str,
+    queries_origin: &str,
+    synthetic: bool,
+    args: &Args,
+    results: &[Vec<Neighbor>],
+    (build, search): (Duration, Duration),
+) -> String {
+    let metric = retriever.metric();
+    let q = results.len();
+    let mut s = String::new();
+    // Writing to a String cannot fail; the results are ignored for that reason.
+    if synthetic {
+        let _ = writeln!(
+            s,
+            "topk smoke story: {} Gaussian rows (seed {}, L2-normalised), {} queries",
+            retriever.len(),
+            args.seed,
+            q
+        );
+    }
+    let _ = writeln!(s, "backend   {}", retriever.backend());
+    let _ = writeln!(
+        s,
+        "corpus    {corpus_origin}: N = {}, D = {}",
+        retriever.len(),
+        retriever.dim()
+    );
+    let _ = writeln!(s, "queries   {queries_origin}: {q}");
+    let _ = writeln!(s, "search    K = {}, metric = {metric}", args.k);
+    let _ = writeln!(
+        s,
+        "time      build {:.1} ms, search {:.1} ms ({:.0} queries/s)",
+        ms(build),
+        ms(search),
+        qps(q, search)
+    );
+    let value_name = match metric {
+        Metric::L2 => "sq. distance",
+        Metric::Dot | Metric::Cosine => "score",
+    };
+    for (i, hits) in results.iter().take(args.show).enumerate() {
+        let _ = writeln!(s, "\nquery {i}");
+        let _ = writeln!(s, "  {:>4}  {:>10}  {:>14}", "rank", "index", value_name);
+        for (rank, n) in hits.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  {:>4}  {:>10}  {:>14.6}",
+                rank + 1,
+                n.index,
+                metric.display_value(n.score)
+            );
+        }
+    }
+    if q > args.show && args.out.is_none() {
+        let _ = writeln!(
+            s,
+            "\n({} of {q} queries shown; --out FILE writes them all)",
+            args.show.min(q)
+        );
+    }
+    s
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn qps(q: usize, d: Duration) -> f64 {
+    let secs = d.as_secs_f64();
+    if secs > 0.0 {
+        q as f64 / secs
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,269 @@
+//! Index construction (Malkov & Yashunin, Algorithms 1 and 4).
+//!
+//! Each node is inserted by descending greedily to its own level, then, on
+//! every layer from there down to 0, running an `ef_construction` beam search,
+//! keeping `m` neighbours chosen by the diversity heuristic, and linking both
+//! ways; a neighbour whose list overflows is re-pruned with the same heuristic.
+//!
+//! # Determinism
+//!
+//! Node levels are drawn up front from the seeded generator, in insertion
+//! order, so they never depend on scheduling. A **sequential build is
+//! deterministic**: the same corpus, metric, parameters and seed give the same
+//! graph, bit for bit (and the same saved file). A **parallel build** inserts
+//! nodes from several threads, pulling ids from a shared counter as hnswlib
+//! does; which neighbours a node sees depends on timing, so its graph varies
+//! from run to run. Its recall is that of the sequential build within noise
+//! (tested), and the graph is always well formed: each list is written under
+//! its node's lock, and readers copy lists whose every slot holds a valid id.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::error::{HnswError, Result};
+use crate::graph::{Layout, Links};
+use crate::params::{draw_levels, HnswParams};
+use crate::search::{greedy, search_layer, Cand, CpuScorer, Scorer, ScratchPool};
+use crate::vectors::Vectors;
+
+/// Hands out a scorer whose query is a corpus row (the node being inserted).
+pub(crate) trait ScorerSource: Sync {
+    /// The scorer type.
+    type Scorer<'s>: Scorer
+    where
+        Self: 's;
+    /// A scorer for row `row` as the query.
+    fn for_row(&self, row: u32) -> Result<Self::Scorer<'_>>;
+}
+
+impl ScorerSource for Vectors {
+    type Scorer<'s> = CpuScorer<'s>;
+
+    fn for_row(&self, row: u32) -> Result<CpuScorer<'_>> {
+        Ok(CpuScorer {
+            vectors: self,
+            query: self.row_query(row),
+        })
+    }
+}
+
+/// A finished graph.
+#[derive(Debug)]
+pub(crate) struct Graph {
+    pub(crate) links: Links<u32>,
+    pub(crate) entry: u32,
+    pub(crate) max_level: usize,
+}
+
+/// How the nodes are inserted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Sequential,
+    Parallel,
+}
+
+struct Builder<'v, Src> {
+    vectors: &'v Vectors,
+    source: &'v Src,
+    params: HnswParams,
+    links: Links<AtomicU32>,
+    /// One lock per node: serialises writers of that node's lists.
+    locks: Vec<Mutex<()>>,
+    /// Entry point and top layer. Held for a whole insertion when the new
+    /// node becomes the top, so no other insertion starts from a stale top.
+    top: Mutex<(u32, usize)>,
+    pool: ScratchPool,
+}
+
+/// Builds the graph over `vectors`, scoring layer searches through `source`.
+pub(crate) fn build<Src: ScorerSource>(
+    vectors: &Vectors,
+    source: &Src,
+    params: HnswParams,
+    mode: Mode,
+) -> Result<Graph> {
+    let n = vectors.len();
+    let started = Instant::now();
+    let levels = draw_levels(n, &params);
+    let layout = Layout::new(params.m, params.m0(), levels);
+    let top = (0u32, layout.level(0));
+    let b = Builder {
+        vectors,
+        source,
+        params,
+        links: Links::empty(layout),
+        locks: (0..n).map(|_| Mutex::new(())).collect(),
+        top: Mutex::new(top),
+        pool: ScratchPool::new(n),
+    };
+    match mode {
+        Mode::Sequential => {
+            for i in 1..n {
+                b.insert(i as u32)?;
+            }
+        }
+        Mode::Parallel => b.insert_parallel()?,
+    }
+    let (entry, max_level) = *lock(&b.top);
+    let graph = Graph {
+        links: b.links.freeze(),
+        entry,
+        max_level,
+    };
+    tracing::info!(
+        n,
+        dim = vectors.dim(),
+        m = params.m,
+        ef_construction = params.ef_construction,
+        ?mode,
+        max_level,
+        secs = started.elapsed().as_secs_f64(),
+        "hnsw graph built"
+    );
+    Ok(graph)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding a node lock leaves at worst a shorter list, which
+    // is still a valid list; the build itself reports the panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<Src: ScorerSource> Builder<'_, Src> {
+    fn insert_parallel(&self) -> Result<()> {
+        let n = self.vectors.len();
+        let next = AtomicUsize::new(1);
+        let failure: Mutex<Option<HnswError>> = Mutex::new(None);
+        let workers = rayon::current_num_threads().max(1);
+        rayon::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|_| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    if let Err(e) = self.insert(i as u32) {
+                        lock(&failure).get_or_insert(e);
+                        // Make the other workers stop at their next pull.
+                        next.store(n, Ordering::Relaxed);
+                        break;
+                    }
+                });
+            }
+        });
+        match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn insert(&self, q: u32) -> Result<()> {
+        let level = self.links.layout.level(q);
+        let top = lock(&self.top);
+        let (entry, max_level) = *top;
+        let top_guard = if level > max_level {
+            Some(top)
+        } else {
+            drop(top);
+            None
+        };
+
+        let mut scorer = self.source.for_row(q)?;
+        let mut sc = self.pool.take();
+        let mut cur = Cand::new(entry, scorer.score_one(entry)?);
+        if max_level > level {
+            cur = greedy(&self.links, &mut scorer, &mut sc, cur, max_level, level + 1)?;
+        }
+        let mut selected = Vec::with_capacity(self.params.m);
+        let mut ids = Vec::with_capacity(self.params.m0() + 1);
+        for lc in (0..=level.min(max_level)).rev() {
+            search_layer(
+                &self.links,
+                &mut scorer,
+                &mut sc,
+                cur,
+                self.params.ef_construction,
+                lc,
+            )?;
+            sc.sort_results();
+            self.select(&sc.sorted, self.params.m, &mut selected);
+            ids.clear();
+            ids.extend(selected.iter().map(|c| c.id()));
+            {
+                let _g = lock(&self.locks[q as usize]);
+                self.links.set(q, lc, &ids);
+            }
+            for &e in &ids {
+                self.connect(e, q, lc);
+            }
+            // The best node found is the next layer's entry (as in hnswlib).
+            if let Some(&best) = sc.sorted.first() {
+                cur = best;
+            }
+        }
+        self.pool.put(sc);
+        if let Some(mut top) = top_guard {
+            *top = (q, level);
+        }
+        Ok(())
+    }
+
+    /// The neighbour-selection heuristic (Algorithm 4): walking candidates
+    /// best first, keep one only if it is closer to the base node than to
+    /// every neighbour already kept, so links spread across directions
+    /// instead of crowding into one cluster. `cands` is sorted best first by
+    /// score against the base node.
+    fn select(&self, cands: &[Cand], m: usize, out: &mut Vec<Cand>) {
+        out.clear();
+        if cands.len() < m {
+            out.extend_from_slice(cands);
+            return;
+        }
+        for &e in cands {
+            if out.len() >= m {
+                break;
+            }
+            let to_base = e.score();
+            let diverse = out
+                .iter()
+                .all(|r| {
+                    // Kept on ties and NaN, as in hnswlib (`dist(e, r) < dist(e, q)` rejects).
+                    self.vectors.pair(e.id(), r.id()).partial_cmp(&to_base)
+                        != Some(std::cmp::Ordering::Greater)
+                });
+            if diverse {
+                out.push(e);
+            }
+        }
+    }
+
+    /// Adds the link `e → q` on `level`, re-pruning `e`'s list with the
+    /// heuristic when it is full.
+    fn connect(&self, e: u32, q: u32, level: usize) {
+        let cap = self.links.layout.cap(level);
+        let _g = lock(&self.locks[e as usize]);
+        let mut ids = Vec::with_capacity(cap + 1);
+        self.links.neighbours_into(e, level, &mut ids);
+        if ids.contains(&q) {
+            return;
+        }
+        if ids.len() < cap {
+            ids.push(q);
+            self.links.set(e, level, &ids);
+            return;
+        }
+        let base = self.vectors.row_query(e);
+        let mut cands: Vec<Cand> = ids
+            .iter()
+            .chain(std::iter::once(&q))
+            .map(|&x| Cand::new(x, self.vectors.score(base, x)))
+            .collect();
+        cands.sort_unstable_by_key(|c| std::cmp::Reverse(c.key));
+        let mut kept = Vec::with_capacity(cap);
+        self.select(&cands, cap, &mut kept);
+        ids.clear();
+        ids.extend(kept.iter().map(|c| c.id()));
+        self.links.set(e, level, &ids);
+    }
+}

@@ -1,0 +1,300 @@
+//! The public index type: construction, searches, and the `Retriever` impl.
+
+use ndarray::ArrayView2;
+use rayon::prelude::*;
+use topk_core::{validate, Metric, Neighbor, Retriever};
+
+use crate::build::{build, Graph, Mode};
+use crate::error::Result;
+use crate::params::{check_ef, HnswParams};
+use crate::search::{greedy, search_layer, Cand, CpuScorer, Scorer, Scratch, ScratchPool};
+use crate::vectors::Vectors;
+
+/// An HNSW graph over a corpus it owns, searched with canonical scores.
+///
+/// Built once (sequentially and deterministically with [`Hnsw::build`], or
+/// from all rayon threads with [`Hnsw::build_parallel`]), then read-only:
+/// searches take `&self` and may run from many threads at once, each drawing
+/// reusable working memory from an internal pool.
+#[derive(Debug)]
+pub struct Hnsw {
+    pub(crate) params: HnswParams,
+    pub(crate) vectors: Vectors,
+    pub(crate) graph: Graph,
+    pool: ScratchPool,
+}
+
+/// Shape of a built graph, for logs and reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphStats {
+    /// Number of nodes.
+    pub n: usize,
+    /// Highest layer.
+    pub max_level: usize,
+    /// Entry node of every search (a node on `max_level`).
+    pub entry: u32,
+    /// Nodes on each layer, layer 0 first.
+    pub nodes_per_layer: Vec<usize>,
+    /// Mean out-degree on each layer, layer 0 first.
+    pub mean_degree: Vec<f64>,
+}
+
+impl Hnsw {
+    /// Builds an index over row-major `data` (`N × dim`) on one thread.
+    ///
+    /// Deterministic: the same data, metric and parameters (seed included)
+    /// always give the same graph and the same saved file.
+    pub fn build(data: &[f32], dim: usize, metric: Metric, params: HnswParams) -> Result<Self> {
+        Self::build_owned(data.to_vec(), dim, metric, params, false)
+    }
+
+    /// Builds an index over row-major `data` on all threads of the current
+    /// rayon pool. Faster; the graph depends on thread timing (see the
+    /// `build` module's determinism statement) while its recall does not.
+    pub fn build_parallel(
+        data: &[f32],
+        dim: usize,
+        metric: Metric,
+        params: HnswParams,
+    ) -> Result<Self> {
+        Self::build_owned(data.to_vec(), dim, metric, params, true)
+    }
+
+    /// Builds from an `N × D` view of any layout.
+    pub fn build_view(
+        rows: ArrayView2<'_, f32>,
+        metric: Metric,
+        params: HnswParams,
+        parallel: bool,
+    ) -> Result<Self> {
+        let (_, dim) = validate::corpus_view(rows)?;
+        let data: Vec<f32> = rows.iter().copied().collect();
+        Self::build_owned(data, dim, metric, params, parallel)
+    }
+
+    /// Builds from an owned row-major buffer, without copying it.
+    pub fn build_owned(
+        data: Vec<f32>,
+        dim: usize,
+        metric: Metric,
+        params: HnswParams,
+        parallel: bool,
+    ) -> Result<Self> {
+        params.validate()?;
+        validate::corpus(&data, dim)?;
+        let vectors = Vectors::new(data, dim, metric);
+        let mode = if parallel {
+            Mode::Parallel
+        } else {
+            Mode::Sequential
+        };
+        let graph = build(&vectors, &vectors, params, mode)?;
+        Ok(Self::from_parts(params, vectors, graph))
+    }
+
+    pub(crate) fn from_parts(params: HnswParams, vectors: Vectors, graph: Graph) -> Self {
+        let pool = ScratchPool::new(vectors.len());
+        Hnsw {
+            params,
+            vectors,
+            graph,
+            pool,
+        }
+    }
+
+    /// The parameters the index was built with (and its default `ef`).
+    pub fn params(&self) -> HnswParams {
+        self.params
+    }
+
+    /// The default beam width of [`Retriever::search_into`].
+    pub fn ef(&self) -> usize {
+        self.params.ef_search
+    }
+
+    /// Sets the default beam width. `ef = 0` is rejected; values below a
+    /// search's `k` are raised to `k`.
+    pub fn set_ef(&mut self, ef: usize) -> Result<()> {
+        check_ef(ef)?;
+        self.params.ef_search = ef;
+        Ok(())
+    }
+
+    /// The corpus rows, row-major (`len() × dim()`).
+    pub fn vectors(&self) -> &[f32] {
+        self.vectors.data()
+    }
+
+    /// Layer counts and degrees of the graph.
+    pub fn stats(&self) -> GraphStats {
+        let links = &self.graph.links;
+        let layout = &links.layout;
+        let layers = self.graph.max_level + 1;
+        let mut nodes = vec![0usize; layers];
+        let mut edges = vec![0usize; layers];
+        for node in 0..layout.len() as u32 {
+            for (l, (nodes_l, edges_l)) in nodes
+                .iter_mut()
+                .zip(edges.iter_mut())
+                .enumerate()
+                .take(layout.level(node) + 1)
+            {
+                *nodes_l += 1;
+                *edges_l += links.neighbours(node, l).len();
+            }
+        }
+        GraphStats {
+            n: layout.len(),
+            max_level: self.graph.max_level,
+            entry: self.graph.entry,
+            mean_degree: nodes
+                .iter()
+                .zip(&edges)
+                .map(|(&v, &e)| if v == 0 { 0.0 } else { e as f64 / v as f64 })
+                .collect(),
+            nodes_per_layer: nodes,
+        }
+    }
+
+    /// Writes the `min(k, N)` best neighbours found with beam width
+    /// `max(ef, k)` into `out`, best first.
+    pub fn search_with_ef(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<()> {
+        validate::query(query, self.vectors.dim())?;
+        validate::k(k, self.vectors.len())?;
+        check_ef(ef)?;
+        let mut scorer = CpuScorer {
+            vectors: &self.vectors,
+            query: self.vectors.query(query),
+        };
+        let mut sc = self.pool.take();
+        let r = self.search_scored(&mut scorer, k, ef, &mut sc, out);
+        self.pool.put(sc);
+        r
+    }
+
+    /// Searches every row of a `Q × D` batch in parallel with beam width `ef`.
+    pub fn search_batch_with_ef(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+        ef: usize,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        validate::queries(queries, self.vectors.dim())?;
+        validate::k(k, self.vectors.len())?;
+        check_ef(ef)?;
+        (0..queries.nrows())
+            .into_par_iter()
+            .map(|i| {
+                let row = queries.row(i);
+                let q: Vec<f32> = row.iter().copied().collect();
+                let mut out = Vec::with_capacity(k.min(self.vectors.len()));
+                self.search_with_ef(&q, k, ef, &mut out)?;
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// The search proper, for any scorer (CPU or GPU-batched): greedy descent
+    /// to layer 1, beam search of layer 0, best `min(k, N)` of the beam.
+    ///
+    /// Two cases leave the graph walk: a beam at least as wide as the corpus
+    /// scores every row (the exact answer, cheaper than walking), and a beam
+    /// that ended with fewer than `min(k, N)` nodes (the walk exhausted the
+    /// part of the graph reachable from the entry) is completed by scoring
+    /// the rows it never reached, so a search always returns `min(k, N)` rows.
+    pub(crate) fn search_scored<F: Scorer>(
+        &self,
+        scorer: &mut F,
+        k: usize,
+        ef: usize,
+        sc: &mut Scratch,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<()> {
+        let n = self.vectors.len();
+        let want = k.min(n);
+        let ef = ef.max(k);
+        out.clear();
+        if ef >= n {
+            let all: Vec<u32> = (0..n as u32).collect();
+            return score_all_into(scorer, &all, &mut sc.sorted, want, out);
+        }
+        let g = &self.graph;
+        let mut cur = Cand::new(g.entry, scorer.score_one(g.entry)?);
+        if g.max_level > 0 {
+            cur = greedy(&g.links, scorer, sc, cur, g.max_level, 1)?;
+        }
+        search_layer(&g.links, scorer, sc, cur, ef, 0)?;
+        if sc.results.len() < want {
+            let unseen: Vec<u32> = (0..n as u32).filter(|&i| !sc.seen(i)).collect();
+            tracing::debug!(
+                reached = sc.results.len(),
+                unreached = unseen.len(),
+                "beam ended short of k; scoring unreached rows"
+            );
+            sc.sort_results();
+            let mut found = std::mem::take(&mut sc.sorted);
+            let r = score_all_into(scorer, &unseen, &mut found, want, out);
+            sc.sorted = found;
+            return r;
+        }
+        sc.sort_results();
+        out.extend(sc.sorted.iter().take(want).map(|c| c.neighbor()));
+        Ok(())
+    }
+}
+
+/// Scores `ids`, adds them to the candidates already in `pool`, and writes
+/// the best `want` of all of them to `out`.
+fn score_all_into<F: Scorer>(
+    scorer: &mut F,
+    ids: &[u32],
+    pool: &mut Vec<Cand>,
+    want: usize,
+    out: &mut Vec<Neighbor>,
+) -> Result<()> {
+    let mut scores = vec![0.0_f32; ids.len()];
+    for (chunk, s) in ids.chunks(1024).zip(scores.chunks_mut(1024)) {
+        scorer.score_ids(chunk, s)?;
+    }
+    pool.extend(ids.iter().zip(&scores).map(|(&i, &s)| Cand::new(i, s)));
+    pool.sort_unstable_by_key(|c| std::cmp::Reverse(c.key));
+    out.clear();
+    out.extend(pool.iter().take(want).map(|c| c.neighbor()));
+    Ok(())
+}
+
+impl Retriever for Hnsw {
+    fn backend(&self) -> &'static str {
+        "hnsw"
+    }
+
+    fn len(&self) -> usize {
+        self.vectors.len()
+    }
+
+    fn dim(&self) -> usize {
+        self.vectors.dim()
+    }
+
+    fn metric(&self) -> Metric {
+        self.vectors.metric()
+    }
+
+    fn search_into(&self, query: &[f32], k: usize, out: &mut Vec<Neighbor>) -> topk_core::Result<()> {
+        Ok(self.search_with_ef(query, k, self.params.ef_search, out)?)
+    }
+
+    fn search_batch(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+    ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
+        Ok(self.search_batch_with_ef(queries, k, self.params.ef_search)?)
+    }
+}

@@ -1,0 +1,50 @@
+//! HNSW (Hierarchical Navigable Small World) graph index for topk.
+//!
+//! An approximate index: a layered proximity graph (Malkov & Yashunin) that
+//! answers a query by scoring a few hundred to a few thousand rows instead of
+//! all of them. It keeps topk's contracts where they apply: scores are the
+//! canonical score of DESIGN.md §2 (a returned neighbour's score has exactly
+//! the bits the exact backends give that row), results are ordered by the §3
+//! comparator, inputs follow the §4 rules, and [`Hnsw`] implements
+//! [`topk_core::Retriever`] so generic code can swap it in.
+//!
+//! | item | what it is for |
+//! | --- | --- |
+//! | [`Hnsw`] | build (deterministic or parallel), search with a per-call `ef`, save/load |
+//! | [`HnswParams`] | `m`, `ef_construction`, default `ef`, seed; valid ranges |
+//! | [`recall_at_k`] | recall against exact ground truth (oracle or `.ivecs`) |
+//! | [`HnswError`] | every failure, with the offending value |
+//! | [`synth`] | seeded Gaussian-cluster corpora for tests and benchmarks |
+//!
+//! ```
+//! use topk_core::{Metric, Retriever};
+//! use topk_hnsw::{Hnsw, HnswParams};
+//!
+//! let dim = 8;
+//! let data = topk_hnsw::synth::gaussian_clusters(500, dim, 10, 0.3, 1);
+//! let index = Hnsw::build(&data, dim, Metric::L2, HnswParams::default())?;
+//! let hits = index.search(&data[3 * dim..4 * dim], 5)?;
+//! assert_eq!(hits.len(), 5);
+//! assert_eq!(hits[0].index, 3); // a row is its own nearest neighbour
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `ef` below `k` is raised to `k`; `ef = 0`, `m < 2` and
+//! `ef_construction = 0` are [`HnswError::InvalidParameter`].
+
+mod build;
+mod error;
+mod graph;
+mod index;
+mod params;
+mod persist;
+mod recall;
+mod search;
+pub mod synth;
+mod vectors;
+
+pub use error::{HnswError, Result};
+pub use index::{GraphStats, Hnsw};
+pub use params::{HnswParams, SplitMix64, MAX_LEVEL, MAX_M};
+pub use persist::{FORMAT_VERSION, MAGIC};
+pub use recall::recall_at_k;

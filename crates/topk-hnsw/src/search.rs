@@ -1,0 +1,266 @@
+//! The two walks of HNSW: greedy descent through the upper layers and the
+//! `ef`-wide beam search of one layer (Malkov & Yashunin, Algorithms 2 and 5).
+//!
+//! Both walks expand a node by first collecting its unvisited neighbours and
+//! then scoring them in one call to a [`Scorer`]. The CPU scorer loops over
+//! the batch with prefetching; the GPU scorer sends the whole batch in one
+//! launch. Everything that decides the walk (visited set, candidate order,
+//! admission to the beam) happens here on the host, on canonical scores and
+//! the §3 ranking key, so any two scorers that return the same bits walk the
+//! same path and build the same graph.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Mutex;
+
+use topk_core::{rank_key, Neighbor};
+
+use crate::error::Result;
+use crate::graph::{Links, Slot};
+use crate::vectors::{Query, Vectors};
+
+/// A scored node: its §3 ranking key (which also encodes the id) and the
+/// exact score bits, which the key canonicalises for `-0.0` and NaN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Cand {
+    pub(crate) key: u64,
+    score_bits: u32,
+}
+
+impl Cand {
+    #[inline]
+    pub(crate) fn new(id: u32, score: f32) -> Self {
+        Cand {
+            key: rank_key(score, id),
+            score_bits: score.to_bits(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn id(self) -> u32 {
+        u32::MAX - self.key as u32
+    }
+
+    #[inline]
+    pub(crate) fn score(self) -> f32 {
+        f32::from_bits(self.score_bits)
+    }
+
+    pub(crate) fn neighbor(self) -> Neighbor {
+        Neighbor::new(self.id(), self.score())
+    }
+}
+
+/// Scores a batch of corpus rows against the query of one walk.
+pub(crate) trait Scorer {
+    /// Writes the score of row `ids[j]` to `out[j]` for every `j`
+    /// (`out.len() == ids.len()`).
+    fn score_ids(&mut self, ids: &[u32], out: &mut [f32]) -> Result<()>;
+
+    /// The score of one row (the entry point of a walk).
+    fn score_one(&mut self, id: u32) -> Result<f32> {
+        let mut s = [0.0_f32];
+        self.score_ids(&[id], &mut s)?;
+        Ok(s[0])
+    }
+}
+
+/// The CPU scorer: canonical SIMD kernels on host-resident rows.
+pub(crate) struct CpuScorer<'a> {
+    pub(crate) vectors: &'a Vectors,
+    pub(crate) query: Query<'a>,
+}
+
+impl Scorer for CpuScorer<'_> {
+    #[inline]
+    fn score_ids(&mut self, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        self.vectors.score_ids(self.query, ids, out);
+        Ok(())
+    }
+}
+
+/// Per-walk working memory, reused across searches so that a search
+/// allocates nothing once warm.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    /// `visited[i] == epoch` marks node `i` as seen in the current walk;
+    /// bumping the epoch clears the set in O(1).
+    visited: Vec<u32>,
+    epoch: u32,
+    /// Nodes to expand, best first.
+    candidates: BinaryHeap<Cand>,
+    /// The beam: the best `ef` nodes seen, worst on top.
+    pub(crate) results: BinaryHeap<Reverse<Cand>>,
+    nbr: Vec<u32>,
+    ids: Vec<u32>,
+    scores: Vec<f32>,
+    /// Results sorted best first, for callers.
+    pub(crate) sorted: Vec<Cand>,
+}
+
+impl Scratch {
+    pub(crate) fn new(n: usize) -> Self {
+        Scratch {
+            visited: vec![0; n],
+            epoch: 0,
+            candidates: BinaryHeap::new(),
+            results: BinaryHeap::new(),
+            nbr: Vec::new(),
+            ids: Vec::new(),
+            scores: Vec::new(),
+            sorted: Vec::new(),
+        }
+    }
+
+    fn new_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            // After 2^32 walks the tags repeat; clear once and start over.
+            self.visited.fill(0);
+            self.epoch = 1;
+        }
+    }
+
+    /// Whether `id` was seen in the current walk.
+    pub(crate) fn seen(&self, id: u32) -> bool {
+        self.visited[id as usize] == self.epoch
+    }
+
+    /// Moves the beam into `sorted`, best first.
+    pub(crate) fn sort_results(&mut self) {
+        self.sorted.clear();
+        self.sorted.extend(self.results.drain().map(|r| r.0));
+        self.sorted.sort_unstable_by_key(|c| std::cmp::Reverse(c.key));
+    }
+}
+
+/// A pool of [`Scratch`] so that `&self` searches from many threads each get
+/// their own without allocating per query.
+#[derive(Debug)]
+pub(crate) struct ScratchPool {
+    n: usize,
+    free: Mutex<Vec<Scratch>>,
+}
+
+impl ScratchPool {
+    pub(crate) fn new(n: usize) -> Self {
+        ScratchPool {
+            n,
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn take(&self) -> Scratch {
+        // A poisoned pool only means another search panicked; its scratch
+        // holds no invariant a new walk relies on (every walk starts a new epoch).
+        let popped = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        popped.unwrap_or_else(|| Scratch::new(self.n))
+    }
+
+    pub(crate) fn put(&self, s: Scratch) {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+    }
+}
+
+/// Greedy descent: on each layer from `top` down to `bottom` (inclusive),
+/// move to the best neighbour while it beats the current node.
+pub(crate) fn greedy<S: Slot, F: Scorer>(
+    links: &Links<S>,
+    scorer: &mut F,
+    sc: &mut Scratch,
+    mut cur: Cand,
+    top: usize,
+    bottom: usize,
+) -> Result<Cand> {
+    for level in (bottom..=top).rev() {
+        loop {
+            links.neighbours_into(cur.id(), level, &mut sc.nbr);
+            if sc.nbr.is_empty() {
+                break;
+            }
+            sc.scores.clear();
+            sc.scores.resize(sc.nbr.len(), 0.0);
+            scorer.score_ids(&sc.nbr, &mut sc.scores)?;
+            let best = sc
+                .nbr
+                .iter()
+                .zip(&sc.scores)
+                .map(|(&id, &s)| Cand::new(id, s))
+                .max_by_key(|c| c.key);
+            match best {
+                Some(b) if b.key > cur.key => cur = b,
+                _ => break,
+            }
+        }
+    }
+    Ok(cur)
+}
+
+/// Beam search of one layer from `start` with width `ef`; leaves the beam
+/// (the best `ef` nodes reached) in `sc.results`.
+pub(crate) fn search_layer<S: Slot, F: Scorer>(
+    links: &Links<S>,
+    scorer: &mut F,
+    sc: &mut Scratch,
+    start: Cand,
+    ef: usize,
+    level: usize,
+) -> Result<()> {
+    sc.new_epoch();
+    let Scratch {
+        visited,
+        epoch,
+        candidates,
+        results,
+        nbr,
+        ids,
+        scores,
+        ..
+    } = sc;
+    let epoch = *epoch;
+    candidates.clear();
+    results.clear();
+    visited[start.id() as usize] = epoch;
+    candidates.push(start);
+    results.push(Reverse(start));
+
+    while let Some(c) = candidates.pop() {
+        if results.len() >= ef {
+            if let Some(Reverse(worst)) = results.peek() {
+                if c.key < worst.key {
+                    break;
+                }
+            }
+        }
+        links.neighbours_into(c.id(), level, nbr);
+        ids.clear();
+        for &e in nbr.iter() {
+            let tag = &mut visited[e as usize];
+            if *tag != epoch {
+                *tag = epoch;
+                ids.push(e);
+            }
+        }
+        if ids.is_empty() {
+            continue;
+        }
+        scores.clear();
+        scores.resize(ids.len(), 0.0);
+        scorer.score_ids(ids, scores)?;
+        for (&e, &s) in ids.iter().zip(scores.iter()) {
+            let cand = Cand::new(e, s);
+            let admit = results.len() < ef
+                || results
+                    .peek()
+                    .is_some_and(|Reverse(worst)| cand.key > worst.key);
+            if admit {
+                candidates.push(cand);
+                results.push(Reverse(cand));
+                if results.len() > ef {
+                    results.pop();
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! The corpus as the index holds it, and the canonical scores on it.
+//!
+//! Rows are stored row-major in one allocation (the layout the GPU path
+//! uploads unchanged). Scores follow DESIGN.md §2 exactly, so a neighbour's
+//! score here has the same bits as the exact backends give for that row:
+//! that is what makes recall measurable against the oracle and lets the GPU
+//! distance path reproduce the CPU graph.
+
+use topk_core::Metric;
+use topk_cpu::Kernels;
+
+/// The corpus rows, their norms where the metric needs them, and the metric.
+#[derive(Debug, Clone)]
+pub(crate) struct Vectors {
+    dim: usize,
+    metric: Metric,
+    data: Vec<f32>,
+    /// Row norms, computed once at ingest; empty unless the metric is cosine.
+    norms: Vec<f32>,
+    kern: Kernels,
+}
+
+/// A query prepared for scoring: the values and, for cosine, its norm.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Query<'q> {
+    pub(crate) values: &'q [f32],
+    pub(crate) norm: f32,
+}
+
+impl Vectors {
+    /// Takes ownership of validated row-major data.
+    pub(crate) fn new(data: Vec<f32>, dim: usize, metric: Metric) -> Self {
+        // The fastest path this CPU runs; every path gives the canonical bits,
+        // so the choice changes speed only.
+        let kern = Kernels::best();
+        let norms = if metric == Metric::Cosine {
+            data.chunks_exact(dim)
+                .map(|r| kern.norm(r))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Vectors {
+            dim,
+            metric,
+            data,
+            norms,
+            kern,
+        }
+    }
+
+    pub(crate) fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.data.len() / self.dim
+    }
+
+    pub(crate) fn metric(&self) -> Metric {
+        self.metric
+    }
+
+    /// All rows, row-major.
+    pub(crate) fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// Row `i`.
+    #[inline]
+    pub(crate) fn row(&self, i: u32) -> &[f32] {
+        let start = i as usize * self.dim;
+        &self.data[start..start + self.dim]
+    }
+
+    /// Prepares a query (its norm is needed only for cosine).
+    pub(crate) fn query<'q>(&self, values: &'q [f32]) -> Query<'q> {
+        let norm = if self.metric == Metric::Cosine {
+            self.kern.norm(values)
+        } else {
+            0.0
+        };
+        Query { values, norm }
+    }
+
+    /// Row `i` as a query (used while inserting it).
+    pub(crate) fn row_query(&self, i: u32) -> Query<'_> {
+        let norm = if self.metric == Metric::Cosine {
+            self.norms[i as usize]
+        } else {
+            0.0
+        };
+        Query {
+            values: self.row(i),
+            norm,
+        }
+    }
+
+    /// The canonical score of row `i` for a query.
+    #[inline]
+    pub(crate) fn score(&self, q: Query<'_>, i: u32) -> f32 {
+        let row_norm = if self.metric == Metric::Cosine {
+            self.norms[i as usize]
+        } else {
+            0.0
+        };
+        self.kern
+            .score_row(self.metric, q.values, q.norm, self.row(i), row_norm)
+    }
+
+    /// The score between two rows (symmetric for every metric: IEEE negation
+    /// is exact and both multiply-add operands commute).
+    #[inline]
+    pub(crate) fn pair(&self, a: u32, b: u32) -> f32 {
+        self.score(self.row_query(a), b)
+    }
+
+    /// Scores `ids` for a query into `out[..ids.len()]`, prefetching the next
+    /// row while scoring the current one.
+    #[inline]
+    pub(crate) fn score_ids(&self, q: Query<'_>, ids: &[u32], out: &mut [f32]) {
+        for (j, (&id, o)) in ids.iter().zip(out.iter_mut()).enumerate() {
+            if let Some(&next) = ids.get(j + 1) {
+                self.prefetch(next);
+            }
+            *o = self.score(q, id);
+        }
+    }
+
+    /// Hints the cache to load the start of row `i`.
+    #[inline]
+    pub(crate) fn prefetch(&self, i: u32) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let start = i as usize * self.dim;
+            let row = self.data[start..start + self.dim].as_ptr();
+            // Two lines cover the first 32 values; the hardware prefetcher
+            // follows the sequential reads of the rest of the row.
+            let lines = self.dim.min(32).div_ceil(16);
+            for l in 0..lines {
+                // SAFETY: a prefetch is a hint and never faults; the address is
+                // inside row `i` (l * 16 < dim values from its start).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.add(l * 16).cast::<i8>()) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = i;
+    }
+}

@@ -1,0 +1,239 @@
+//! Memory-mapped matrices: a `.npy` or `.?vecs` file seen as an
+//! `ArrayView2` without copying it into memory first.
+//!
+//! Every check (header, dtype, per-row dimensions, length, alignment) runs in
+//! [`Mapped::open`], so that a view can be handed out afterwards without
+//! re-validating and without a fallible accessor.
+
+use std::fs::File;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use ndarray::{Array2, ArrayView2, Axis, ShapeBuilder};
+
+use crate::element::{describe, Element};
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::{npy, vecs};
+
+/// Where the rows of a validated file lie in its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Number of rows.
+    rows: usize,
+    /// Values per row.
+    dim: usize,
+    /// Byte offset of the first value of row 0.
+    offset: usize,
+    /// Distance between the starts of consecutive rows, in elements.
+    stride: usize,
+}
+
+impl Layout {
+    /// A layout whose every element is known to lie inside `bytes`; checks the
+    /// alignment of the first value for `T`.
+    ///
+    /// The caller has established that `offset + ((rows - 1) * stride + dim) *
+    /// size_of::<T>() <= bytes.len()` (or `rows * dim == 0` and `offset <= bytes.len()`).
+    pub(crate) fn checked<T: Element>(
+        path: &Path,
+        bytes: &[u8],
+        rows: usize,
+        dim: usize,
+        offset: usize,
+        stride: usize,
+    ) -> Result<Layout> {
+        let start = bytes.as_ptr() as usize + offset;
+        if start % align_of::<T>() != 0 {
+            return Err(Error::Misaligned {
+                path: path.to_owned(),
+                offset: offset as u64,
+                dtype: T::NAME,
+            });
+        }
+        Ok(Layout {
+            rows,
+            dim,
+            offset,
+            stride,
+        })
+    }
+}
+
+/// Opens `path` read-only and maps it, rejecting directories and empty files.
+pub(crate) fn map_file(path: &Path) -> Result<Mmap> {
+    let file = File::open(path).map_err(Error::io(path, "open"))?;
+    let meta = file.metadata().map_err(Error::io(path, "stat"))?;
+    if !meta.is_file() {
+        return Err(Error::NotAFile {
+            path: path.to_owned(),
+        });
+    }
+    if meta.len() == 0 {
+        return Err(Error::Empty {
+            path: path.to_owned(),
+        });
+    }
+    // SAFETY: the mapping is read-only and we never hand out `&mut`. The one
+    // hazard is another process truncating or rewriting the file while it is
+    // mapped, which the public `Mapped::open` documents as the caller's duty
+    // (the same contract every mmap-based reader has).
+    let map = unsafe { Mmap::map(&file) }.map_err(Error::io(path, "memory-map"))?;
+    Ok(map)
+}
+
+/// A read-only, memory-mapped `rows × dim` matrix of `T` from a `.npy` file
+/// (C order) or a `.?vecs` file.
+///
+/// Opening checks the whole file (for `.?vecs`, the dimension field of every
+/// row); afterwards [`Mapped::view`] and [`Mapped::row`] cost nothing and the
+/// operating system pages data in as it is touched, so a corpus larger than
+/// memory can be scanned.
+///
+/// The file must not be truncated or modified by another process while the
+/// map is alive: the bytes would change under the view (and a truncation
+/// raises `SIGBUS` on access).
+///
+/// ```no_run
+/// use topk_io::MappedMatrix;
+///
+/// let m = MappedMatrix::open("corpus.fvecs")?;
+/// println!("{} rows of D = {}", m.rows(), m.dim());
+/// let first: &[f32] = m.row(0).unwrap_or_default();
+/// let view = m.view(); // ArrayView2<f32>, rows strided over the dimension fields
+/// # let _ = (first, view);
+/// # Ok::<_, topk_io::Error>(())
+/// ```
+pub struct Mapped<T: Element> {
+    path: PathBuf,
+    format: Format,
+    map: Mmap,
+    layout: Layout,
+    _elem: PhantomData<T>,
+}
+
+/// A memory-mapped `f32` matrix (`.npy` float32 or `.fvecs`).
+pub type MappedMatrix = Mapped<f32>;
+
+impl<T: Element> std::fmt::Debug for Mapped<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("dtype", &T::NAME)
+            .field("rows", &self.layout.rows)
+            .field("dim", &self.layout.dim)
+            .finish()
+    }
+}
+
+impl<T: Element> Mapped<T> {
+    /// Maps a `.npy` file, or the `.?vecs` format holding `T`, by extension.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        match Format::require(path, ".npy, .fvecs, .ivecs or .bvecs")? {
+            Format::Npy => Self::open_npy(path),
+            f if Some(f) == T::VECS => Self::open_vecs(path),
+            f => Err(Error::Dtype {
+                path: path.to_owned(),
+                expected: describe::<T>(),
+                found: format!("{} ({f})", vecs::dtype_name(f)),
+            }),
+        }
+    }
+
+    /// Maps a `.npy` file whatever its extension.
+    pub fn open_npy(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let map = map_file(path)?;
+        let layout = npy::layout::<T>(path, &map)?;
+        Ok(Self::new(path, Format::Npy, map, layout))
+    }
+
+    /// Maps a `.?vecs` file of `T` whatever its extension (`.fvecs` for `f32`,
+    /// `.ivecs` for `i32`, `.bvecs` for `u8`), checking every row's dimension.
+    pub fn open_vecs(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let Some(format) = T::VECS else {
+            return Err(Error::UnknownFormat {
+                path: path.to_owned(),
+                expected: "a .npy file (no .?vecs format holds this element type)",
+            });
+        };
+        let map = map_file(path)?;
+        let layout = vecs::layout::<T>(path, &map)?;
+        Ok(Self::new(path, format, map, layout))
+    }
+
+    fn new(path: &Path, format: Format, map: Mmap, layout: Layout) -> Self {
+        tracing::debug!(
+            path = %path.display(), %format, rows = layout.rows, dim = layout.dim,
+            dtype = T::NAME, "mapped"
+        );
+        Mapped {
+            path: path.to_owned(),
+            format,
+            map,
+            layout,
+            _elem: PhantomData,
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.layout.rows
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.layout.dim
+    }
+
+    /// The file this maps.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The whole matrix, without copying. Standard (C) layout for `.npy`;
+    /// for `.?vecs` the rows are strided over the per-row dimension fields.
+    pub fn view(&self) -> ArrayView2<'_, T> {
+        let Layout {
+            rows,
+            dim,
+            offset,
+            stride,
+        } = self.layout;
+        let base = self.map.as_ptr().wrapping_add(offset).cast::<T>();
+        // SAFETY: `open_*` established, before building `layout`, that
+        // 1. every element `base + i * stride + j` (i < rows, j < dim) lies
+        //    inside the map (npy: the file length equals header + rows*dim
+        //    values; vecs: every row's field and values were scanned), and
+        //    `offset <= map.len()` when the matrix is empty;
+        // 2. `base` is aligned for `T` (`Layout::checked`);
+        // 3. `T` is a sealed plain number type, valid for every bit pattern;
+        // 4. strides are non-negative and the byte extent fits in `isize`
+        //    because it is inside one mapping.
+        // The map is never mutated through us and lives as long as `&self`.
+        unsafe { ArrayView2::from_shape_ptr((rows, dim).strides((stride, 1)), base) }
+    }
+
+    /// Row `i` as a slice, or `None` past the last row.
+    pub fn row(&self, i: usize) -> Option<&[T]> {
+        if i >= self.layout.rows {
+            return None;
+        }
+        // Rows are contiguous in both formats, so `to_slice` always succeeds.
+        self.view().index_axis_move(Axis(0), i).to_slice()
+    }
+
+    /// Copies the matrix into an owned C-order array (one pass over the file).
+    pub fn to_array(&self) -> Array2<T> {
+        self.view().as_standard_layout().into_owned()
+    }
+}

@@ -1,0 +1,234 @@
+//! numpy `.npy` files: header checks with byte offsets, zero-copy views,
+//! owned reads and writes.
+//!
+//! The header is parsed by `ndarray-npy`; this module adds what a corpus
+//! loader needs on top: one error per way a file can disagree with what was
+//! asked for (dtype, order, rank, length), each naming the file and where.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+
+use ndarray::{Array2, ArrayView2};
+use ndarray_npy::npy::header::{Header, ParseHeaderError, ReadHeaderError};
+use ndarray_npy::{WriteNpyError, WriteNpyExt};
+use py_literal::Value as PyValue;
+
+use crate::element::{describe, Element};
+use crate::error::{Error, Result};
+use crate::map::{map_file, Layout, Mapped};
+
+/// What a `.npy` header declares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpyInfo {
+    /// numpy's type descriptor, e.g. `<f4`; a structured dtype in Python syntax.
+    pub descr: String,
+    /// Whether the data is stored column-major.
+    pub fortran_order: bool,
+    /// The array's shape.
+    pub shape: Vec<usize>,
+    /// Byte offset where the data starts.
+    pub data_offset: usize,
+}
+
+/// Reads only the header of a `.npy` file (the file is mapped, not read).
+pub fn npy_info(path: impl AsRef<Path>) -> Result<NpyInfo> {
+    let path = path.as_ref();
+    let map = map_file(path)?;
+    parse_header(path, &map)
+}
+
+/// Reads a 2-D `.npy` array of `T` in C order into memory.
+pub fn read_npy<T: Element>(path: impl AsRef<Path>) -> Result<Array2<T>> {
+    Ok(Mapped::<T>::open_npy(path)?.to_array())
+}
+
+/// Reads a 2-D `float32` `.npy` array in C order.
+pub fn read_npy_f32(path: impl AsRef<Path>) -> Result<Array2<f32>> {
+    read_npy(path)
+}
+
+/// Reads a 2-D `int32` `.npy` array in C order.
+pub fn read_npy_i32(path: impl AsRef<Path>) -> Result<Array2<i32>> {
+    read_npy(path)
+}
+
+/// Reads a 2-D `uint32` `.npy` array in C order.
+pub fn read_npy_u32(path: impl AsRef<Path>) -> Result<Array2<u32>> {
+    read_npy(path)
+}
+
+/// Writes a 2-D array as `.npy` in C order, whatever the view's memory layout.
+pub fn write_npy<T: Element>(path: impl AsRef<Path>, array: ArrayView2<'_, T>) -> Result<()> {
+    let path = path.as_ref();
+    let file = File::create(path).map_err(Error::io(path, "create"))?;
+    // ndarray-npy would store a transposed view with fortran_order = True,
+    // which our own readers reject; C order keeps every file readable by them.
+    let standard = array.as_standard_layout();
+    standard
+        .write_npy(BufWriter::new(file))
+        .map_err(|e| match e {
+            WriteNpyError::Io(source) => Error::Io {
+                path: path.to_owned(),
+                op: "write",
+                source,
+            },
+            other => Error::Unwritable {
+                path: path.to_owned(),
+                reason: other.to_string(),
+            },
+        })?;
+    tracing::debug!(path = %path.display(), shape = ?array.dim(), dtype = T::NAME, "wrote .npy");
+    Ok(())
+}
+
+/// Writes a `float32` `.npy` file.
+pub fn write_npy_f32(path: impl AsRef<Path>, array: ArrayView2<'_, f32>) -> Result<()> {
+    write_npy(path, array)
+}
+
+/// Writes a `uint32` `.npy` file.
+pub fn write_npy_u32(path: impl AsRef<Path>, array: ArrayView2<'_, u32>) -> Result<()> {
+    write_npy(path, array)
+}
+
+/// Writes an `int32` `.npy` file.
+pub fn write_npy_i32(path: impl AsRef<Path>, array: ArrayView2<'_, i32>) -> Result<()> {
+    write_npy(path, array)
+}
+
+/// Parses and checks the header of a mapped `.npy` file.
+pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<NpyInfo> {
+    let mut rest = bytes;
+    let header = Header::from_reader(&mut rest).map_err(|e| header_error(path, bytes, e))?;
+    let data_offset = bytes.len() - rest.len();
+    let descr = match &header.type_descriptor {
+        PyValue::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    Ok(NpyInfo {
+        descr,
+        fortran_order: header.layout.is_fortran(),
+        shape: header.shape,
+        data_offset,
+    })
+}
+
+/// Checks that a mapped `.npy` file holds a complete 2-D C-order array of `T`.
+pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8]) -> Result<Layout> {
+    let info = parse_header(path, bytes)?;
+    if !T::NPY_DESCRS.contains(&info.descr.as_str()) {
+        return Err(Error::Dtype {
+            path: path.to_owned(),
+            expected: describe::<T>(),
+            found: describe_descr(&info.descr),
+        });
+    }
+    let [rows, dim] = info.shape[..] else {
+        return Err(Error::Ndim {
+            path: path.to_owned(),
+            shape: info.shape,
+        });
+    };
+    if info.fortran_order && rows > 1 && dim > 1 {
+        // With one row or one column both orders are the same bytes.
+        return Err(Error::FortranOrder {
+            path: path.to_owned(),
+        });
+    }
+    let too_large = || Error::TooLarge {
+        path: path.to_owned(),
+        shape: vec![rows, dim],
+    };
+    let row_bytes = dim
+        .checked_mul(size_of::<T>())
+        .ok_or_else(too_large)?;
+    let end = rows
+        .checked_mul(row_bytes)
+        .and_then(|b| b.checked_add(info.data_offset))
+        .filter(|&e| e <= isize::MAX as usize)
+        .ok_or_else(too_large)?;
+    check_extent(path, bytes.len(), info.data_offset, row_bytes, end)?;
+    Layout::checked::<T>(path, bytes, rows, dim, info.data_offset, dim)
+}
+
+/// Compares the file length with where the data should end.
+fn check_extent(path: &Path, len: usize, data_offset: usize, row_bytes: usize, end: usize) -> Result<()> {
+    if end > len {
+        // `row_bytes > 0` here: with empty rows `end == data_offset <= len`.
+        let row = (len - data_offset) / row_bytes;
+        let offset = data_offset + row * row_bytes;
+        return Err(Error::Truncated {
+            path: path.to_owned(),
+            row,
+            offset: offset as u64,
+            needed: (offset + row_bytes) as u64,
+            len: len as u64,
+        });
+    }
+    if end < len {
+        return Err(Error::TrailingBytes {
+            path: path.to_owned(),
+            offset: end as u64,
+            extra: (len - end) as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Turns ndarray-npy's header error into ours, with the offset of the part at fault.
+fn header_error(path: &Path, bytes: &[u8], e: ReadHeaderError) -> Error {
+    let (offset, reason) = match e {
+        ReadHeaderError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => (
+            bytes.len() as u64,
+            format!("the file ends at byte {} inside the header", bytes.len()),
+        ),
+        ReadHeaderError::Io(io) => (0, io.to_string()),
+        ReadHeaderError::Parse(p) => {
+            let offset = match p {
+                ParseHeaderError::MagicString => 0,
+                ParseHeaderError::Version { .. } => 6,
+                ParseHeaderError::HeaderLengthOverflow(_) => 8,
+                // The dictionary follows a 2-byte length in version 1, 4 bytes after.
+                _ if bytes.get(6) == Some(&1) => 10,
+                _ => 12,
+            };
+            let reason = match p {
+                ParseHeaderError::MagicString => {
+                    "not an .npy file: it does not start with \\x93NUMPY".to_owned()
+                }
+                other => other.to_string(),
+            };
+            (offset, reason)
+        }
+    };
+    Error::NpyHeader {
+        path: path.to_owned(),
+        offset,
+        reason,
+    }
+}
+
+/// `float64 ('<f8')` for the descriptors people meet; the raw text otherwise.
+fn describe_descr(descr: &str) -> String {
+    let name = match descr.trim_start_matches(['<', '>', '|', '=']) {
+        "f2" => "float16",
+        "f4" => "float32",
+        "f8" => "float64",
+        "i1" => "int8",
+        "i2" => "int16",
+        "i4" => "int32",
+        "i8" => "int64",
+        "u1" => "uint8",
+        "u2" => "uint16",
+        "u4" => "uint32",
+        "u8" => "uint64",
+        "b1" => "bool",
+        _ => return format!("dtype {descr}"),
+    };
+    if descr.starts_with('>') {
+        format!("big-endian {name} ('{descr}')")
+    } else {
+        format!("{name} ('{descr}')")
+    }
+}
