@@ -6,6 +6,7 @@
 
 use std::process::ExitCode;
 
+mod bench;
 mod cuda;
 mod ptx;
 mod util;
@@ -18,6 +19,10 @@ commands:
   cuda-toolchain  install the pinned nvcc and a link-time libcuda under target/
   ptx             compile kernels/*.cu to the committed kernels/*.ptx (`--check`: fail when stale)
   cuda-test       clippy + tests of every crate's `cuda` feature (links here; skips device cases without a GPU)
+  bench           run the benchmark campaign here (`--quick`, `--cuda`, `--out DIR`), then plots + table
+  plots DIR       draw the plots of a results folder into DIR/plots (PNG + SVG)
+  bench-table DIR write the headline table of a results folder into README.md (`--readme FILE`)
+  cpu-compare     topk CPU vs numpy / faiss-cpu on this machine into bench/results/cpu-<date>/ (`--quick`)
 ";
 
 fn main() -> ExitCode {
@@ -31,6 +36,10 @@ fn main() -> ExitCode {
         "cuda-toolchain" => cuda::toolchain_cmd(),
         "cuda-test" => cuda::test_cmd(rest),
         "ptx" => ptx::ptx_cmd(rest),
+        "bench" => bench::bench_cmd(rest),
+        "plots" => bench::plots_cmd(rest),
+        "bench-table" => bench::table_cmd(rest),
+        "cpu-compare" => bench::cpu_compare_cmd(rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())

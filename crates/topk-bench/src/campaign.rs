@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::{s, ArrayView2};
-use serde::Serialize;
 use topk_core::{Metric, Retriever};
 
 use crate::backends;
@@ -25,13 +24,13 @@ use crate::gpu::Gpu;
 use crate::manifest::{AnchorConfig, Manifest};
 use crate::membw;
 use crate::record::{Record, ResultsWriter};
-use crate::run::{blank_record, measure, HostSearch, Plan};
+use crate::run::{blank_record, failed, measure, HostSearch, Plan};
 
 /// Queries the oracle checks for every single-query configuration.
 pub const ORACLE_GATE_QUERIES: usize = 4;
 
 /// The sweep a campaign runs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Spec {
     /// Corpus sizes.
     pub ns: Vec<usize>,
@@ -227,6 +226,13 @@ pub struct Options {
     pub echo: bool,
     /// Whether to draw a progress bar (stderr).
     pub progress: bool,
+    /// The torch anchor script to run on the data after the campaign (same
+    /// process tree, same device), writing `out/anchors/torch.jsonl`.
+    pub torch: Option<PathBuf>,
+    /// Python interpreter for the anchor.
+    pub python: String,
+    /// Delete the data folder when done (it holds gigabytes).
+    pub clean_data: bool,
 }
 
 /// Runs the campaign; returns the number of records written.
@@ -309,7 +315,45 @@ pub fn run(opts: &Options) -> Result<usize> {
     ));
     env.mark_end();
     env.write(&opts.out)?;
+
+    if let (Some(script), Some(dir)) = (&opts.torch, &opts.data_dir) {
+        run_anchor(&opts.python, script, dir, &opts.out.join("anchors").join("torch.jsonl"));
+    }
+    if opts.clean_data {
+        if let Some(dir) = &opts.data_dir {
+            std::fs::remove_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+        }
+    }
     Ok(written)
+}
+
+/// Runs an anchor script on the data folder. Its failure is logged, not
+/// fatal: the campaign's own rows are already written.
+fn run_anchor(python: &str, script: &Path, data: &Path, out: &Path) {
+    if let Some(dir) = out.parent() {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            tracing::error!("{}: {e}", dir.display());
+            return;
+        }
+    }
+    let t = Instant::now();
+    let status = std::process::Command::new(python)
+        .arg(script)
+        .arg("--data")
+        .arg(data)
+        .arg("--out")
+        .arg(out)
+        .status();
+    match status {
+        Ok(s) if s.success() => tracing::info!(
+            secs = t.elapsed().as_secs_f64(),
+            "anchor {} wrote {}",
+            script.display(),
+            out.display()
+        ),
+        Ok(s) => tracing::error!("anchor {} failed: {s}", script.display()),
+        Err(e) => tracing::error!("anchor {} could not start: {e}", script.display()),
+    }
 }
 
 fn progress_bar(total: u64, visible: bool) -> ProgressBar {
@@ -509,14 +553,6 @@ impl Group<'_> {
         }
         Ok(())
     }
-}
-
-/// A failed record for a path that could not be set up.
-fn failed(plan: &Plan<'_>, e: &BenchError) -> Record {
-    let mut rec = blank_record(plan);
-    rec.correct = Some(false);
-    rec.error = Some(e.to_string());
-    rec
 }
 
 /// The default data folder of a results folder.

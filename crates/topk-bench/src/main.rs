@@ -101,6 +101,16 @@ enum Command {
         /// No progress bar.
         #[arg(long)]
         no_progress: bool,
+        /// After the campaign, run this torch anchor script on the same data
+        /// (writes OUT/anchors/torch.jsonl; then OUT/joined.csv is written).
+        #[arg(long)]
+        torch: Option<PathBuf>,
+        /// Python interpreter for --torch.
+        #[arg(long, default_value = "python3")]
+        python: String,
+        /// Delete the data folder at the end (it holds gigabytes).
+        #[arg(long)]
+        clean_data: bool,
     },
     /// topk's side of the CPU comparison (numpy / faiss-cpu run next, on the same files).
     CpuCompare {
@@ -229,6 +239,9 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             no_data,
             backend,
             no_progress,
+            torch,
+            python,
+            clean_data,
         } => {
             let backend = match backend {
                 Some(b) => b.parse()?,
@@ -247,9 +260,17 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 backend,
                 echo: true,
                 progress: !no_progress,
+                torch,
+                python,
+                clean_data,
             };
             let n = campaign::run(&opts)?;
-            eprintln!("{n} records in {}", out.display());
+            let rows = join::join_dir(&out)?;
+            eprintln!(
+                "{n} records, {} joined rows in {}",
+                rows.len(),
+                out.display()
+            );
         }
         Command::CpuCompare { out, data, quick } => {
             let spec = if quick {

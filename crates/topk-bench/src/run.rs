@@ -122,6 +122,14 @@ pub fn blank_record(plan: &Plan<'_>) -> Record {
     r
 }
 
+/// A failed record for a path that could not be set up (never timed).
+pub fn failed(plan: &Plan<'_>, e: &dyn std::fmt::Display) -> Record {
+    let mut rec = blank_record(plan);
+    rec.correct = Some(false);
+    rec.error = Some(e.to_string());
+    rec
+}
+
 /// Gates `searcher` against the plan's references and, when it passes, times it.
 ///
 /// A wrong answer or a backend error during the gate gives a record with

@@ -13,7 +13,7 @@ use crate::gate::{self, Reference};
 use crate::gpu::Gpu;
 use crate::membw;
 use crate::record::Record;
-use crate::run::{measure, HostSearch, Plan};
+use crate::run::{failed, measure, HostSearch, Plan};
 
 /// A single run as the command line describes it.
 #[derive(Debug, Clone)]
@@ -145,17 +145,35 @@ pub fn run(run: &SingleRun) -> Result<Vec<Record>> {
             } else {
                 None
             };
-            let plan = |path| Plan {
-                cfg: &cfg,
+            let cpu_cfg = RunConfig {
+                backend: Backend::Cpu,
+                ..cfg.clone()
+            };
+            let plan = |path, cfg| Plan {
+                cfg,
                 path,
                 queries,
                 refs: &refs,
                 data: &w.label,
                 bandwidth: bw,
             };
-            let resident = measure(&plan(TimedPath::Resident), &mut gpu.resident());
-            let rt = measure(&plan(TimedPath::CpuRoundtrip), &mut gpu.roundtrip(cpu.as_ref()));
-            Ok(vec![resident, rt])
+            let mut records = vec![measure(&plan(TimedPath::Resident, &cfg), &mut gpu.resident())];
+            if cfg.batch == 1 {
+                let p = plan(TimedPath::Device, &cfg);
+                records.push(match gpu.device(queries) {
+                    Ok(mut s) => measure(&p, &mut s),
+                    Err(e) => failed(&p, &e),
+                });
+                let p = plan(TimedPath::CpuRoundtrip, &cfg);
+                records.push(match gpu.roundtrip(cpu.as_ref(), queries, cfg.k) {
+                    Ok(mut s) => measure(&p, &mut s),
+                    Err(e) => failed(&p, &e),
+                });
+            } else {
+                let p = plan(TimedPath::Cpu, &cpu_cfg);
+                records.push(measure(&p, &mut HostSearch::new(cpu.as_ref())));
+            }
+            Ok(records)
         }
         backend => {
             let r = backends::host(backend, corpus, cfg.metric)?;

@@ -221,6 +221,7 @@ impl Hnsw {
         let ef = ef.max(k);
         out.clear();
         if ef >= n {
+            sc.sorted.clear();
             let all: Vec<u32> = (0..n as u32).collect();
             return score_all_into(scorer, &all, &mut sc.sorted, want, out);
         }

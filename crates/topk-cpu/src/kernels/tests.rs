@@ -9,7 +9,7 @@ use super::*;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use common::{palette, vector, Kind, Rng};
+use common::{palette, vector_of, Kind, Rng};
 
 /// The paths to test; fails when a path this CPU must offer is missing, so a
 /// run cannot pass by testing less than it claims.
@@ -69,8 +69,8 @@ proptest! {
     fn pairs_match_the_reference(seed: u64, d in dims(), mask: u8) {
         let kinds = palette(mask);
         let mut rng = Rng::new(seed);
-        let a = vector(&mut rng, kinds[rng.below(kinds.len())], d, &[]);
-        let b = vector(&mut rng, kinds[rng.below(kinds.len())], d, &a);
+        let a = vector_of(&mut rng, &kinds, d, &[]);
+        let b = vector_of(&mut rng, &kinds, d, &a);
         for k in Kernels::all_available() {
             check_pair(k, &a, &b)?;
         }
@@ -80,7 +80,7 @@ proptest! {
     fn row_blocks_match_the_reference(seed: u64, d in dims(), n in 1usize..9, mask: u8) {
         let kinds = palette(mask);
         let mut rng = Rng::new(seed);
-        let q = vector(&mut rng, kinds[rng.below(kinds.len())], d, &[]);
+        let q = vector_of(&mut rng, &kinds, d, &[]);
         let rows = common::corpus(seed.rotate_left(7), n, d, &kinds);
         let norms: Vec<f32> = rows.chunks_exact(d).map(ref_norm).collect();
         for k in Kernels::all_available() {

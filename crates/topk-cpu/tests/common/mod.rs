@@ -116,6 +116,12 @@ pub fn vector(rng: &mut Rng, kind: Kind, d: usize, earlier: &[f32]) -> Vec<f32> 
     }
 }
 
+/// One vector whose kind is drawn from `kinds`.
+pub fn vector_of(rng: &mut Rng, kinds: &[Kind], d: usize, earlier: &[f32]) -> Vec<f32> {
+    let kind = kinds[rng.below(kinds.len())];
+    vector(rng, kind, d, earlier)
+}
+
 /// A row-major `n × d` corpus whose rows draw their kind from `kinds`.
 pub fn corpus(seed: u64, n: usize, d: usize, kinds: &[Kind]) -> Vec<f32> {
     let mut rng = Rng::new(seed);
