@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 mod bench;
 mod cuda;
+mod hnsw;
 mod ptx;
 mod util;
 
@@ -23,6 +24,7 @@ commands:
   plots DIR       draw the plots of a results folder into DIR/plots (PNG + SVG)
   bench-table DIR write the headline table of a results folder into README.md (`--readme FILE`)
   cpu-compare     topk CPU vs numpy / faiss-cpu on this machine into bench/results/cpu-<date>/ (`--quick`)
+  hnsw-bench      topk-hnsw vs hnswlib / faiss HNSW (build, recall@10, 1-thread QPS) into bench/results/hnsw-cpu-<date>/
 ";
 
 fn main() -> ExitCode {
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
         "plots" => bench::plots_cmd(rest),
         "bench-table" => bench::table_cmd(rest),
         "cpu-compare" => bench::cpu_compare_cmd(rest),
+        "hnsw-bench" => hnsw::hnsw_bench_cmd(rest),
         "help" | "-h" | "--help" => {
             print!("{HELP}");
             Ok(())

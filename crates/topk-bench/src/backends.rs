@@ -13,7 +13,11 @@ use crate::error::{BenchError, Result};
 /// round-trip path; asking for it here is an error that says so. `hnsw` is an
 /// approximate index and has its own recall/QPS sweep in the topk-hnsw crate;
 /// this exact-latency harness refuses it with that explanation.
-pub fn host(backend: Backend, corpus: ArrayView2<'_, f32>, metric: Metric) -> Result<Box<dyn Retriever>> {
+pub fn host(
+    backend: Backend,
+    corpus: ArrayView2<'_, f32>,
+    metric: Metric,
+) -> Result<Box<dyn Retriever>> {
     match backend {
         Backend::Cpu => Ok(Box::new(topk_cpu::CpuRetriever::new(corpus, metric)?)),
         Backend::Oracle => Ok(Box::new(topk_cpu::Oracle::new(corpus, metric)?)),

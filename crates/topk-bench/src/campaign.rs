@@ -100,7 +100,11 @@ impl Spec {
     pub fn validate(&self) -> Result<()> {
         let empty = |flag: &'static str, v: &[usize]| {
             if v.is_empty() || v.contains(&0) {
-                Err(BenchError::flag(flag, format!("{v:?}"), "needs at least one value, none zero"))
+                Err(BenchError::flag(
+                    flag,
+                    format!("{v:?}"),
+                    "needs at least one value, none zero",
+                ))
             } else {
                 Ok(())
             }
@@ -117,11 +121,18 @@ impl Spec {
             return Err(BenchError::flag(
                 "batches",
                 format!("{:?}", self.batches),
-                format!("each batch must be between 2 and the query pool ({})", self.query_pool),
+                format!(
+                    "each batch must be between 2 and the query pool ({})",
+                    self.query_pool
+                ),
             ));
         }
         if self.gpu_trials < 20 {
-            return Err(BenchError::flag("gpu-trials", self.gpu_trials, "at least 20"));
+            return Err(BenchError::flag(
+                "gpu-trials",
+                self.gpu_trials,
+                "at least 20",
+            ));
         }
         if self.cpu_trials == 0 {
             return Err(BenchError::flag("cpu-trials", 0, "at least 1"));
@@ -145,7 +156,10 @@ impl Spec {
             backend,
             batch: 1,
         };
-        let mut out: Vec<RunConfig> = ks.iter().map(|&k| RunConfig { k, ..base.clone() }).collect();
+        let mut out: Vec<RunConfig> = ks
+            .iter()
+            .map(|&k| RunConfig { k, ..base.clone() })
+            .collect();
         out.extend(self.batches.iter().map(|&batch| RunConfig {
             k: self.batch_k,
             batch,
@@ -170,14 +184,19 @@ impl Spec {
         let mut m = Manifest::new(self.seed, self.metric.as_str(), n_max, &self.ds);
         for &d in &self.ds {
             for &n in &self.ns {
-                m.configs.extend(self.configs(n, d, Backend::Cuda).into_iter().map(|c| AnchorConfig {
-                    n: c.n,
-                    d: c.d,
-                    k: c.k,
-                    batch: c.batch,
-                    trials: c.trials,
-                    warmup: c.warmup,
-                }));
+                m.configs
+                    .extend(
+                        self.configs(n, d, Backend::Cuda)
+                            .into_iter()
+                            .map(|c| AnchorConfig {
+                                n: c.n,
+                                d: c.d,
+                                k: c.k,
+                                batch: c.batch,
+                                trials: c.trials,
+                                warmup: c.warmup,
+                            }),
+                    );
             }
         }
         m
@@ -282,7 +301,12 @@ pub fn run(opts: &Options) -> Result<usize> {
         let t = Instant::now();
         let corpus = data::gaussian(n_max, d, spec.seed);
         let queries = data::gaussian_queries(spec.query_pool, d, spec.seed);
-        tracing::info!(n = n_max, d, secs = t.elapsed().as_secs_f64(), "generated corpus");
+        tracing::info!(
+            n = n_max,
+            d,
+            secs = t.elapsed().as_secs_f64(),
+            "generated corpus"
+        );
         if let Some(dir) = &opts.data_dir {
             let (c, q) = Manifest::file_names(d);
             data::write_npy(&dir.join(c), corpus.view())?;
@@ -317,7 +341,12 @@ pub fn run(opts: &Options) -> Result<usize> {
     env.write(&opts.out)?;
 
     if let (Some(script), Some(dir)) = (&opts.torch, &opts.data_dir) {
-        run_anchor(&opts.python, script, dir, &opts.out.join("anchors").join("torch.jsonl"));
+        run_anchor(
+            &opts.python,
+            script,
+            dir,
+            &opts.out.join("anchors").join("torch.jsonl"),
+        );
     }
     if opts.clean_data {
         if let Some(dir) = &opts.data_dir {
@@ -450,7 +479,12 @@ impl Group<'_> {
         } else {
             let t = Instant::now();
             let r = Reference::compute_batch("cpu", cpu, self.queries, max_batch, spec.batch_k)?;
-            tracing::info!(n, d, secs = t.elapsed().as_secs_f64(), "cpu batch reference");
+            tracing::info!(
+                n,
+                d,
+                secs = t.elapsed().as_secs_f64(),
+                "cpu batch reference"
+            );
             Some(r)
         };
         let gpu = match Gpu::new(self.corpus, spec.metric, spec.k_max(), max_batch) {
@@ -531,10 +565,18 @@ impl Group<'_> {
         why: &str,
         emit: &mut dyn FnMut(Record) -> Result<()>,
     ) -> Result<()> {
-        tracing::warn!("group N={} D={} failed: {why}", self.corpus.nrows(), self.corpus.ncols());
+        tracing::warn!(
+            "group N={} D={} failed: {why}",
+            self.corpus.nrows(),
+            self.corpus.ncols()
+        );
         for cfg in configs {
             let paths: &[TimedPath] = match (self.backend, cfg.batch) {
-                (Backend::Cuda, 1) => &[TimedPath::Resident, TimedPath::Device, TimedPath::CpuRoundtrip],
+                (Backend::Cuda, 1) => &[
+                    TimedPath::Resident,
+                    TimedPath::Device,
+                    TimedPath::CpuRoundtrip,
+                ],
                 (Backend::Cuda, _) => &[TimedPath::Resident, TimedPath::Cpu],
                 _ => &[TimedPath::Cpu],
             };

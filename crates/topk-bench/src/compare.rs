@@ -3,7 +3,7 @@
 //! same run, on data written as `.npy` for the numpy / faiss-cpu anchors
 //! (`bench/anchors/cpu_anchors.py`) to time next.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Instant;
 
 use ndarray::s;
@@ -104,7 +104,7 @@ impl CompareSpec {
 
 /// Runs topk's side of the comparison: writes the data and manifest into
 /// `data_dir`, the environment and records into `out`. Returns the records written.
-pub fn run(spec: &CompareSpec, out: &PathBuf, data_dir: &PathBuf, progress: bool) -> Result<usize> {
+pub fn run(spec: &CompareSpec, out: &Path, data_dir: &Path, progress: bool) -> Result<usize> {
     let configs = spec.configs();
     for c in &configs {
         c.validate()?;

@@ -157,7 +157,11 @@ impl RunConfig {
     /// Checks everything but the corpus shape (which a data file may set).
     pub fn validate_flags_only(&self) -> Result<()> {
         if self.k == 0 {
-            return Err(BenchError::flag("k", self.k, "ask for at least one neighbour"));
+            return Err(BenchError::flag(
+                "k",
+                self.k,
+                "ask for at least one neighbour",
+            ));
         }
         if self.trials == 0 || self.trials > MAX_TRIALS {
             return Err(BenchError::flag(
@@ -193,7 +197,11 @@ impl RunConfig {
 /// N within the u32 index range.
 pub fn validate_shape(n: usize, d: usize) -> Result<()> {
     if n == 0 {
-        return Err(BenchError::flag("n", n, "the corpus needs at least one row"));
+        return Err(BenchError::flag(
+            "n",
+            n,
+            "the corpus needs at least one row",
+        ));
     }
     if n > topk_core::validate::MAX_ROWS {
         return Err(BenchError::flag(

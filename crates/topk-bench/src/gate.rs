@@ -133,12 +133,9 @@ pub fn compare_one(
     reference: &str,
 ) -> Result<(), Mismatch> {
     let expected = &expected_full[..k.min(expected_full.len())];
-    let same = |a: &Neighbor, b: &Neighbor| a.index == b.index && a.score.to_bits() == b.score.to_bits();
-    if let Some(rank) = expected
-        .iter()
-        .zip(got)
-        .position(|(a, b)| !same(a, b))
-    {
+    let same =
+        |a: &Neighbor, b: &Neighbor| a.index == b.index && a.score.to_bits() == b.score.to_bits();
+    if let Some(rank) = expected.iter().zip(got).position(|(a, b)| !same(a, b)) {
         return Err(Mismatch {
             query,
             reference: reference.to_owned(),

@@ -42,7 +42,12 @@ impl Gpu {
     /// Uploads the corpus with buffers for K up to `max_k` (the device fast
     /// path goes to 2,048; beyond, the engine finishes on the host) and
     /// batches up to `max_batch`.
-    pub fn new(corpus: ArrayView2<'_, f32>, metric: Metric, max_k: usize, max_batch: usize) -> Result<Gpu> {
+    pub fn new(
+        corpus: ArrayView2<'_, f32>,
+        metric: Metric,
+        max_k: usize,
+        max_batch: usize,
+    ) -> Result<Gpu> {
         no_cuda_build()?;
         let opts = CudaOptions {
             max_k: max_k.clamp(1, MAX_DEVICE_K),
@@ -113,7 +118,7 @@ fn upload(gpu: &CudaRetriever, pool: ArrayView2<'_, f32>) -> Result<Vec<DeviceQu
         .collect()
 }
 
-fn pool_query<'q>(queries: &'q [DeviceQuery], first: usize, rows: usize) -> Result<&'q DeviceQuery> {
+fn pool_query(queries: &[DeviceQuery], first: usize, rows: usize) -> Result<&DeviceQuery> {
     if rows != 1 {
         return Err(BenchError::flag(
             "batch",
@@ -181,7 +186,10 @@ mod tests {
     fn without_cuda_every_entry_point_says_how_to_get_it() {
         let corpus = ndarray::Array2::<f32>::ones((4, 3));
         let e = Gpu::new(corpus.view(), Metric::Dot, 8, 1).unwrap_err();
-        assert!(e.to_string().contains("rebuild with --features cuda"), "{e}");
+        assert!(
+            e.to_string().contains("rebuild with --features cuda"),
+            "{e}"
+        );
         assert!(Gpu::d2d_bandwidth().is_err());
         assert!(Gpu::device_json().is_none());
     }

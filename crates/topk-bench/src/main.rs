@@ -283,7 +283,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Join { dir } => {
             let rows = join::join_dir(&dir)?;
-            eprintln!("{} rows in {}", rows.len(), dir.join("joined.csv").display());
+            eprintln!(
+                "{} rows in {}",
+                rows.len(),
+                dir.join("joined.csv").display()
+            );
         }
         Command::Plot { dir } => {
             let rows = join::join_dir(&dir)?;

@@ -30,7 +30,10 @@ pub struct HostBandwidth {
 pub fn measure(bytes: usize, repeats: usize) -> HostBandwidth {
     let words = (bytes / 8).max(1 << 16);
     // Distinct non-zero contents so that no page is shared or compressed.
-    let src: Vec<u64> = (0..words as u64).into_par_iter().map(|i| i ^ 0x9e37).collect();
+    let src: Vec<u64> = (0..words as u64)
+        .into_par_iter()
+        .map(|i| i ^ 0x9e37)
+        .collect();
     let mut dst = vec![0u64; words];
     let chunk = 1 << 16;
 

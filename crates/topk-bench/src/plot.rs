@@ -105,7 +105,12 @@ pub fn plot_dir(dir: &Path, rows: &[Row]) -> Result<Vec<PathBuf>> {
         let rows: Vec<&Row> = singles.iter().copied().filter(|r| r.key.k == k).collect();
         let ds: BTreeSet<usize> = rows.iter().map(|r| r.key.d).collect();
         let width = 480 * ds.len().max(1) as u32 + 40;
-        files.extend(render(&out, &format!("latency_k{k}"), (width, 500), &Latency { rows, k })?);
+        files.extend(render(
+            &out,
+            &format!("latency_k{k}"),
+            (width, 500),
+            &Latency { rows, k },
+        )?);
     }
     let width = 420 * ks.len().max(1) as u32 + 40;
     files.extend(render(
@@ -141,9 +146,7 @@ impl Figure for Latency<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawn {
         root.fill(&WHITE).map_err(err)?;
         let title = format!("Single-query latency vs N, K = {} (log-log)", self.k);
-        let root = root
-            .titled(&title, (FAMILY, 22))
-            .map_err(err)?;
+        let root = root.titled(&title, (FAMILY, 22)).map_err(err)?;
         let ds: Vec<usize> = self
             .rows
             .iter()
@@ -194,7 +197,9 @@ impl Figure for Latency<'_> {
                     .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                     .map_err(err)?
                     .label(name.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                    });
                 chart
                     .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
                     .map_err(err)?;
@@ -261,7 +266,8 @@ struct Heatmap<'a> {
 /// Red below 1× (we lose), white at 1×, green above (we win), saturating at 8× / ⅛×.
 fn speedup_colour(s: f64) -> RGBColor {
     let t = (s.log2() / 3.0).clamp(-1.0, 1.0);
-    let mix = |a: u8, b: u8, t: f64| (f64::from(a) + (f64::from(b) - f64::from(a)) * t).round() as u8;
+    let mix =
+        |a: u8, b: u8, t: f64| (f64::from(a) + (f64::from(b) - f64::from(a)) * t).round() as u8;
     if t >= 0.0 {
         RGBColor(mix(255, 0x2c, t), mix(255, 0xa0, t), mix(255, 0x2c, t))
     } else {
@@ -278,8 +284,20 @@ impl Figure for Heatmap<'_> {
             None => "Speedup: no rival measured in this folder".to_owned(),
         };
         let root = root.titled(&title, (FAMILY, 20)).map_err(err)?;
-        let ns: Vec<usize> = self.rows.iter().map(|r| r.key.n).collect::<BTreeSet<_>>().into_iter().collect();
-        let ds: Vec<usize> = self.rows.iter().map(|r| r.key.d).collect::<BTreeSet<_>>().into_iter().collect();
+        let ns: Vec<usize> = self
+            .rows
+            .iter()
+            .map(|r| r.key.n)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let ds: Vec<usize> = self
+            .rows
+            .iter()
+            .map(|r| r.key.d)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let panels = root.split_evenly((1, self.ks.len().max(1)));
         for (panel, &k) in panels.iter().zip(&self.ks) {
             let mut chart = ChartBuilder::on(panel)
@@ -302,11 +320,15 @@ impl Figure for Heatmap<'_> {
                 .x_labels(ns.len())
                 .y_labels(ds.len())
                 .x_label_formatter(&move |v| match v {
-                    SegmentValue::CenterOf(i) => ns_l.get(*i).map(|n| label_n(*n as f64)).unwrap_or_default(),
+                    SegmentValue::CenterOf(i) => {
+                        ns_l.get(*i).map(|n| label_n(*n as f64)).unwrap_or_default()
+                    }
                     _ => String::new(),
                 })
                 .y_label_formatter(&move |v| match v {
-                    SegmentValue::CenterOf(i) => ds_l.get(*i).map(|d| d.to_string()).unwrap_or_default(),
+                    SegmentValue::CenterOf(i) => {
+                        ds_l.get(*i).map(|d| d.to_string()).unwrap_or_default()
+                    }
                     _ => String::new(),
                 })
                 .label_style((FAMILY, 13))
@@ -324,15 +346,18 @@ impl Figure for Heatmap<'_> {
                     let (x0, y0) = (SegmentValue::Exact(i), SegmentValue::Exact(j));
                     let (x1, y1) = (SegmentValue::Exact(i + 1), SegmentValue::Exact(j + 1));
                     chart
-                        .draw_series(std::iter::once(Rectangle::new([(x0, y0), (x1, y1)], fill.filled())))
+                        .draw_series(std::iter::once(Rectangle::new(
+                            [(x0, y0), (x1, y1)],
+                            fill.filled(),
+                        )))
                         .map_err(err)?;
                     let text = s.map(|s| format!("{s:.2}×")).unwrap_or_else(|| "–".into());
-                    let style = TextStyle::from((FAMILY, 15).into_font())
-                        .color(&BLACK)
-                        .pos(plotters::style::text_anchor::Pos::new(
+                    let style = TextStyle::from((FAMILY, 15).into_font()).color(&BLACK).pos(
+                        plotters::style::text_anchor::Pos::new(
                             plotters::style::text_anchor::HPos::Center,
                             plotters::style::text_anchor::VPos::Center,
-                        ));
+                        ),
+                    );
                     chart
                         .draw_series(std::iter::once(Text::new(
                             text,
@@ -404,7 +429,12 @@ impl Figure for Floor<'_> {
                 .filter(|&(_, y)| y <= hi)
                 .collect();
             chart
-                .draw_series(DashedLineSeries::new(plus, 6, 4, BLACK.mix(0.6).stroke_width(1)))
+                .draw_series(DashedLineSeries::new(
+                    plus,
+                    6,
+                    4,
+                    BLACK.mix(0.6).stroke_width(1),
+                ))
                 .map_err(err)?
                 .label("floor + 25 µs")
                 .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.6)));

@@ -111,7 +111,11 @@ impl Record {
     /// Parses a JSON object, with or without the stdout prefix.
     pub fn parse(line: &str) -> serde_json::Result<Record> {
         let line = line.trim();
-        serde_json::from_str(line.strip_prefix(JSON_PREFIX.trim_end()).unwrap_or(line).trim())
+        serde_json::from_str(
+            line.strip_prefix(JSON_PREFIX.trim_end())
+                .unwrap_or(line)
+                .trim(),
+        )
     }
 
     /// The CSV row, in [`CSV_HEADER`] order.
@@ -268,7 +272,10 @@ mod tests {
         let mut r = sample();
         r.error = Some("mismatch at rank 3, \"index\" 7".into());
         let row = r.to_csv();
-        assert!(row.ends_with("\"mismatch at rank 3, \"\"index\"\" 7\""), "{row}");
+        assert!(
+            row.ends_with("\"mismatch at rank 3, \"\"index\"\" 7\""),
+            "{row}"
+        );
         // Unquoted fields before the quoted one line up with the header.
         let head: Vec<&str> = CSV_HEADER.split(',').collect();
         let cells: Vec<&str> = row.split(',').collect();

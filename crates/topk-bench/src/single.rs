@@ -74,7 +74,10 @@ fn workload(run: &SingleRun) -> Result<(RunConfig, Workload)> {
         }
         None => {
             cfg.validate()?;
-            (data::gaussian(cfg.n, cfg.d, cfg.seed), "gaussian".to_owned())
+            (
+                data::gaussian(cfg.n, cfg.d, cfg.seed),
+                "gaussian".to_owned(),
+            )
         }
     };
     cfg.validate()?;
@@ -157,7 +160,10 @@ pub fn run(run: &SingleRun) -> Result<Vec<Record>> {
                 data: &w.label,
                 bandwidth: bw,
             };
-            let mut records = vec![measure(&plan(TimedPath::Resident, &cfg), &mut gpu.resident())];
+            let mut records = vec![measure(
+                &plan(TimedPath::Resident, &cfg),
+                &mut gpu.resident(),
+            )];
             if cfg.batch == 1 {
                 let p = plan(TimedPath::Device, &cfg);
                 records.push(match gpu.device(queries) {

@@ -262,11 +262,13 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
     let losses: Vec<String> = rows
         .iter()
         .filter(|r| r.speedup_vs("torch").is_some_and(|s| s < 1.0))
-        .map(|r| config_name(r))
+        .map(config_name)
         .collect();
     if torch {
         if losses.is_empty() {
-            caveats.push("torch.topk was not faster than topk in any configuration measured.".to_owned());
+            caveats.push(
+                "torch.topk was not faster than topk in any configuration measured.".to_owned(),
+            );
         } else {
             caveats.push(format!(
                 "torch.topk is faster than topk in {} configuration(s): {}.",
@@ -275,12 +277,15 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
             ));
         }
     } else {
-        caveats.push("No torch anchor in this folder: the GPU comparison is against the CPU baseline only.".to_owned());
+        caveats.push(
+            "No torch anchor in this folder: the GPU comparison is against the CPU baseline only."
+                .to_owned(),
+        );
     }
     let rt_losses: Vec<String> = rows
         .iter()
         .filter(|r| r.speedup_vs(CPU_ROUNDTRIP).is_some_and(|s| s < 1.0))
-        .map(|r| config_name(r))
+        .map(config_name)
         .collect();
     if !rt_losses.is_empty() {
         caveats.push(format!(
@@ -300,7 +305,8 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
             })
             .collect();
         if over.is_empty() {
-            caveats.push("Every single-query configuration is within 25 µs of its HBM floor.".into());
+            caveats
+                .push("Every single-query configuration is within 25 µs of its HBM floor.".into());
         } else {
             caveats.push(format!(
                 "{} single-query configuration(s) are more than 25 µs above the HBM floor: {}.",
@@ -324,7 +330,7 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
     let inexact: Vec<String> = rows
         .iter()
         .filter(|r| r.exact == Some(false))
-        .map(|r| config_name(r))
+        .map(config_name)
         .collect();
     if inexact.is_empty() {
         caveats.push(
@@ -338,7 +344,9 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
             list(&inexact)
         ));
     }
-    caveats.push("Clocks were read, not locked; single runs, so expect a few percent of noise.".into());
+    caveats.push(
+        "Clocks were read, not locked; single runs, so expect a few percent of noise.".into(),
+    );
     for c in caveats {
         let _ = writeln!(md, "- {c}");
     }
@@ -358,7 +366,11 @@ fn list(items: &[String]) -> String {
     if items.len() <= SHOW {
         items.join(", ")
     } else {
-        format!("{}, and {} more", items[..SHOW].join(", "), items.len() - SHOW)
+        format!(
+            "{}, and {} more",
+            items[..SHOW].join(", "),
+            items.len() - SHOW
+        )
     }
 }
 
@@ -402,7 +414,9 @@ pub fn cpu_compare(rows: &[Row], facts: &RunFacts, notes: &str) -> String {
         let best = anchors
             .iter()
             .filter_map(|a| r.median_ms.get(*a).copied())
-            .fold(None, |acc: Option<f64>, x| Some(acc.map_or(x, |a| a.min(x))));
+            .fold(None, |acc: Option<f64>, x| {
+                Some(acc.map_or(x, |a| a.min(x)))
+            });
         let mut cells = vec![
             fmt_n(r.key.n),
             r.key.d.to_string(),
@@ -424,7 +438,10 @@ pub fn cpu_compare(rows: &[Row], facts: &RunFacts, notes: &str) -> String {
     }
     let batches: Vec<&Row> = rows.iter().filter(|r| r.key.batch > 1).collect();
     if !batches.is_empty() {
-        let _ = writeln!(md, "\n## Batch throughput (queries per second at the median)\n");
+        let _ = writeln!(
+            md,
+            "\n## Batch throughput (queries per second at the median)\n"
+        );
         let mut head = vec!["N", "D", "K", "Q", "topk"];
         head.extend(anchors.iter().copied());
         head.extend(["topk vs best faiss", "exact"]);
@@ -435,7 +452,9 @@ pub fn cpu_compare(rows: &[Row], facts: &RunFacts, notes: &str) -> String {
             let best_faiss = ["faiss-1t", "faiss-2t"]
                 .iter()
                 .filter_map(|a| q(a))
-                .fold(None, |acc: Option<f64>, x| Some(acc.map_or(x, |a| a.max(x))));
+                .fold(None, |acc: Option<f64>, x| {
+                    Some(acc.map_or(x, |a| a.max(x)))
+                });
             let mut cells = vec![
                 fmt_n(r.key.n),
                 r.key.d.to_string(),
@@ -499,7 +518,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("README.md");
         update_readme(&p, "x").unwrap();
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), format!("{START}\nx\n{END}\n"));
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            format!("{START}\nx\n{END}\n")
+        );
         std::fs::write(&p, format!("{END}\n{START}\n")).unwrap();
         let e = update_readme(&p, "x").unwrap_err();
         assert!(e.to_string().contains("markers"), "{e}");

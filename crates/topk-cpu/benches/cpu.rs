@@ -21,14 +21,16 @@ mod common;
 /// `n` normalised rows of `d` values, generated in parallel from `seed`.
 fn rows(seed: u64, n: usize, d: usize) -> Vec<f32> {
     let mut data = vec![0.0_f32; n * d];
-    data.par_chunks_mut(d * 4096).enumerate().for_each(|(b, block)| {
-        let mut rng = common::Rng::new(seed ^ (b as u64).wrapping_mul(0x9E37_79B9));
-        for row in block.chunks_exact_mut(d) {
-            row.iter_mut().for_each(|v| *v = rng.unit());
-            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-            row.iter_mut().for_each(|v| *v /= norm);
-        }
-    });
+    data.par_chunks_mut(d * 4096)
+        .enumerate()
+        .for_each(|(b, block)| {
+            let mut rng = common::Rng::new(seed ^ (b as u64).wrapping_mul(0x9E37_79B9));
+            for row in block.chunks_exact_mut(d) {
+                row.iter_mut().for_each(|v| *v = rng.unit());
+                let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+                row.iter_mut().for_each(|v| *v /= norm);
+            }
+        });
     data
 }
 
@@ -84,12 +86,16 @@ fn bench(c: &mut Criterion) {
                 let qs = ArrayView2::from_shape((batch, d), &queries).expect("shape");
                 let mut outs = Vec::new();
                 g.throughput(Throughput::Elements(batch as u64));
-                g.bench_function(BenchmarkId::new(format!("batch{batch}"), format!("k{k}")), |b| {
-                    b.iter(|| {
-                        cpu.search_batch_into(black_box(qs), k, &mut outs).expect("batch");
-                        black_box(&outs);
-                    })
-                });
+                g.bench_function(
+                    BenchmarkId::new(format!("batch{batch}"), format!("k{k}")),
+                    |b| {
+                        b.iter(|| {
+                            cpu.search_batch_into(black_box(qs), k, &mut outs)
+                                .expect("batch");
+                            black_box(&outs);
+                        })
+                    },
+                );
             }
             g.finish();
         }

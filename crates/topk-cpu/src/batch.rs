@@ -102,10 +102,7 @@ impl CpuRetriever {
                     sels
                 })
                 .reduce(fresh, |a, b| {
-                    a.into_iter()
-                        .zip(b)
-                        .map(|(x, y)| x.merge(y))
-                        .collect()
+                    a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect()
                 })
         })
     }

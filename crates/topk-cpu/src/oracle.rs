@@ -71,7 +71,9 @@ impl Retriever for Oracle {
         let k = validate::k(k, self.len())?;
         let query_norm = canon_norm(query);
         out.clear();
-        out.extend((0..self.len()).map(|i| Neighbor::new(i as u32, self.score(query, query_norm, i))));
+        out.extend(
+            (0..self.len()).map(|i| Neighbor::new(i as u32, self.score(query, query_norm, i))),
+        );
         if k < out.len() {
             out.select_nth_unstable_by(k - 1, cmp_rank);
             out.truncate(k);

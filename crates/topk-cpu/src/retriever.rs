@@ -126,7 +126,13 @@ impl CpuRetriever {
     }
 
     /// Offers rows `range` to `sel`.
-    fn scan(&self, query: &[f32], query_norm: f32, range: std::ops::Range<usize>, sel: &mut Selector) {
+    fn scan(
+        &self,
+        query: &[f32],
+        query_norm: f32,
+        range: std::ops::Range<usize>,
+        sel: &mut Selector,
+    ) {
         let mut scores = [0.0_f32; SCORE_BLOCK];
         let mut start = range.start;
         while start < range.end {

@@ -20,7 +20,9 @@ fn shape() -> impl Strategy<Value = (usize, usize, usize)> {
     let n = prop_oneof![4 => 1usize..64, 3 => 64usize..700, 1 => 700usize..=5000];
     let d = prop_oneof![4 => 1usize..40, 3 => 40usize..200, 1 => 200usize..=1100];
     (n, d)
-        .prop_filter("keep one case under ~2M values", |(n, d)| n * d <= 2_000_000 || *n < 1200)
+        .prop_filter("keep one case under ~2M values", |(n, d)| {
+            n * d <= 2_000_000 || *n < 1200
+        })
         .prop_flat_map(|(n, d)| (Just(n), Just(d), 1usize..=n + 5))
 }
 
@@ -40,7 +42,9 @@ fn check(
         .map(|q| oracle.search(q.as_slice().unwrap(), k).unwrap())
         .collect();
     for kernels in Kernels::all_available() {
-        let cpu = CpuRetriever::new(corpus.view(), metric).unwrap().with_kernels(kernels);
+        let cpu = CpuRetriever::new(corpus.view(), metric)
+            .unwrap()
+            .with_kernels(kernels);
         let ctx = format!("N={n} D={d} K={k} {metric} path={}", kernels.path());
         for (i, q) in qs.outer_iter().enumerate() {
             let got = cpu.search(q.as_slice().unwrap(), k).unwrap();
@@ -52,7 +56,9 @@ fn check(
         prop_assert_eq!(batch.len(), want.len());
         for (i, (got, want)) in batch.iter().zip(&want).enumerate() {
             if let Some(diff) = bitwise_diff(got, want) {
-                return Err(TestCaseError::fail(format!("{ctx} batch query {i}: {diff}")));
+                return Err(TestCaseError::fail(format!(
+                    "{ctx} batch query {i}: {diff}"
+                )));
             }
         }
     }
@@ -145,7 +151,10 @@ fn l2_exact_matches_keep_negative_zero() {
     assert_eq!(got[0].index, 0);
     assert_eq!(got[1].index, 1);
     assert_eq!(got[0].score.to_bits(), (-0.0_f32).to_bits());
-    assert_eq!(bitwise_diff(&got, &oracle.search(&[1.0, 2.0], 3).unwrap()), None);
+    assert_eq!(
+        bitwise_diff(&got, &oracle.search(&[1.0, 2.0], 3).unwrap()),
+        None
+    );
 }
 
 /// A dedicated thread pool gives the same bytes as the global one.

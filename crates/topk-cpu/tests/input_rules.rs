@@ -9,15 +9,25 @@ type Build = fn(Vec<f32>, usize, Metric) -> topk_core::Result<Box<dyn Retriever>
 
 fn builders() -> [(&'static str, Build); 2] {
     [
-        ("oracle", |d, dim, m| Ok(Box::new(Oracle::from_rowmajor(d, dim, m)?))),
-        ("cpu", |d, dim, m| Ok(Box::new(CpuRetriever::from_rowmajor(d, dim, m)?))),
+        ("oracle", |d, dim, m| {
+            Ok(Box::new(Oracle::from_rowmajor(d, dim, m)?))
+        }),
+        ("cpu", |d, dim, m| {
+            Ok(Box::new(CpuRetriever::from_rowmajor(d, dim, m)?))
+        }),
     ]
 }
 
-fn view_builders() -> [(&'static str, fn(&Array2<f32>) -> topk_core::Result<Box<dyn Retriever>>); 2] {
+type BuildView = fn(&Array2<f32>) -> topk_core::Result<Box<dyn Retriever>>;
+
+fn view_builders() -> [(&'static str, BuildView); 2] {
     [
-        ("oracle", |a| Ok(Box::new(Oracle::new(a.view(), Metric::Dot)?))),
-        ("cpu", |a| Ok(Box::new(CpuRetriever::new(a.view(), Metric::Dot)?))),
+        ("oracle", |a| {
+            Ok(Box::new(Oracle::new(a.view(), Metric::Dot)?))
+        }),
+        ("cpu", |a| {
+            Ok(Box::new(CpuRetriever::new(a.view(), Metric::Dot)?))
+        }),
     ]
 }
 
@@ -66,20 +76,34 @@ fn empty_corpus_is_rejected_at_construction() {
 fn ragged_buffer_is_rejected() {
     for (name, build) in builders() {
         let e = err_of(build(vec![0.5; 10], 4, Metric::L2), name);
-        assert!(matches!(e, Error::RaggedCorpus { len: 10, dim: 4 }), "{name}: {e:?}");
+        assert!(
+            matches!(e, Error::RaggedCorpus { len: 10, dim: 4 }),
+            "{name}: {e:?}"
+        );
         assert_names(&e, &["10 values", "D = 4"], name);
     }
 }
 
 #[test]
 fn non_finite_corpus_value_names_row_and_column() {
-    for (bad, text) in [(f32::NAN, "NaN"), (f32::INFINITY, "inf"), (f32::NEG_INFINITY, "-inf")] {
+    for (bad, text) in [
+        (f32::NAN, "NaN"),
+        (f32::INFINITY, "inf"),
+        (f32::NEG_INFINITY, "-inf"),
+    ] {
         for (name, build) in builders() {
             let mut data = vec![0.25_f32; 5 * 3];
             data[3 * 3 + 2] = bad;
             let e = err_of(build(data, 3, Metric::Dot), name);
             assert!(
-                matches!(e, Error::NonFinite { at: Located::Row(3), column: 2, .. }),
+                matches!(
+                    e,
+                    Error::NonFinite {
+                        at: Located::Row(3),
+                        column: 2,
+                        ..
+                    }
+                ),
                 "{name}: {e:?}"
             );
             assert_names(&e, &["corpus row 3", "column 2", text], name);
@@ -89,7 +113,14 @@ fn non_finite_corpus_value_names_row_and_column() {
             a[[1, 5]] = bad;
             let e = err_of(build(&a), name);
             assert!(
-                matches!(e, Error::NonFinite { at: Located::Row(1), column: 5, .. }),
+                matches!(
+                    e,
+                    Error::NonFinite {
+                        at: Located::Row(1),
+                        column: 5,
+                        ..
+                    }
+                ),
                 "{name}: {e:?}"
             );
             assert_names(&e, &["corpus row 1", "column 5", text], name);
@@ -108,14 +139,28 @@ fn query_of_the_wrong_length_names_both_sizes() {
         let r = small(name, build, Metric::Dot);
         let e = err_of(r.search(&[1.0; 4], 2), name);
         assert!(
-            matches!(e, Error::DimensionMismatch { expected: 3, got: 4, .. }),
+            matches!(
+                e,
+                Error::DimensionMismatch {
+                    expected: 3,
+                    got: 4,
+                    ..
+                }
+            ),
             "{name}: {e:?}"
         );
         assert_names(&e, &["4 values", "D = 3"], name);
 
         let e = err_of(r.search_batch(Array2::zeros((2, 5)).view(), 1), name);
         assert!(
-            matches!(e, Error::DimensionMismatch { expected: 3, got: 5, .. }),
+            matches!(
+                e,
+                Error::DimensionMismatch {
+                    expected: 3,
+                    got: 5,
+                    ..
+                }
+            ),
             "{name}: {e:?}"
         );
         assert_names(&e, &["5 values", "D = 3"], name);
@@ -128,7 +173,14 @@ fn non_finite_query_value_names_query_and_column() {
         let r = small(name, build, Metric::L2);
         let e = err_of(r.search(&[0.0, f32::NAN, 1.0], 1), name);
         assert!(
-            matches!(e, Error::NonFinite { at: Located::Query(0), column: 1, .. }),
+            matches!(
+                e,
+                Error::NonFinite {
+                    at: Located::Query(0),
+                    column: 1,
+                    ..
+                }
+            ),
             "{name}: {e:?}"
         );
         assert_names(&e, &["query 0", "column 1", "NaN"], name);
@@ -137,7 +189,14 @@ fn non_finite_query_value_names_query_and_column() {
         qs[[2, 0]] = f32::NEG_INFINITY;
         let e = err_of(r.search_batch(qs.view(), 2), name);
         assert!(
-            matches!(e, Error::NonFinite { at: Located::Query(2), column: 0, .. }),
+            matches!(
+                e,
+                Error::NonFinite {
+                    at: Located::Query(2),
+                    column: 0,
+                    ..
+                }
+            ),
             "{name}: {e:?}"
         );
         assert_names(&e, &["query 2", "column 0", "-inf"], name);
@@ -166,7 +225,10 @@ fn k_beyond_n_returns_every_row_sorted() {
             let mut idx: Vec<u32> = hits.iter().map(|h| h.index).collect();
             idx.sort_unstable();
             assert_eq!(idx, vec![0, 1, 2, 3], "{name} {metric}");
-            assert!(hits.windows(2).all(|w| w[0].score >= w[1].score), "{name} {metric}");
+            assert!(
+                hits.windows(2).all(|w| w[0].score >= w[1].score),
+                "{name} {metric}"
+            );
             let batch = r.search_batch(Array2::ones((2, 3)).view(), 7).unwrap();
             assert!(batch.iter().all(|b| b.len() == 4), "{name} {metric}");
         }
@@ -185,7 +247,10 @@ fn cosine_zero_row_and_zero_query_score_negative_infinity() {
         // A zero query ties every row at -inf: the order is the index order.
         let hits = r.search(&[0.0, -0.0], 4).unwrap();
         assert!(hits.iter().all(|h| h.score == f32::NEG_INFINITY), "{name}");
-        assert_eq!(hits.iter().map(|h| h.index).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(
+            hits.iter().map(|h| h.index).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3]
+        );
     }
 }
 
@@ -193,7 +258,12 @@ fn cosine_zero_row_and_zero_query_score_negative_infinity() {
 fn an_empty_batch_answers_nothing() {
     for (name, build) in builders() {
         let r = small(name, build, Metric::Dot);
-        assert!(r.search_batch(Array2::zeros((0, 3)).view(), 3).unwrap().is_empty(), "{name}");
+        assert!(
+            r.search_batch(Array2::zeros((0, 3)).view(), 3)
+                .unwrap()
+                .is_empty(),
+            "{name}"
+        );
     }
 }
 
@@ -202,8 +272,13 @@ fn zero_threads_is_rejected_with_the_value() {
     let r = CpuRetriever::from_rowmajor(vec![1.0; 6], 3, Metric::Dot).unwrap();
     let e = err_of(r.with_threads(0), "cpu");
     match &e {
-        Error::Backend { backend: "cpu", source } => {
-            let inner = source.downcast_ref::<CpuError>().expect("a CpuError inside");
+        Error::Backend {
+            backend: "cpu",
+            source,
+        } => {
+            let inner = source
+                .downcast_ref::<CpuError>()
+                .expect("a CpuError inside");
             assert!(matches!(inner, CpuError::ZeroThreads { threads: 0 }));
         }
         other => panic!("expected a cpu backend error, got {other:?}"),

@@ -13,27 +13,49 @@ use topk_core::{order::sort_best_first, Metric, Neighbor};
 use topk_cuda::{device_info, measure_d2d_bandwidth, CudaOptions, CudaRetriever, RoundTrip};
 
 fn gaussian_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut v = vec![0.0f32; n * d];
-    for row in v.chunks_mut(d) {
-        // Box-Muller: enough for benchmark data, no extra dependency.
-        for x in row.iter_mut() {
-            let u1: f64 = rng.random::<f64>().max(1e-12);
-            let u2: f64 = rng.random::<f64>();
-            *x = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32;
+    let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
+    let rows_per = n.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (c, part) in v.chunks_mut(rows_per * d).enumerate() {
+            s.spawn(move || {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(c as u64));
+                for row in part.chunks_mut(d) {
+                    // Box-Muller, both outputs used.
+                    for pair in row.chunks_mut(2) {
+                        let u1: f32 = rng.random::<f32>().max(1e-7);
+                        let u2: f32 = rng.random::<f32>();
+                        let r = (-2.0 * u1.ln()).sqrt();
+                        let (sn, cs) = (std::f32::consts::TAU * u2).sin_cos();
+                        pair[0] = r * cs;
+                        if let Some(x) = pair.get_mut(1) {
+                            *x = r * sn;
+                        }
+                    }
+                    let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    row.iter_mut().for_each(|x| *x /= norm);
+                }
+            });
         }
-        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
-        row.iter_mut().for_each(|x| *x /= norm);
-    }
+    });
     v
 }
 
 fn reference(corpus: &[f32], d: usize, q: &[f32], k: usize) -> Vec<Neighbor> {
-    let mut all: Vec<Neighbor> = corpus
-        .chunks(d)
-        .enumerate()
-        .map(|(i, r)| Neighbor::new(i as u32, Metric::Dot.score_scalar(q, r)))
-        .collect();
+    let n = corpus.len() / d;
+    let mut all: Vec<Neighbor> = vec![Neighbor::default(); n];
+    let threads = std::thread::available_parallelism().map_or(4, |p| p.get());
+    let per = n.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (c, part) in all.chunks_mut(per).enumerate() {
+            s.spawn(move || {
+                for (j, slot) in part.iter_mut().enumerate() {
+                    let i = c * per + j;
+                    *slot = Neighbor::new(i as u32, Metric::Dot.score_scalar(q, &corpus[i * d..(i + 1) * d]));
+                }
+            });
+        }
+    });
     sort_best_first(&mut all);
     all.truncate(k);
     all

@@ -22,7 +22,7 @@ use topk_core::order::rank_key;
 use topk_core::{validate, Metric, Neighbor};
 
 use crate::error::{CudaError, DriverResult};
-use crate::launch::{self, DPtr, Kernels, CAND_CAP, HIST_BINS, STATUS_OK};
+use crate::launch::{self, DPtr, Kernels, CAND_CAP, HIST_BINS, STATUS_OK, STATUS_OVERFLOW};
 use crate::ptx;
 use crate::{CudaOptions, DeviceInfo};
 
@@ -437,11 +437,21 @@ impl Engine {
         out.clear();
         if k <= self.opts.max_k {
             let row = &slot.out_host.as_slice()[qi * (k + 1)..(qi + 1) * (k + 1)];
-            if row[0].index == STATUS_OK {
-                out.extend(row[1..].iter().map(|r| Neighbor::new(r.index, r.score)));
-                return Ok(());
+            match row[0].index {
+                STATUS_OK => {
+                    out.extend(row[1..].iter().map(|r| Neighbor::new(r.index, r.score)));
+                    return Ok(());
+                }
+                STATUS_OVERFLOW => {
+                    tracing::debug!(k, "tied candidates over the device cap; selecting on the host");
+                }
+                other => {
+                    return Err(CudaError::Driver {
+                        op: "topk_gather",
+                        reason: format!("unknown result status {other}"),
+                    })
+                }
             }
-            tracing::debug!(k, "candidate set over the device cap; selecting on the host");
         }
         self.select_on_host(slot, qi, k, out)
     }
@@ -732,8 +742,9 @@ impl<T: cust::memory::DeviceCopy> OwnedDevice<T> {
     }
     pub(crate) fn zeroed(ctx: &Arc<Ctx>, what: &'static str, len: usize) -> Result<Self, CudaError> {
         ctx.make_current()?;
-        let mut buf = alloc::<T>(what, len)?;
-        buf.set_zero().op("cuMemsetD8")?;
+        let buf = alloc::<T>(what, len)?;
+        // SAFETY: the range is exactly the new buffer.
+        unsafe { launch::zero_sync(ptr(&buf), buf.len() * std::mem::size_of::<T>())? };
         Ok(OwnedDevice {
             buf,
             ctx: Arc::clone(ctx),

@@ -477,3 +477,12 @@ pub(crate) unsafe fn zero32(stream: cu::CUstream, dst: DPtr, words: usize) -> Re
         cu::cuMemsetD32Async(dst, 0, words, stream)
     })
 }
+
+/// Sets `bytes` bytes at `dst` to zero, synchronously.
+///
+/// # Safety
+/// `dst` is valid device memory of `bytes` bytes.
+pub(crate) unsafe fn zero_sync(dst: DPtr, bytes: usize) -> Result<(), CudaError> {
+    // SAFETY: forwarded from this function's contract.
+    check("cuMemsetD8", unsafe { cu::cuMemsetD8_v2(dst, 0, bytes) })
+}

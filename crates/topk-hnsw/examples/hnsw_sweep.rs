@@ -80,10 +80,13 @@ enum Cmd {
         /// CSV file to append result rows to.
         #[arg(long)]
         csv: Option<PathBuf>,
+        /// Time the build only (one row with `ef` = 0), no search sweep.
+        #[arg(long)]
+        build_only: bool,
     },
 }
 
-type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+type AnyResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn main() -> AnyResult<()> {
     tracing_subscriber::fmt()
@@ -113,7 +116,9 @@ fn main() -> AnyResult<()> {
             repeats,
             seed,
             csv,
+            build_only,
         } => {
+            let ef = if build_only { Vec::new() } else { ef };
             let dataset = dataset.unwrap_or_else(|| {
                 dir.file_name()
                     .map(|s| s.to_string_lossy().into_owned())
@@ -157,8 +162,12 @@ fn gen(
     out: &Path,
 ) -> AnyResult<()> {
     std::fs::create_dir_all(out)?;
-    let corpus = Array2::from_shape_vec((n, d), synth::gaussian_clusters(n, d, clusters, spread, seed))?;
-    let queries = Array2::from_shape_vec((q, d), synth::cluster_queries(q, d, clusters, spread, seed))?;
+    let corpus = Array2::from_shape_vec(
+        (n, d),
+        synth::gaussian_clusters(n, d, clusters, spread, seed),
+    )?;
+    let queries =
+        Array2::from_shape_vec((q, d), synth::cluster_queries(q, d, clusters, spread, seed))?;
     let started = Instant::now();
     let exact = CpuRetriever::new(corpus.view(), metric)?;
     let truth = exact.search_batch(queries.view(), 100)?;
@@ -221,6 +230,14 @@ fn sweep(
         println!("HNSW_SWEEP_JSON {rec}");
         rows.push(rec);
     }
+    if efs.is_empty() {
+        let mut rec = base.clone();
+        rec["ef"] = 0.into();
+        rec["recall"] = serde_json::Value::Null;
+        rec["qps"] = serde_json::Value::Null;
+        println!("HNSW_SWEEP_JSON {rec}");
+        rows.push(rec);
+    }
     if let Some(path) = csv {
         append_csv(path, &rows)?;
     }
@@ -250,14 +267,28 @@ fn timed_pass(
 }
 
 const CSV_COLUMNS: [&str; 13] = [
-    "library", "dataset", "n", "d", "metric", "m", "ef_construction", "build_threads", "build_s",
-    "ef", "k", "recall", "qps",
+    "library",
+    "dataset",
+    "n",
+    "d",
+    "metric",
+    "m",
+    "ef_construction",
+    "build_threads",
+    "build_s",
+    "ef",
+    "k",
+    "recall",
+    "qps",
 ];
 
 fn append_csv(path: &Path, rows: &[serde_json::Value]) -> AnyResult<()> {
     use std::io::Write;
     let fresh = !path.exists();
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
     if fresh {
         writeln!(f, "{}", CSV_COLUMNS.join(","))?;
     }
@@ -266,6 +297,7 @@ fn append_csv(path: &Path, rows: &[serde_json::Value]) -> AnyResult<()> {
             .iter()
             .map(|c| match &r[*c] {
                 serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Null => String::new(),
                 v => v.to_string(),
             })
             .collect();

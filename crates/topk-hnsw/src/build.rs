@@ -225,13 +225,11 @@ impl<Src: ScorerSource> Builder<'_, Src> {
                 break;
             }
             let to_base = e.score();
-            let diverse = out
-                .iter()
-                .all(|r| {
-                    // Kept on ties and NaN, as in hnswlib (`dist(e, r) < dist(e, q)` rejects).
-                    self.vectors.pair(e.id(), r.id()).partial_cmp(&to_base)
-                        != Some(std::cmp::Ordering::Greater)
-                });
+            let diverse = out.iter().all(|r| {
+                // Kept on ties and NaN, as in hnswlib (`dist(e, r) < dist(e, q)` rejects).
+                self.vectors.pair(e.id(), r.id()).partial_cmp(&to_base)
+                    != Some(std::cmp::Ordering::Greater)
+            });
             if diverse {
                 out.push(e);
             }

@@ -61,7 +61,9 @@ pub enum HnswError {
         expected: &'static [u8],
     },
     /// The file was written by an unknown format version.
-    #[error("index file format version {found} is not supported (this build reads version {supported})")]
+    #[error(
+        "index file format version {found} is not supported (this build reads version {supported})"
+    )]
     UnsupportedVersion {
         /// Version in the file.
         found: u32,
@@ -85,7 +87,9 @@ pub enum HnswError {
         extra: u64,
     },
     /// A stored checksum does not match the bytes it covers.
-    #[error("index file {part} checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    #[error(
+        "index file {part} checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+    )]
     ChecksumMismatch {
         /// `"header"` or `"payload"`.
         part: &'static str,

@@ -143,7 +143,9 @@ impl Links<u32> {
 impl Links<AtomicU32> {
     /// Empty lists for the given layout.
     pub(crate) fn empty(layout: Layout) -> Self {
-        let layer0 = (0..layout.layer0_len()).map(|_| AtomicU32::new(0)).collect();
+        let layer0 = (0..layout.layer0_len())
+            .map(|_| AtomicU32::new(0))
+            .collect();
         let upper = (0..layout.upper_len()).map(|_| AtomicU32::new(0)).collect();
         Links {
             layout,

@@ -287,7 +287,12 @@ impl Retriever for Hnsw {
         self.vectors.metric()
     }
 
-    fn search_into(&self, query: &[f32], k: usize, out: &mut Vec<Neighbor>) -> topk_core::Result<()> {
+    fn search_into(
+        &self,
+        query: &[f32],
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> topk_core::Result<()> {
         Ok(self.search_with_ef(query, k, self.params.ef_search, out)?)
     }
 

@@ -84,7 +84,11 @@ impl HnswParams {
 /// (values below `k` are raised to `k` by the search).
 pub(crate) fn check_ef(ef: usize) -> Result<()> {
     if ef == 0 {
-        return Err(invalid("ef", 0, "must be at least 1 (values below k are raised to k)"));
+        return Err(invalid(
+            "ef",
+            0,
+            "must be at least 1 (values below k are raised to k)",
+        ));
     }
     Ok(())
 }
@@ -155,7 +159,17 @@ mod tests {
     #[test]
     fn bad_parameters_are_typed_errors() {
         let e = HnswParams::with_m(1).validate().unwrap_err();
-        assert!(matches!(e, HnswError::InvalidParameter { name: "m", value: 1, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                HnswError::InvalidParameter {
+                    name: "m",
+                    value: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("m = 1"));
         let e = HnswParams {
             ef_construction: 0,
@@ -163,7 +177,14 @@ mod tests {
         }
         .validate()
         .unwrap_err();
-        assert!(matches!(e, HnswError::InvalidParameter { name: "ef_construction", value: 0, .. }));
+        assert!(matches!(
+            e,
+            HnswError::InvalidParameter {
+                name: "ef_construction",
+                value: 0,
+                ..
+            }
+        ));
         let e = HnswParams {
             ef_search: 0,
             ..HnswParams::default()

@@ -181,7 +181,9 @@ impl Hnsw {
             return Err(corrupt(format!("corpus shape n = {n}, dim = {dim}")));
         }
         if max_level > MAX_LEVEL {
-            return Err(corrupt(format!("top layer {max_level} exceeds {MAX_LEVEL}")));
+            return Err(corrupt(format!(
+                "top layer {max_level} exceeds {MAX_LEVEL}"
+            )));
         }
         let expected_payload = (|| {
             let layer0 = n.checked_mul(m0.checked_add(1)?)?;

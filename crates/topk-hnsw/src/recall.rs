@@ -77,9 +77,28 @@ mod tests {
     #[test]
     fn shape_errors_name_the_values() {
         let e = recall_at_k(&[res(&[1])], &[vec![1u32], vec![2]], 1).unwrap_err();
-        assert!(matches!(e, HnswError::RecallShape { results: 1, truth: 2 }), "{e}");
+        assert!(
+            matches!(
+                e,
+                HnswError::RecallShape {
+                    results: 1,
+                    truth: 2
+                }
+            ),
+            "{e}"
+        );
         let e = recall_at_k(&[res(&[1])], &[vec![1u32]], 2).unwrap_err();
-        assert!(matches!(e, HnswError::TruthTooShort { query: 0, have: 1, k: 2 }), "{e}");
+        assert!(
+            matches!(
+                e,
+                HnswError::TruthTooShort {
+                    query: 0,
+                    have: 1,
+                    k: 2
+                }
+            ),
+            "{e}"
+        );
         let e = recall_at_k(&[res(&[1])], &[vec![1u32]], 0).unwrap_err();
         assert!(matches!(e, HnswError::Input(topk_core::Error::ZeroK)));
     }

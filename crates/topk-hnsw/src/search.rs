@@ -130,7 +130,8 @@ impl Scratch {
     pub(crate) fn sort_results(&mut self) {
         self.sorted.clear();
         self.sorted.extend(self.results.drain().map(|r| r.0));
-        self.sorted.sort_unstable_by_key(|c| std::cmp::Reverse(c.key));
+        self.sorted
+            .sort_unstable_by_key(|c| std::cmp::Reverse(c.key));
     }
 }
 

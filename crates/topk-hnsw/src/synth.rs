@@ -44,7 +44,13 @@ impl Normal {
 /// `n` rows of `dim` values around `clusters` centres: each centre is drawn
 /// from N(0, 1) per coordinate, each row is a uniformly chosen centre plus
 /// N(0, `spread`²) noise. Row-major.
-pub fn gaussian_clusters(n: usize, dim: usize, clusters: usize, spread: f32, seed: u64) -> Vec<f32> {
+pub fn gaussian_clusters(
+    n: usize,
+    dim: usize,
+    clusters: usize,
+    spread: f32,
+    seed: u64,
+) -> Vec<f32> {
     let mut g = Normal::new(seed);
     let clusters = clusters.max(1);
     let centres: Vec<f32> = (0..clusters * dim).map(|_| g.sample()).collect();
@@ -59,13 +65,7 @@ pub fn gaussian_clusters(n: usize, dim: usize, clusters: usize, spread: f32, see
 
 /// Queries drawn like [`gaussian_clusters`] rows (same centres for the same
 /// `seed`), from an independent noise stream, so they are not corpus rows.
-pub fn cluster_queries(
-    q: usize,
-    dim: usize,
-    clusters: usize,
-    spread: f32,
-    seed: u64,
-) -> Vec<f32> {
+pub fn cluster_queries(q: usize, dim: usize, clusters: usize, spread: f32, seed: u64) -> Vec<f32> {
     let mut g = Normal::new(seed);
     let clusters = clusters.max(1);
     let centres: Vec<f32> = (0..clusters * dim).map(|_| g.sample()).collect();
@@ -92,6 +92,9 @@ mod tests {
         let xs: Vec<f64> = (0..100_000).map(|_| f64::from(g.sample())).collect();
         let mean = xs.iter().sum::<f64>() / xs.len() as f64;
         let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / xs.len() as f64;
-        assert!(mean.abs() < 0.02 && (var - 1.0).abs() < 0.02, "{mean} {var}");
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0).abs() < 0.02,
+            "{mean} {var}"
+        );
     }
 }

@@ -34,9 +34,7 @@ impl Vectors {
         // so the choice changes speed only.
         let kern = Kernels::best();
         let norms = if metric == Metric::Cosine {
-            data.chunks_exact(dim)
-                .map(|r| kern.norm(r))
-                .collect()
+            data.chunks_exact(dim).map(|r| kern.norm(r)).collect()
         } else {
             Vec::new()
         };

@@ -29,7 +29,10 @@ fn single_row_corpus() {
             let hits = index.search(&q, k).unwrap();
             assert_eq!(hits.len(), 1, "{metric} k={k}");
             assert_eq!(hits[0].index, 0);
-            assert_eq!(hits[0].score.to_bits(), metric.score_scalar(&q, &[1.0, 2.0, 3.0]).to_bits());
+            assert_eq!(
+                hits[0].score.to_bits(),
+                metric.score_scalar(&q, &[1.0, 2.0, 3.0]).to_bits()
+            );
         }
     }
 }
@@ -45,7 +48,11 @@ fn two_row_corpus_through_the_graph_and_exhaustively() {
         let want = Neighbor::new(1, Metric::L2.score_scalar(&[2.9, 4.1], &[3.0, 4.0]));
         assert_eq!(bits(&out), bits(&[want]), "ef={ef}");
         index.search_with_ef(&[0.1, 0.0], 2, ef, &mut out).unwrap();
-        assert_eq!(out.iter().map(|n| n.index).collect::<Vec<_>>(), vec![0, 1], "ef={ef}");
+        assert_eq!(
+            out.iter().map(|n| n.index).collect::<Vec<_>>(),
+            vec![0, 1],
+            "ef={ef}"
+        );
     }
 }
 
@@ -91,7 +98,11 @@ fn graph_search_always_returns_min_k_n_rows() {
         index.search_with_ef(&[1.0, 1.0], k, 4, &mut out).unwrap();
         assert_eq!(out.len(), k.min(300), "k = {k}");
         for w in out.windows(2) {
-            assert_eq!(topk_core::cmp_rank(&w[0], &w[1]), std::cmp::Ordering::Less, "k = {k}");
+            assert_eq!(
+                topk_core::cmp_rank(&w[0], &w[1]),
+                std::cmp::Ordering::Less,
+                "k = {k}"
+            );
         }
         let mut ids: Vec<u32> = out.iter().map(|n| n.index).collect();
         ids.sort_unstable();
@@ -100,7 +111,10 @@ fn graph_search_always_returns_min_k_n_rows() {
     }
     // The 100 rows equal to the query score -0.0 and tie; the smallest indices win.
     index.search_with_ef(&[1.0, 1.0], 5, 300, &mut out).unwrap();
-    assert_eq!(bits(&out), bits(&[1, 4, 7, 10, 13].map(|i| Neighbor::new(i, -0.0))));
+    assert_eq!(
+        bits(&out),
+        bits(&[1, 4, 7, 10, 13].map(|i| Neighbor::new(i, -0.0)))
+    );
 }
 
 #[test]
@@ -124,9 +138,13 @@ fn works_as_a_generic_retriever() {
     let dim = 8;
     let data = synth::gaussian_clusters(500, dim, 5, 0.4, 2);
     let index = Hnsw::build(&data, dim, Metric::Dot, params(8, 500)).unwrap();
-    let boxed: Box<dyn Retriever> = Box::new(Hnsw::build(&data, dim, Metric::Dot, params(8, 500)).unwrap());
+    let boxed: Box<dyn Retriever> =
+        Box::new(Hnsw::build(&data, dim, Metric::Dot, params(8, 500)).unwrap());
     assert_eq!(boxed.backend(), "hnsw");
-    assert_eq!((boxed.len(), boxed.dim(), boxed.metric()), (500, dim, Metric::Dot));
+    assert_eq!(
+        (boxed.len(), boxed.dim(), boxed.metric()),
+        (500, dim, Metric::Dot)
+    );
     let qs = &data[..4 * dim];
     let batch = index
         .search_batch(ArrayView2::from_shape((4, dim), qs).unwrap(), 3)
@@ -144,25 +162,89 @@ fn works_as_a_generic_retriever() {
 fn bad_build_parameters_are_typed_errors() {
     let data = [1.0_f32; 8];
     let e = Hnsw::build(&data, 2, Metric::L2, HnswParams::with_m(1)).unwrap_err();
-    assert!(matches!(e, HnswError::InvalidParameter { name: "m", value: 1, .. }), "{e}");
-    let e = Hnsw::build(&data, 2, Metric::L2, HnswParams { ef_construction: 0, ..HnswParams::default() }).unwrap_err();
-    assert!(matches!(e, HnswError::InvalidParameter { name: "ef_construction", value: 0, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            HnswError::InvalidParameter {
+                name: "m",
+                value: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = Hnsw::build(
+        &data,
+        2,
+        Metric::L2,
+        HnswParams {
+            ef_construction: 0,
+            ..HnswParams::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            HnswError::InvalidParameter {
+                name: "ef_construction",
+                value: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("ef_construction = 0"), "{e}");
     let e = Hnsw::build(&[], 2, Metric::L2, HnswParams::default()).unwrap_err();
     assert!(matches!(e, HnswError::Input(Error::EmptyCorpus)), "{e}");
-    let e = Hnsw::build(&[1.0, f32::NAN, 0.0, 0.0], 2, Metric::L2, HnswParams::default()).unwrap_err();
-    assert!(matches!(e, HnswError::Input(Error::NonFinite { at: Located::Row(0), column: 1, .. })), "{e}");
+    let e = Hnsw::build(
+        &[1.0, f32::NAN, 0.0, 0.0],
+        2,
+        Metric::L2,
+        HnswParams::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            HnswError::Input(Error::NonFinite {
+                at: Located::Row(0),
+                column: 1,
+                ..
+            })
+        ),
+        "{e}"
+    );
     let e = Hnsw::build(&[1.0; 5], 2, Metric::L2, HnswParams::default()).unwrap_err();
-    assert!(matches!(e, HnswError::Input(Error::RaggedCorpus { len: 5, dim: 2 })), "{e}");
+    assert!(
+        matches!(e, HnswError::Input(Error::RaggedCorpus { len: 5, dim: 2 })),
+        "{e}"
+    );
 }
 
 #[test]
 fn bad_search_inputs_are_typed_errors() {
-    let mut index = Hnsw::build(&[1.0, 0.0, 0.0, 1.0], 2, Metric::Dot, HnswParams::default()).unwrap();
+    let mut index =
+        Hnsw::build(&[1.0, 0.0, 0.0, 1.0], 2, Metric::Dot, HnswParams::default()).unwrap();
     let mut out = Vec::new();
-    let e = index.search_with_ef(&[1.0, 0.0], 1, 0, &mut out).unwrap_err();
-    assert!(matches!(e, HnswError::InvalidParameter { name: "ef", value: 0, .. }), "{e}");
-    assert!(matches!(index.set_ef(0), Err(HnswError::InvalidParameter { name: "ef", .. })));
+    let e = index
+        .search_with_ef(&[1.0, 0.0], 1, 0, &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            HnswError::InvalidParameter {
+                name: "ef",
+                value: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        index.set_ef(0),
+        Err(HnswError::InvalidParameter { name: "ef", .. })
+    ));
     // ef < k is accepted and raised to k.
     index.set_ef(1).unwrap();
     assert_eq!(index.search(&[1.0, 0.0], 2).unwrap().len(), 2);
@@ -170,10 +252,18 @@ fn bad_search_inputs_are_typed_errors() {
     assert!(matches!(index.search(&[1.0, 0.0], 0), Err(Error::ZeroK)));
     assert!(matches!(
         index.search(&[1.0, 0.0, 2.0], 1),
-        Err(Error::DimensionMismatch { expected: 2, got: 3, .. })
+        Err(Error::DimensionMismatch {
+            expected: 2,
+            got: 3,
+            ..
+        })
     ));
     assert!(matches!(
         index.search(&[f32::INFINITY, 0.0], 1),
-        Err(Error::NonFinite { at: Located::Query(0), column: 0, .. })
+        Err(Error::NonFinite {
+            at: Located::Query(0),
+            column: 0,
+            ..
+        })
     ));
 }

@@ -51,10 +51,17 @@ fn round_trip_keeps_graph_and_answers() {
         assert_eq!(back.to_bytes(), index.to_bytes(), "{metric}");
         assert_eq!(back.params(), index.params());
         assert_eq!(back.stats(), index.stats());
-        assert_eq!((back.len(), back.dim(), back.metric()), (3_000, DIM, metric));
+        assert_eq!(
+            (back.len(), back.dim(), back.metric()),
+            (3_000, DIM, metric)
+        );
         for q in data.chunks_exact(DIM).step_by(97) {
             let (x, y) = (index.search(q, 10).unwrap(), back.search(q, 10).unwrap());
-            let bits = |v: &[topk_core::Neighbor]| v.iter().map(|n| (n.index, n.score.to_bits())).collect::<Vec<_>>();
+            let bits = |v: &[topk_core::Neighbor]| {
+                v.iter()
+                    .map(|n| (n.index, n.score.to_bits()))
+                    .collect::<Vec<_>>()
+            };
             assert_eq!(bits(&x), bits(&y), "{metric}");
         }
     }
@@ -64,7 +71,9 @@ fn round_trip_keeps_graph_and_answers() {
 fn every_truncation_is_rejected() {
     let bytes = small_index().to_bytes();
     // Every cut inside the header, then a spread of cuts through the payload.
-    let cuts = (0..120).chain((120..bytes.len()).step_by(997)).chain([bytes.len() - 1]);
+    let cuts = (0..120)
+        .chain((120..bytes.len()).step_by(997))
+        .chain([bytes.len() - 1]);
     for cut in cuts {
         let e = Hnsw::from_bytes(&bytes[..cut]).unwrap_err();
         assert!(
@@ -77,7 +86,9 @@ fn every_truncation_is_rejected() {
 #[test]
 fn every_flipped_byte_is_rejected() {
     let bytes = small_index().to_bytes();
-    let positions = (0..100).chain((100..bytes.len()).step_by(331)).chain([bytes.len() - 1]);
+    let positions = (0..100)
+        .chain((100..bytes.len()).step_by(331))
+        .chain([bytes.len() - 1]);
     for at in positions {
         let mut bad = bytes.clone();
         bad[at] ^= 0x40;
@@ -86,7 +97,13 @@ fn every_flipped_byte_is_rejected() {
             0..8 => matches!(e, HnswError::BadMagic { .. }),
             8..12 => matches!(e, HnswError::UnsupportedVersion { .. }),
             12..100 => matches!(e, HnswError::ChecksumMismatch { part: "header", .. }),
-            _ => matches!(e, HnswError::ChecksumMismatch { part: "payload", .. }),
+            _ => matches!(
+                e,
+                HnswError::ChecksumMismatch {
+                    part: "payload",
+                    ..
+                }
+            ),
         };
         assert!(expected, "byte {at} flipped: {e}");
     }
@@ -100,14 +117,26 @@ fn trailing_bytes_wrong_magic_and_version_are_rejected() {
         Hnsw::from_bytes(&bytes),
         Err(HnswError::TrailingBytes { extra: 2, .. })
     ));
-    assert!(matches!(Hnsw::from_bytes(b"PK\x03\x04 zip"), Err(HnswError::BadMagic { .. })));
-    assert!(matches!(Hnsw::from_bytes(b""), Err(HnswError::Truncated { got: 0, .. })));
+    assert!(matches!(
+        Hnsw::from_bytes(b"PK\x03\x04 zip"),
+        Err(HnswError::BadMagic { .. })
+    ));
+    assert!(matches!(
+        Hnsw::from_bytes(b""),
+        Err(HnswError::Truncated { got: 0, .. })
+    ));
     let mut v2 = small_index().to_bytes();
     v2[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     let e = Hnsw::from_bytes(&v2).unwrap_err();
-    assert!(matches!(e, HnswError::UnsupportedVersion { found, supported } if found == FORMAT_VERSION + 1 && supported == FORMAT_VERSION), "{e}");
+    assert!(
+        matches!(e, HnswError::UnsupportedVersion { found, supported } if found == FORMAT_VERSION + 1 && supported == FORMAT_VERSION),
+        "{e}"
+    );
     let e = Hnsw::load("/nonexistent/dir/index.hnsw").unwrap_err();
-    assert!(matches!(e, HnswError::Io { .. }) && e.to_string().contains("/nonexistent/dir/index.hnsw"), "{e}");
+    assert!(
+        matches!(e, HnswError::Io { .. }) && e.to_string().contains("/nonexistent/dir/index.hnsw"),
+        "{e}"
+    );
 }
 
 /// Rewrites both checksums so that only the structural checks stand between
@@ -132,26 +161,38 @@ fn consistent_checksums_do_not_admit_a_broken_graph() {
     bad[layer0 + 4..layer0 + 8].copy_from_slice(&(n as u32 + 5).to_le_bytes());
     reseal(&mut bad);
     let e = Hnsw::from_bytes(&bad).unwrap_err();
-    assert!(matches!(&e, HnswError::Corrupt { what } if what.contains("305")), "{e}");
+    assert!(
+        matches!(&e, HnswError::Corrupt { what } if what.contains("305")),
+        "{e}"
+    );
 
     // A list count above its capacity.
     let mut bad = good.clone();
     bad[layer0..layer0 + 4].copy_from_slice(&(m0 as u32 + 1).to_le_bytes());
     reseal(&mut bad);
     let e = Hnsw::from_bytes(&bad).unwrap_err();
-    assert!(matches!(&e, HnswError::Corrupt { what } if what.contains("capacity 16")), "{e}");
+    assert!(
+        matches!(&e, HnswError::Corrupt { what } if what.contains("capacity 16")),
+        "{e}"
+    );
 
     // An entry node out of range.
     let mut bad = good.clone();
     bad[72..76].copy_from_slice(&(n as u32).to_le_bytes());
     reseal(&mut bad);
-    assert!(matches!(Hnsw::from_bytes(&bad), Err(HnswError::Corrupt { .. })));
+    assert!(matches!(
+        Hnsw::from_bytes(&bad),
+        Err(HnswError::Corrupt { .. })
+    ));
 
     // A declared n that does not match the payload.
     let mut bad = good.clone();
     bad[24..32].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
     reseal(&mut bad);
-    assert!(matches!(Hnsw::from_bytes(&bad), Err(HnswError::Corrupt { .. })));
+    assert!(matches!(
+        Hnsw::from_bytes(&bad),
+        Err(HnswError::Corrupt { .. })
+    ));
 
     // A non-finite stored row value.
     let mut bad = good.clone();
@@ -159,15 +200,23 @@ fn consistent_checksums_do_not_admit_a_broken_graph() {
     bad[rows_at..rows_at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     reseal(&mut bad);
     let e = Hnsw::from_bytes(&bad).unwrap_err();
-    assert!(matches!(&e, HnswError::Corrupt { what } if what.contains("row 0")), "{e}");
+    assert!(
+        matches!(&e, HnswError::Corrupt { what } if what.contains("row 0")),
+        "{e}"
+    );
 
     // Unknown metric and invalid stored parameters.
     let mut bad = good.clone();
     bad[12..16].copy_from_slice(&9u32.to_le_bytes());
     reseal(&mut bad);
-    assert!(matches!(Hnsw::from_bytes(&bad), Err(HnswError::Corrupt { what }) if what.contains("metric code 9")));
+    assert!(
+        matches!(Hnsw::from_bytes(&bad), Err(HnswError::Corrupt { what }) if what.contains("metric code 9"))
+    );
     let mut bad = good;
     bad[32..40].copy_from_slice(&1u64.to_le_bytes());
     reseal(&mut bad);
-    assert!(matches!(Hnsw::from_bytes(&bad), Err(HnswError::Corrupt { .. })));
+    assert!(matches!(
+        Hnsw::from_bytes(&bad),
+        Err(HnswError::Corrupt { .. })
+    ));
 }

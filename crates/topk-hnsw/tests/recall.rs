@@ -30,7 +30,10 @@ fn recall_grows_with_ef() {
         // A wider beam explores a superset in practice; allow one query's worth of noise.
         assert!(w[1] >= w[0] - 0.005, "recall fell with ef: {recalls:?}");
     }
-    assert!(recalls[4] > recalls[0], "no gain from ef 10 to 160: {recalls:?}");
+    assert!(
+        recalls[4] > recalls[0],
+        "no gain from ef 10 to 160: {recalls:?}"
+    );
     assert!(recalls[4] >= 0.99, "{recalls:?}");
 }
 
@@ -38,11 +41,24 @@ fn recall_grows_with_ef() {
 fn parallel_build_recall_is_within_noise_of_sequential() {
     let f = gaussian();
     for ef in [16, 64] {
-        let seq = recall_at_k(&search_all(sequential_index(), &f.queries, D, 10, ef), &f.truth, 10).unwrap();
-        let par = recall_at_k(&search_all(parallel_index(), &f.queries, D, 10, ef), &f.truth, 10).unwrap();
+        let seq = recall_at_k(
+            &search_all(sequential_index(), &f.queries, D, 10, ef),
+            &f.truth,
+            10,
+        )
+        .unwrap();
+        let par = recall_at_k(
+            &search_all(parallel_index(), &f.queries, D, 10, ef),
+            &f.truth,
+            10,
+        )
+        .unwrap();
         eprintln!("ef={ef}: sequential {seq:.4}, parallel {par:.4}");
         // 2000 (query, rank) pairs: 0.02 is several standard errors at these recalls.
-        assert!((seq - par).abs() <= 0.02, "ef = {ef}: sequential {seq}, parallel {par}");
+        assert!(
+            (seq - par).abs() <= 0.02,
+            "ef = {ef}: sequential {seq}, parallel {par}"
+        );
     }
     let s = parallel_index().stats();
     assert_eq!(s.n, N);
@@ -58,7 +74,12 @@ fn returned_scores_are_the_canonical_scores() {
         assert_eq!(hits.len(), 10);
         for h in &hits {
             let row = &f.corpus[h.index as usize * D..(h.index as usize + 1) * D];
-            assert_eq!(h.score.to_bits(), Metric::L2.score_scalar(q, row).to_bits(), "row {}", h.index);
+            assert_eq!(
+                h.score.to_bits(),
+                Metric::L2.score_scalar(q, row).to_bits(),
+                "row {}",
+                h.index
+            );
         }
         for w in hits.windows(2) {
             assert_eq!(topk_core::cmp_rank(&w[0], &w[1]), std::cmp::Ordering::Less);
@@ -90,13 +111,23 @@ fn recall_on_minilm_docs_real_embeddings() {
     // The float64 ground truth may order near-equal scores differently from the
     // canonical f32 order, but the two must agree almost everywhere.
     let agree = recall_at_k(
-        &oracle_truth.iter().map(|ids| ids.iter().map(|&i| topk_core::Neighbor::new(i, 0.0)).collect()).collect::<Vec<_>>(),
+        &oracle_truth
+            .iter()
+            .map(|ids| {
+                ids.iter()
+                    .map(|&i| topk_core::Neighbor::new(i, 0.0))
+                    .collect()
+            })
+            .collect::<Vec<_>>(),
         &file_truth,
         10,
     )
     .unwrap();
     eprintln!("minilm-docs-20k: recall@10 at ef=64 vs oracle {vs_oracle:.4}, vs gt file {vs_file:.4}; oracle vs file {agree:.4}");
-    assert!(agree >= 0.99, "oracle and ground-truth file disagree: {agree}");
+    assert!(
+        agree >= 0.99,
+        "oracle and ground-truth file disagree: {agree}"
+    );
     assert!(vs_oracle >= 0.95, "recall@10 vs oracle = {vs_oracle}");
     assert!(vs_file >= 0.95, "recall@10 vs gt_top100.ivecs = {vs_file}");
 }

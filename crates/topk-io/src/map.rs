@@ -210,6 +210,13 @@ impl<T: Element> Mapped<T> {
             stride,
         } = self.layout;
         let base = self.map.as_ptr().wrapping_add(offset).cast::<T>();
+        // ndarray gives empty arrays zero strides; others would trip its
+        // checks when the view is copied into an owned array.
+        let strides = if rows == 0 || dim == 0 {
+            (0, 0)
+        } else {
+            (stride, 1)
+        };
         // SAFETY: `open_*` established, before building `layout`, that
         // 1. every element `base + i * stride + j` (i < rows, j < dim) lies
         //    inside the map (npy: the file length equals header + rows*dim
@@ -220,7 +227,7 @@ impl<T: Element> Mapped<T> {
         // 4. strides are non-negative and the byte extent fits in `isize`
         //    because it is inside one mapping.
         // The map is never mutated through us and lives as long as `&self`.
-        unsafe { ArrayView2::from_shape_ptr((rows, dim).strides((stride, 1)), base) }
+        unsafe { ArrayView2::from_shape_ptr((rows, dim).strides(strides), base) }
     }
 
     /// Row `i` as a slice, or `None` past the last row.

@@ -171,6 +171,9 @@ pub(super) unsafe fn rows(sq: bool, q: &[f32], rows: &[f32], out: &mut [f32]) {
 /// # Safety
 /// The CPU runs AVX2 and FMA; every slice has the same length.
 #[target_feature(enable = "avx2,fma")]
+// Indices name registers of the tile (row r, query q, group g); iterators
+// would hide which accumulator each FMA feeds.
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
     rows: &[&[f32]],
     qs: &[&[f32]],

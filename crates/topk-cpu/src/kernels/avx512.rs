@@ -156,6 +156,9 @@ pub(super) unsafe fn rows(sq: bool, q: &[f32], rows: &[f32], out: &mut [f32]) {
 /// The CPU runs AVX-512F; `rows.len() == R`, `qs.len() == Q`, every slice has
 /// the same length.
 #[target_feature(enable = "avx512f,avx2,fma")]
+// Indices name registers of the tile (row r, query q, group g); iterators
+// would hide which accumulator each FMA feeds.
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
     rows: &[&[f32]],
     qs: &[&[f32]],

@@ -366,7 +366,13 @@ pub fn canon_norm(x: &[f32]) -> f32 {
 
 /// [`Kernels::score_row`] on the fastest path.
 #[inline]
-pub fn score_row(metric: Metric, query: &[f32], query_norm: f32, row: &[f32], row_norm: f32) -> f32 {
+pub fn score_row(
+    metric: Metric,
+    query: &[f32],
+    query_norm: f32,
+    row: &[f32],
+    row_norm: f32,
+) -> f32 {
     Kernels::best().score_row(metric, query, query_norm, row, row_norm)
 }
 

@@ -23,7 +23,10 @@ fn paths() -> Vec<Kernels> {
         assert!(names.contains(&"avx2"));
     }
     if std::env::var_os("TOPK_REQUIRE_AVX512").is_some_and(|v| v == "1") {
-        assert!(names.contains(&"avx512"), "TOPK_REQUIRE_AVX512=1 but AVX-512F is not available");
+        assert!(
+            names.contains(&"avx512"),
+            "TOPK_REQUIRE_AVX512=1 but AVX-512F is not available"
+        );
     }
     all
 }
@@ -52,12 +55,33 @@ fn dims() -> impl Strategy<Value = usize> {
 
 fn check_pair(k: Kernels, a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
     let path = k.path();
-    prop_assert_eq!(k.dot(a, b).to_bits(), ref_dot(a, b).to_bits(), "dot on {}", path);
-    prop_assert_eq!(k.sqdist(a, b).to_bits(), ref_sqdist(a, b).to_bits(), "sqdist on {}", path);
-    prop_assert_eq!(k.norm(a).to_bits(), ref_norm(a).to_bits(), "norm on {}", path);
+    prop_assert_eq!(
+        k.dot(a, b).to_bits(),
+        ref_dot(a, b).to_bits(),
+        "dot on {}",
+        path
+    );
+    prop_assert_eq!(
+        k.sqdist(a, b).to_bits(),
+        ref_sqdist(a, b).to_bits(),
+        "sqdist on {}",
+        path
+    );
+    prop_assert_eq!(
+        k.norm(a).to_bits(),
+        ref_norm(a).to_bits(),
+        "norm on {}",
+        path
+    );
     for m in Metric::ALL {
         let s = k.score_row(m, a, k.norm(a), b, k.norm(b));
-        prop_assert_eq!(s.to_bits(), m.score_scalar(a, b).to_bits(), "{} on {}", m, path);
+        prop_assert_eq!(
+            s.to_bits(),
+            m.score_scalar(a, b).to_bits(),
+            "{} on {}",
+            m,
+            path
+        );
     }
     Ok(())
 }
@@ -148,9 +172,17 @@ fn zero_padding_is_exact_because_partials_are_never_negative_zero() {
         let neg = vec![-0.0_f32; d];
         let ones = vec![1.0_f32; d];
         for k in paths() {
-            assert_eq!(k.dot(&neg, &ones).to_bits(), 0.0_f32.to_bits(), "d={d} {}", k.path());
+            assert_eq!(
+                k.dot(&neg, &ones).to_bits(),
+                0.0_f32.to_bits(),
+                "d={d} {}",
+                k.path()
+            );
             assert_eq!(k.dot(&neg, &ones).to_bits(), ref_dot(&neg, &ones).to_bits());
-            assert_eq!(k.sqdist(&neg, &neg).to_bits(), ref_sqdist(&neg, &neg).to_bits());
+            assert_eq!(
+                k.sqdist(&neg, &neg).to_bits(),
+                ref_sqdist(&neg, &neg).to_bits()
+            );
             // L2 of identical rows is the negated zero distance: -0.0 kept.
             let s = k.score_row(Metric::L2, &neg, 0.0, &neg, 0.0);
             assert_eq!(s.to_bits(), (-0.0_f32).to_bits());
@@ -173,8 +205,18 @@ fn crafted_orders_agree_on_every_path() {
     b[33] = x;
     a[33] = x;
     for k in paths() {
-        assert_eq!(k.dot(&a, &b).to_bits(), ref_dot(&a, &b).to_bits(), "{}", k.path());
-        assert_eq!(k.sqdist(&a, &b).to_bits(), ref_sqdist(&a, &b).to_bits(), "{}", k.path());
+        assert_eq!(
+            k.dot(&a, &b).to_bits(),
+            ref_dot(&a, &b).to_bits(),
+            "{}",
+            k.path()
+        );
+        assert_eq!(
+            k.sqdist(&a, &b).to_bits(),
+            ref_sqdist(&a, &b).to_bits(),
+            "{}",
+            k.path()
+        );
     }
 }
 
@@ -185,8 +227,18 @@ fn overflow_gives_the_reference_nan_and_infinities() {
     mixed[1] = -1e30;
     for k in paths() {
         for (a, b) in [(&big, &big), (&big, &mixed), (&mixed, &mixed)] {
-            assert_eq!(k.dot(a, b).to_bits(), ref_dot(a, b).to_bits(), "{}", k.path());
-            assert_eq!(k.sqdist(a, b).to_bits(), ref_sqdist(a, b).to_bits(), "{}", k.path());
+            assert_eq!(
+                k.dot(a, b).to_bits(),
+                ref_dot(a, b).to_bits(),
+                "{}",
+                k.path()
+            );
+            assert_eq!(
+                k.sqdist(a, b).to_bits(),
+                ref_sqdist(a, b).to_bits(),
+                "{}",
+                k.path()
+            );
         }
     }
 }

@@ -60,7 +60,13 @@ pub fn parallel_index() -> &'static Hnsw {
 }
 
 /// Exact top-`k` ids of every query, from topk-cpu's scalar oracle.
-pub fn exact_ids(corpus: &[f32], dim: usize, metric: Metric, queries: &[f32], k: usize) -> Vec<Vec<u32>> {
+pub fn exact_ids(
+    corpus: &[f32],
+    dim: usize,
+    metric: Metric,
+    queries: &[f32],
+    k: usize,
+) -> Vec<Vec<u32>> {
     exact(corpus, dim, metric, queries, k)
         .into_iter()
         .map(|r| r.into_iter().map(|n| n.index).collect())
@@ -68,21 +74,34 @@ pub fn exact_ids(corpus: &[f32], dim: usize, metric: Metric, queries: &[f32], k:
 }
 
 /// Exact top-`k` neighbours of every query, from topk-cpu's scalar oracle.
-pub fn exact(corpus: &[f32], dim: usize, metric: Metric, queries: &[f32], k: usize) -> Vec<Vec<Neighbor>> {
+pub fn exact(
+    corpus: &[f32],
+    dim: usize,
+    metric: Metric,
+    queries: &[f32],
+    k: usize,
+) -> Vec<Vec<Neighbor>> {
     let oracle = Oracle::from_rowmajor(corpus.to_vec(), dim, metric).unwrap();
     let qs = ArrayView2::from_shape((queries.len() / dim, dim), queries).unwrap();
     oracle.search_batch(qs, k).unwrap()
 }
 
 /// All queries' results at beam width `ef`.
-pub fn search_all(index: &Hnsw, queries: &[f32], dim: usize, k: usize, ef: usize) -> Vec<Vec<Neighbor>> {
+pub fn search_all(
+    index: &Hnsw,
+    queries: &[f32],
+    dim: usize,
+    k: usize,
+    ef: usize,
+) -> Vec<Vec<Neighbor>> {
     let qs = ArrayView2::from_shape((queries.len() / dim, dim), queries).unwrap();
     index.search_batch_with_ef(qs, k, ef).unwrap()
 }
 
 /// The real-embedding set, or `None` (with a message) where it is absent.
 pub fn minilm_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
     if dir.join("corpus.npy").exists() {
         Some(dir)
     } else {

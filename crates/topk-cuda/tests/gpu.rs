@@ -1,0 +1,338 @@
+//! The GPU engine against the CPU oracle, bit for bit, and its error paths.
+//!
+//! Device cases call [`gpu_or_skip`]: without a device (or in a build without
+//! the `cuda` feature) they print why and pass, unless `TOPK_REQUIRE_GPU=1`,
+//! under which a missing device fails the test (the GPU bundle sets it, so a
+//! run on the GPU machine cannot pass by skipping). `TOPK_GPU_CASES` sets the
+//! number of property cases (default 48).
+
+use ndarray::ArrayView2;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use topk_core::{Metric, Neighbor, Retriever};
+use topk_cpu::Oracle;
+use topk_cuda::{CudaError, CudaOptions, CudaRetriever};
+
+/// Whether the device cases may run here; `None` with a printed reason when
+/// not, a panic instead when `TOPK_REQUIRE_GPU=1`.
+fn gpu_or_skip() -> Option<()> {
+    match topk_cuda::device_info(0) {
+        Ok(_) => Some(()),
+        Err(e) => {
+            if std::env::var("TOPK_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("TOPK_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            eprintln!("skipping GPU case: {e}");
+            None
+        }
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("TOPK_GPU_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48)
+}
+
+/// Corpora with forced ties: `kind` picks plain floats, small integers,
+/// duplicated rows, negative zeros and subnormals, or zero rows.
+fn corpus(seed: u64, n: usize, d: usize, kind: u8) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut v: Vec<f32> = (0..n * d)
+        .map(|_| match kind {
+            0 => rng.random_range(-1.0f32..1.0),
+            1 | 2 => rng.random_range(-3i32..=3) as f32,
+            3 => match rng.random_range(0..6) {
+                0 => -0.0,
+                1 => 0.0,
+                2 => f32::from_bits(rng.random_range(1u32..0x007f_ffff)),
+                3 => -f32::from_bits(rng.random_range(1u32..0x007f_ffff)),
+                _ => rng.random_range(-2i32..=2) as f32 * 0.5,
+            },
+            _ => rng.random_range(-1.0f32..1.0),
+        })
+        .collect();
+    if kind == 2 && n > 1 {
+        // Duplicate rows: every row copies one of the first few.
+        let distinct = (n / 4).max(1);
+        for i in distinct..n {
+            let src = rng.random_range(0..distinct);
+            v.copy_within(src * d..(src + 1) * d, i * d);
+        }
+    }
+    if kind == 4 {
+        for i in (0..n).step_by(3) {
+            v[i * d..(i + 1) * d].fill(0.0);
+        }
+    }
+    v
+}
+
+fn query_like(seed: u64, d: usize, kind: u8) -> Vec<f32> {
+    let mut q = corpus(seed ^ 0x9e37_79b9, 1, d, if kind == 4 { 0 } else { kind });
+    if kind == 4 && seed % 5 == 0 {
+        q.fill(0.0); // zero query under cosine: every score -inf
+    }
+    q
+}
+
+fn assert_same(got: &[Neighbor], want: &[Neighbor], ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}: result count");
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.index == w.index && g.score.to_bits() == w.score.to_bits(),
+            "{ctx}: rank {r}: gpu ({}, {:?} bits {:#x}) != oracle ({}, {:?} bits {:#x})",
+            g.index,
+            g.score,
+            g.score.to_bits(),
+            w.index,
+            w.score,
+            w.score.to_bits()
+        );
+    }
+}
+
+fn engine(data: &[f32], d: usize, metric: Metric, opts: CudaOptions) -> (CudaRetriever, Oracle) {
+    let gpu = CudaRetriever::from_rowmajor(data, d, metric, opts).expect("gpu engine");
+    let oracle = Oracle::from_rowmajor(data.to_vec(), d, metric).expect("oracle");
+    (gpu, oracle)
+}
+
+#[test]
+fn bitwise_equal_to_the_oracle_on_tied_corpora() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        ..Config::default()
+    });
+    let strategy = (
+        any::<u64>(),
+        1usize..400,
+        prop_oneof![1usize..40, 60usize..140],
+        0u8..5,
+        0usize..3,
+        prop_oneof![1usize..10, 1usize..420],
+    );
+    runner
+        .run(&strategy, |(seed, n, d, kind, m, k)| {
+            let metric = Metric::ALL[m];
+            let data = corpus(seed, n, d, kind);
+            let (gpu, oracle) = engine(&data, d, metric, CudaOptions::default());
+            let ctx = format!("seed {seed} n {n} d {d} kind {kind} metric {metric} k {k}");
+            // Host query, single.
+            let q = query_like(seed, d, kind);
+            let want = oracle.search(&q, k).expect("oracle search");
+            let got = gpu.search(&q, k).expect("gpu search");
+            assert_same(&got, &want, &format!("{ctx} host"));
+            // Device-resident query.
+            let dq = gpu.upload_query(&q).expect("upload");
+            let mut dev = Vec::new();
+            gpu.search_device(&dq, k, &mut dev).expect("device search");
+            assert_same(&dev, &want, &format!("{ctx} device"));
+            // Batch: corpus rows as queries (exact self-matches and ties).
+            let nq = n.min(11);
+            let qs = ArrayView2::from_shape((nq, d), &data[..nq * d]).expect("shape");
+            let got_b = gpu.search_batch(qs, k).expect("gpu batch");
+            for (i, row) in got_b.iter().enumerate() {
+                let want_i = oracle.search(&data[i * d..(i + 1) * d], k).expect("oracle");
+                assert_same(row, &want_i, &format!("{ctx} batch query {i}"));
+            }
+            Ok(())
+        })
+        .expect("property");
+}
+
+#[test]
+fn large_k_and_k_past_n_and_heavy_ties() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    for (kind, n, d) in [(1u8, 5000usize, 37usize), (0, 9000, 64), (2, 6000, 33)] {
+        for metric in Metric::ALL {
+            let data = corpus(kind as u64 + 11, n, d, kind);
+            let (gpu, oracle) = engine(&data, d, metric, CudaOptions::default());
+            let q = query_like(3, d, kind);
+            for k in [1, 100, 2047, 2048, 2049, 4100, n - 1, n, n + 5] {
+                let want = oracle.search(&q, k).expect("oracle");
+                let got = gpu.search(&q, k).expect("gpu");
+                assert_same(&got, &want, &format!("kind {kind} n {n} d {d} {metric} k {k}"));
+            }
+        }
+    }
+    // Every row identical: all N scores tie, far past the device's candidate cap.
+    let (n, d) = (10_000, 48);
+    let row: Vec<f32> = (0..d).map(|i| (i % 5) as f32 - 2.0).collect();
+    let data: Vec<f32> = row.iter().copied().cycle().take(n * d).collect();
+    let (gpu, oracle) = engine(&data, d, Metric::Dot, CudaOptions::default());
+    for k in [1, 10, 1000] {
+        assert_same(
+            &gpu.search(&row, k).expect("gpu"),
+            &oracle.search(&row, k).expect("oracle"),
+            &format!("all-tied k {k}"),
+        );
+    }
+}
+
+#[test]
+fn many_blocks_and_batches_past_one_chunk() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let (n, d) = (200_000, 96);
+    let data = corpus(5, n, d, 0);
+    let (gpu, oracle) = engine(&data, d, Metric::Cosine, CudaOptions::default());
+    let nq = 70; // more than one 64-query chunk
+    let queries = corpus(6, nq, d, 0);
+    let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
+    let got = gpu.search_batch(qs, 100).expect("batch");
+    for i in [0, 1, 63, 64, 69] {
+        let want = oracle.search(&queries[i * d..(i + 1) * d], 100).expect("oracle");
+        assert_same(&got[i], &want, &format!("batch query {i}"));
+        let single = gpu.search(&queries[i * d..(i + 1) * d], 100).expect("single");
+        assert_same(&single, &want, &format!("single query {i}"));
+    }
+    // A dimension past the single-query kernel's shared-memory limit.
+    let (n2, d2) = (300, 13_000);
+    let data2 = corpus(8, n2, d2, 0);
+    let (gpu2, oracle2) = engine(&data2, d2, Metric::L2, CudaOptions::default());
+    let q2 = query_like(9, d2, 0);
+    assert_same(
+        &gpu2.search(&q2, 17).expect("gpu"),
+        &oracle2.search(&q2, 17).expect("oracle"),
+        "D = 13000",
+    );
+}
+
+#[test]
+fn concurrent_searches_from_several_threads() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let (n, d) = (20_000, 64);
+    let data = corpus(21, n, d, 1);
+    let (gpu, oracle) = engine(&data, d, Metric::L2, CudaOptions::default());
+    let queries: Vec<Vec<f32>> = (0..8).map(|i| query_like(100 + i, d, 1)).collect();
+    let expected: Vec<Vec<Neighbor>> = queries
+        .iter()
+        .map(|q| oracle.search(q, 50).expect("oracle"))
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..6 {
+            let (gpu, queries, expected) = (&gpu, &queries, &expected);
+            s.spawn(move || {
+                let mut out = Vec::new();
+                for round in 0..40 {
+                    let i = (t + round) % queries.len();
+                    gpu.search_into(&queries[i], 50, &mut out).expect("search");
+                    assert_same(&out, &expected[i], &format!("thread {t} round {round}"));
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn score_ids_matches_the_scalar_score() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let (n, d) = (3000, 70);
+    let data = corpus(31, n, d, 3);
+    for metric in Metric::ALL {
+        let gpu = CudaRetriever::from_rowmajor(&data, d, metric, CudaOptions::default())
+            .expect("engine");
+        let queries = corpus(32, 3, d, 3);
+        let ids: Vec<u32> = vec![0, 5, 2999, 17, 17, 1, 2, 3, 1000];
+        let offsets = [0usize, 3, 3, 9];
+        let mut out = vec![0.0f32; ids.len()];
+        gpu.score_ids(&queries, &ids, &offsets, &mut out)
+            .expect("score_ids");
+        for (q, w) in offsets.windows(2).enumerate() {
+            for p in w[0]..w[1] {
+                let i = ids[p] as usize;
+                let want =
+                    metric.score_scalar(&queries[q * d..(q + 1) * d], &data[i * d..(i + 1) * d]);
+                assert_eq!(out[p].to_bits(), want.to_bits(), "{metric} query {q} id {i}");
+            }
+        }
+        let err = gpu
+            .score_ids(&queries[..d], &[3000], &[0, 1], &mut [0.0])
+            .expect_err("id out of range");
+        assert!(matches!(err, CudaError::RowIdOutOfRange { id: 3000, .. }), "{err}");
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let d = 8;
+    let data = corpus(1, 50, d, 0);
+    let gpu = CudaRetriever::from_rowmajor(&data, d, Metric::Dot, CudaOptions::default())
+        .expect("engine");
+    let q = vec![0.5f32; d];
+    assert!(matches!(gpu.search(&q, 0), Err(topk_core::Error::ZeroK)));
+    assert!(matches!(
+        gpu.search(&q[..d - 1], 3),
+        Err(topk_core::Error::DimensionMismatch { got: 7, expected: 8, .. })
+    ));
+    let mut bad = q.clone();
+    bad[3] = f32::NAN;
+    assert!(matches!(
+        gpu.search(&bad, 3),
+        Err(topk_core::Error::NonFinite { column: 3, .. })
+    ));
+    let mut bad_corpus = data.clone();
+    bad_corpus[2 * d + 1] = f32::INFINITY;
+    let err = CudaRetriever::from_rowmajor(&bad_corpus, d, Metric::Dot, CudaOptions::default())
+        .expect_err("non-finite corpus");
+    assert!(matches!(
+        err,
+        CudaError::Input(topk_core::Error::NonFinite { column: 1, .. })
+    ));
+    assert!(matches!(
+        CudaRetriever::from_rowmajor(&[], d, Metric::Dot, CudaOptions::default()),
+        Err(CudaError::Input(topk_core::Error::EmptyCorpus))
+    ));
+}
+
+#[test]
+fn no_device_path_is_a_clear_error() {
+    // Runs everywhere: on a machine without a GPU (or a build without the
+    // feature) construction must fail with a message a user can act on.
+    let data = vec![1.0f32; 16];
+    match CudaRetriever::from_rowmajor(&data, 4, Metric::Dot, CudaOptions::default()) {
+        Ok(gpu) => {
+            assert_eq!(gpu.len(), 4);
+            println!("a device is present: {:?}", gpu.info());
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            println!("construction without a device: {msg}");
+            assert!(
+                matches!(
+                    e,
+                    CudaError::NotCompiled | CudaError::NoDriver { .. } | CudaError::NoDevice { .. }
+                ),
+                "unexpected error: {e:?}"
+            );
+            assert!(msg.contains("CUDA"), "{msg}");
+            let core: topk_core::Error = e.into();
+            assert!(core.to_string().starts_with("cuda backend:"), "{core}");
+        }
+    }
+    let bad = CudaOptions {
+        max_k: 0,
+        ..CudaOptions::default()
+    };
+    assert!(matches!(
+        CudaRetriever::from_rowmajor(&data, 4, Metric::Dot, bad),
+        Err(CudaError::InvalidOption { name: "max_k", .. })
+    ));
+}

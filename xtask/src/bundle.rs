@@ -1,0 +1,274 @@
+//! `cargo xtask gpu-bundle`: builds here (no GPU needed) everything that runs
+//! on a GPU machine without Rust, into the ignored folder `gpu-bundle/`:
+//!
+//! - release test binaries of every crate with a `cuda` feature and of
+//!   topk-cpu (its SIMD paths differ on the GPU host's CPU),
+//! - the binaries of those crates (`topk_bench`, `topk_demo`, …) and the
+//!   `cuda_probe` example, built with CUDA,
+//! - the PTX, the Python anchors and `bench/gpu/`,
+//! - a generated `run.sh` that runs them all with `TOPK_REQUIRE_GPU=1` and
+//!   writes logs under `$OUT` (or the folder given as `$1`).
+//!
+//! The binaries link `libcuda.so.1` by soname; the link-time library of this
+//! machine never enters the bundle, so the GPU machine's own driver loads.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::cuda;
+use crate::util::{root, XResult};
+
+fn bundle_dir() -> PathBuf {
+    root().join("gpu-bundle")
+}
+
+/// Runs a cargo command with `--message-format=json` and returns the
+/// executables it reports, as (target name, kind, path).
+fn cargo_executables(args: &[&str]) -> XResult<Vec<(String, String, PathBuf)>> {
+    let mut cmd = Command::new(cuda::cargo());
+    cmd.current_dir(root())
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped());
+    cuda::apply_link_env(&mut cmd, false)?;
+    eprintln!("running {cmd:?}");
+    let out = cmd.output().map_err(|e| format!("cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?} failed ({})", out.status));
+    }
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let name = msg["target"]["name"].as_str().unwrap_or("bin").to_owned();
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or("bin").to_owned();
+        let test = msg["profile"]["test"].as_bool().unwrap_or(false);
+        let kind = if test { format!("{kind}-test") } else { kind };
+        exes.push((name, kind, PathBuf::from(exe)));
+    }
+    Ok(exes)
+}
+
+fn copy(src: &Path, dst: &Path) -> XResult<()> {
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    std::fs::copy(src, dst).map_err(|e| format!("{} -> {}: {e}", src.display(), dst.display()))?;
+    Ok(())
+}
+
+fn copy_dir(src: &Path, dst: &Path) -> XResult<()> {
+    let Ok(entries) = std::fs::read_dir(src) else {
+        return Ok(());
+    };
+    for e in entries.filter_map(Result::ok) {
+        let p = e.path();
+        let name = e.file_name();
+        if p.is_dir() {
+            if name != "__pycache__" {
+                copy_dir(&p, &dst.join(&name))?;
+            }
+        } else {
+            copy(&p, &dst.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
+fn dir_size(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| {
+                    let p = e.path();
+                    if p.is_dir() {
+                        dir_size(&p)
+                    } else {
+                        e.metadata().map(|m| m.len()).unwrap_or(0)
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Entry point.
+pub fn bundle_cmd() -> XResult<()> {
+    crate::ptx::ptx_cmd(&["--check".to_owned()])?;
+    let out = bundle_dir();
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+
+    let cuda_pkgs = cuda::cuda_packages();
+    let mut test_args: Vec<String> = vec!["test".into(), "--no-run".into(), "--release".into()];
+    let mut build_args: Vec<String> = vec!["build".into(), "--release".into()];
+    let mut features = Vec::new();
+    for p in &cuda_pkgs {
+        test_args.extend(["-p".into(), p.clone()]);
+        build_args.extend(["-p".into(), p.clone()]);
+        features.push(format!("{p}/cuda"));
+    }
+    test_args.extend(["-p".into(), "topk-cpu".into()]);
+    test_args.extend(["--features".into(), features.join(",")]);
+    build_args.extend(["--features".into(), features.join(",")]);
+    build_args.extend(["--bins".into(), "--examples".into()]);
+
+    let mut names = Vec::new();
+    let as_refs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>();
+    for (name, kind, exe) in cargo_executables(&as_refs(&test_args))?
+        .into_iter()
+        .chain(cargo_executables(&as_refs(&build_args))?)
+    {
+        // Test binaries get the crate and target in their name: gpu (topk-cuda)
+        // and cpu tests would otherwise collide.
+        let file = if kind.ends_with("-test") {
+            let stem = exe
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or(name.clone());
+            let krate = stem.rsplit_once('-').map_or(stem.as_str(), |(a, _)| a).to_owned();
+            format!("test-{krate}-{kind}")
+        } else {
+            name.clone()
+        };
+        let dst = bin.join(&file);
+        copy(&exe, &dst)?;
+        // Debug info is not needed there and would push the bundle past its size limit.
+        let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
+        names.push(file);
+    }
+    names.sort();
+    names.dedup();
+
+    for name in topk_cuda::ptx::KERNEL_NAMES {
+        copy(
+            &root().join(format!("kernels/{name}.ptx")),
+            &out.join(format!("kernels/{name}.ptx")),
+        )?;
+    }
+    copy_dir(&root().join("bench/anchors"), &out.join("bench/anchors"))?;
+    copy_dir(&root().join("bench/gpu"), &out.join("bench/gpu"))?;
+
+    let script = run_script(&names);
+    let run_sh = out.join("run.sh");
+    std::fs::write(&run_sh, script).map_err(|e| format!("{}: {e}", run_sh.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755));
+    }
+    let size = dir_size(&out);
+    println!(
+        "wrote {} ({:.1} MiB): {}",
+        out.display(),
+        size as f64 / (1 << 20) as f64,
+        names.join(", ")
+    );
+    if size > 64 << 20 {
+        return Err(format!("bundle is {size} bytes, over the 64 MiB limit"));
+    }
+    Ok(())
+}
+
+/// The bundle's `run.sh`, one section per step. Logs go to at most eight files
+/// under the output folder (what a device call brings back).
+fn run_script(bins: &[String]) -> String {
+    let gpu_tests: Vec<&String> = bins
+        .iter()
+        .filter(|b| b.starts_with("test-gpu-") || b.starts_with("test-topk_cuda-"))
+        .collect();
+    let cpu_tests: Vec<&String> = bins
+        .iter()
+        .filter(|b| b.starts_with("test-") && !gpu_tests.contains(b))
+        .collect();
+    let list = |v: &[&String]| {
+        v.iter()
+            .map(|s| format!("\"$B/bin/{s}\""))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    format!(
+        r#"#!/usr/bin/env bash
+# Generated by `cargo xtask gpu-bundle`; do not edit (edit xtask/src/bundle.rs).
+# Runs the GPU tests, the sanitizers, the CPU tests and the probes on a GPU
+# machine without Rust. Logs go to $1, else $OUT, else ./gpu-out.
+set -u
+B="$(cd "$(dirname "$0")" && pwd)"
+O="${{1:-${{OUT:-$PWD/gpu-out}}}}"
+mkdir -p "$O"
+export TOPK_REQUIRE_GPU=1
+export RUST_BACKTRACE=1
+SUMMARY="$O/summary.txt"
+: > "$SUMMARY"
+step() {{ # step NAME LOG CMD...: runs CMD appending to LOG, records PASS/FAIL
+  local name="$1" log="$2"; shift 2
+  echo "=== $name: $*" >> "$log"
+  local t0=$(date +%s)
+  "$@" >> "$log" 2>&1
+  local rc=$?
+  local line="$( [ $rc -eq 0 ] && echo PASS || echo FAIL) $name (rc $rc, $(( $(date +%s) - t0 ))s)"
+  echo "$line" | tee -a "$SUMMARY"
+}}
+only() {{ # only SECTION: true when $SECTIONS is unset or names SECTION
+  [ -z "${{SECTIONS:-}}" ] || [[ ",$SECTIONS," == *",$1,"* ]]
+}}
+
+# ---- environment ------------------------------------------------------------
+if only env; then
+{{
+  date -u; uname -a; nvidia-smi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv
+  lscpu | head -25
+  for f in "$B"/bin/*; do echo "--- ldd $f"; ldd "$f" | grep -E "cuda|not found"; done
+}} > "$O/environment.txt" 2>&1
+fi
+
+# ---- GPU tests (bitwise against the oracle) -----------------------------------
+if only gpu-tests; then
+for t in {gpu}; do step "gpu-tests $(basename $t)" "$O/gpu-tests.log" "$t" --test-threads=2; done
+fi
+
+# ---- compute-sanitizer on the GPU tests, reduced cases --------------------------
+if only sanitizer; then
+for t in {gpu}; do
+  TOPK_GPU_CASES="${{SANITIZER_CASES:-4}}" step "memcheck $(basename $t)" "$O/sanitizer.log" \
+    timeout 900 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --test-threads=1 \
+    bitwise_equal large_k score_ids concurrent
+  TOPK_GPU_CASES="${{SANITIZER_CASES:-4}}" step "racecheck $(basename $t)" "$O/sanitizer.log" \
+    timeout 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$t" --test-threads=1 \
+    bitwise_equal large_k
+done
+fi
+
+# ---- CPU tests on this host's CPU ---------------------------------------------
+if only cpu-tests; then
+for t in {cpu}; do step "cpu-tests $(basename $t)" "$O/cpu-tests.log" "$t"; done
+fi
+
+# ---- latency probe of the GPU engine (JSON lines) ------------------------------
+if only probe && [ -x "$B/bin/cuda_probe" ]; then
+  step "cuda_probe" "$O/probe.log" sh -c "\"$B/bin/cuda_probe\" ${{PROBE_ARGS:---quick}} > \"$O/probe.jsonl\""
+fi
+
+# ---- benchmark campaign (filled in by bench/gpu/campaign.sh when present) -------
+if only bench && [ -f "$B/bench/gpu/campaign.sh" ]; then
+  step "campaign" "$O/bench.log" bash "$B/bench/gpu/campaign.sh" "$B" "$O"
+fi
+
+cat "$SUMMARY"
+! grep -q '^FAIL' "$SUMMARY"
+"#,
+        gpu = list(&gpu_tests),
+        cpu = list(&cpu_tests),
+    )
+}
