@@ -7,6 +7,7 @@
 use std::process::ExitCode;
 
 mod bench;
+mod bundle;
 mod cuda;
 mod hnsw;
 mod ptx;
@@ -18,6 +19,7 @@ cargo xtask <command>
 commands:
   anchor-venv     create target/anchor-venv with the pinned numpy / faiss-cpu / hnswlib
   cuda-toolchain  install the pinned nvcc and a link-time libcuda under target/
+  gpu-bundle      build gpu-bundle/: release GPU/CPU test binaries, CUDA binaries, PTX, anchors and run.sh
   ptx             compile kernels/*.cu to the committed kernels/*.ptx (`--check`: fail when stale)
   cuda-test       clippy + tests of every crate's `cuda` feature (links here; skips device cases without a GPU)
   bench           run the benchmark campaign here (`--quick`, `--cuda`, `--out DIR`), then plots + table
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         "cuda-toolchain" => cuda::toolchain_cmd(),
         "cuda-test" => cuda::test_cmd(rest),
         "ptx" => ptx::ptx_cmd(rest),
+        "gpu-bundle" => bundle::bundle_cmd(),
         "bench" => bench::bench_cmd(rest),
         "plots" => bench::plots_cmd(rest),
         "bench-table" => bench::table_cmd(rest),

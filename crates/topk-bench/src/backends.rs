@@ -10,9 +10,8 @@ use crate::error::{BenchError, Result};
 /// Builds a backend that answers on the host (`cpu`, `oracle`).
 ///
 /// `cuda` goes through [`crate::gpu::Gpu`], which also provides the
-/// round-trip path; asking for it here is an error that says so. `hnsw` is an
-/// approximate index and has its own recall/QPS sweep in the topk-hnsw crate;
-/// this exact-latency harness refuses it with that explanation.
+/// round-trip path, and `hnsw` through [`hnsw`], which takes graph
+/// parameters; asking for either here is an error that says so.
 pub fn host(
     backend: Backend,
     corpus: ArrayView2<'_, f32>,
@@ -29,16 +28,56 @@ pub fn host(
         } else {
             BenchError::NoCuda
         }),
-        Backend::Hnsw => Err(hnsw_unavailable()),
+        Backend::Hnsw => Err(BenchError::BackendUnavailable {
+            backend: "hnsw",
+            reason: "an HNSW index is built with graph parameters (see backends::hnsw)".into(),
+        }),
     }
 }
 
-/// Why this exact-latency harness does not time HNSW.
-pub fn hnsw_unavailable() -> BenchError {
-    BenchError::BackendUnavailable {
-        backend: "hnsw",
-        reason: "HNSW is approximate, so it cannot pass the bit-exact gate of this harness; \
-                 its recall/QPS sweep lives in the topk-hnsw crate"
-            .into(),
+/// Graph parameters of the HNSW backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HnswFlags {
+    /// Links per node (`M`).
+    pub m: usize,
+    /// Beam width while building.
+    pub ef_construction: usize,
+    /// Beam width of a search.
+    pub ef: usize,
+}
+
+impl Default for HnswFlags {
+    fn default() -> Self {
+        let p = topk_hnsw::HnswParams::default();
+        HnswFlags {
+            m: p.m,
+            ef_construction: p.ef_construction,
+            ef: p.ef_search,
+        }
     }
+}
+
+/// Builds an HNSW index over the corpus on every rayon thread.
+pub fn hnsw(
+    corpus: ArrayView2<'_, f32>,
+    metric: Metric,
+    flags: HnswFlags,
+) -> Result<Box<dyn Retriever>> {
+    let params = topk_hnsw::HnswParams {
+        m: flags.m,
+        ef_construction: flags.ef_construction,
+        ef_search: flags.ef,
+        ..topk_hnsw::HnswParams::default()
+    };
+    let t = std::time::Instant::now();
+    let index = topk_hnsw::Hnsw::build_view(corpus, metric, params, true)
+        .map_err(|e| BenchError::Topk(topk_core::Error::backend("hnsw", e)))?;
+    tracing::info!(
+        n = corpus.nrows(),
+        secs = t.elapsed().as_secs_f64(),
+        m = flags.m,
+        ef_construction = flags.ef_construction,
+        "built the HNSW index"
+    );
+    Ok(Box::new(index))
 }

@@ -259,7 +259,11 @@ pub fn run(opts: &Options) -> Result<usize> {
     let spec = &opts.spec;
     spec.validate()?;
     if opts.backend == Backend::Hnsw {
-        return Err(backends::hnsw_unavailable());
+        return Err(BenchError::BackendUnavailable {
+            backend: "hnsw",
+            reason: "the campaign times exact backends; time HNSW with `topk_bench --backend hnsw`"
+                .into(),
+        });
     }
     if opts.backend == Backend::Cuda && !cfg!(feature = "cuda") {
         return Err(BenchError::NoCuda);
@@ -554,6 +558,7 @@ impl Group<'_> {
             refs,
             data: "gaussian",
             bandwidth,
+            approximate: false,
         }
     }
 

@@ -176,6 +176,7 @@ pub fn run(spec: &CompareSpec, out: &Path, data_dir: &Path, progress: bool) -> R
                     refs: &refs,
                     data: "gaussian",
                     bandwidth: Some(bw.read_bytes_per_s),
+                    approximate: false,
                 };
                 writer.write(&measure(&plan, &mut HostSearch::new(cpu.as_ref())))?;
                 written += 1;

@@ -12,17 +12,15 @@ use ndarray::Array2;
 
 use crate::error::{BenchError, Result};
 
-/// Offset mixed into the seed of the query stream, so queries are not corpus rows.
-pub const QUERY_SEED_OFFSET: u64 = 0x5155_4552_5953; // "QUERYS"
-
 /// Row-major Gaussian rows, each L2-normalised, reproducible from `seed`.
 pub fn gaussian(n: usize, d: usize, seed: u64) -> Array2<f32> {
     topk_io::synth::gaussian_rows(n, d, seed, true)
 }
 
-/// The query pool that goes with a corpus of seed `seed`.
+/// The query pool that goes with a corpus of seed `seed` (its own stream:
+/// no query is a corpus row).
 pub fn gaussian_queries(count: usize, d: usize, seed: u64) -> Array2<f32> {
-    gaussian(count, d, seed ^ QUERY_SEED_OFFSET)
+    topk_io::synth::gaussian_queries(count, d, seed, true)
 }
 
 /// Reads a matrix file (`.npy`, `.fvecs`, `.bvecs`) as f32 rows.

@@ -69,10 +69,18 @@ impl Reference {
     }
 
     /// The references' summary for a record: `oracle:4` for the oracle on
-    /// the first 4 queries, several joined with `+`.
+    /// the first 4 queries, several joined with `+`. A single-query
+    /// configuration gates every referenced query; a batch only those inside it.
     pub fn describe(refs: &[&Reference], batch: usize) -> String {
         refs.iter()
-            .map(|r| format!("{}:{}", r.label, r.answers.len().min(batch)))
+            .map(|r| {
+                let checked = if batch == 1 {
+                    r.answers.len()
+                } else {
+                    r.answers.len().min(batch)
+                };
+                format!("{}:{checked}", r.label)
+            })
             .collect::<Vec<_>>()
             .join("+")
     }
@@ -172,6 +180,35 @@ pub fn check(answers: &[Vec<Neighbor>], k: usize, refs: &[&Reference]) -> Result
     Ok(())
 }
 
+/// Mean recall@k of `answers` against the references' best `k` (the
+/// fraction of the exact top-k row ids found), over every referenced query.
+/// 1.0 when every answer holds the exact rows (ties make any order count).
+pub fn recall(answers: &[Vec<Neighbor>], k: usize, refs: &[&Reference]) -> f64 {
+    let mut sum = 0.0;
+    let mut count = 0usize;
+    for r in refs {
+        for (exp, got) in r.answers.iter().zip(answers) {
+            let truth: std::collections::HashSet<u32> =
+                exp.iter().take(k).map(|n| n.index).collect();
+            if truth.is_empty() {
+                continue;
+            }
+            let found = got
+                .iter()
+                .take(k)
+                .filter(|n| truth.contains(&n.index))
+                .count();
+            sum += found as f64 / truth.len() as f64;
+            count += 1;
+        }
+    }
+    if count == 0 {
+        0.0
+    } else {
+        sum / count as f64
+    }
+}
+
 /// The scalar oracle over a corpus view, built for one gate and then dropped
 /// (it owns a copy of the corpus).
 pub fn oracle(corpus: ArrayView2<'_, f32>, metric: Metric) -> Result<topk_cpu::Oracle> {
@@ -217,6 +254,18 @@ mod tests {
     }
 
     #[test]
+    fn recall_counts_found_rows() {
+        let r = Reference {
+            label: "oracle".into(),
+            answers: vec![vec![nb(1, 0.9), nb(2, 0.8), nb(3, 0.7), nb(4, 0.6)]],
+            k_max: 4,
+        };
+        let got = vec![vec![nb(2, 0.8), nb(9, 0.75), nb(1, 0.9)]];
+        assert!((recall(&got, 3, &[&r]) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(recall(&[r.answers[0].clone()], 4, &[&r]), 1.0);
+    }
+
+    #[test]
     fn check_covers_only_referenced_queries() {
         let r = Reference {
             label: "oracle".into(),
@@ -226,5 +275,11 @@ mod tests {
         let answers = vec![vec![nb(0, 1.0)], vec![nb(5, 2.0)]];
         check(&answers, 1, &[&r]).unwrap();
         assert_eq!(Reference::describe(&[&r], 2), "oracle:1");
+        let four = Reference {
+            answers: vec![vec![nb(0, 1.0)]; 4],
+            ..r
+        };
+        assert_eq!(Reference::describe(&[&four], 1), "oracle:4");
+        assert_eq!(Reference::describe(&[&four], 2), "oracle:2");
     }
 }

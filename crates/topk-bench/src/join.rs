@@ -24,6 +24,8 @@ pub struct Key {
 
 /// Contender label of our GPU-resident path.
 pub const TOPK_GPU: &str = "topk";
+/// Contender label of our GPU path with the query already on the device.
+pub const TOPK_DEVICE: &str = "topk_device";
 /// Contender label of the CPU round-trip baseline.
 pub const CPU_ROUNDTRIP: &str = "cpu_roundtrip";
 /// Contender label of our CPU backend on host queries.
@@ -34,6 +36,7 @@ pub const TOPK_CPU: &str = "topk_cpu";
 pub fn contender(r: &Record) -> String {
     match (r.backend.as_str(), r.path.as_str()) {
         ("cuda", "resident") => TOPK_GPU.to_owned(),
+        ("cuda", "device") => TOPK_DEVICE.to_owned(),
         ("cuda", "cpu_roundtrip") => CPU_ROUNDTRIP.to_owned(),
         ("cpu", _) => TOPK_CPU.to_owned(),
         (b, _) => b.to_owned(),
@@ -63,6 +66,15 @@ impl Row {
     pub fn ours(&self) -> Option<(&'static str, f64)> {
         [TOPK_GPU, TOPK_CPU]
             .into_iter()
+            .find_map(|c| self.median_ms.get(c).map(|&m| (c, m)))
+    }
+
+    /// The CPU baseline of this row: the round trip for a single query, the
+    /// host batch for a batch (the round-trip helper is single-query).
+    pub fn cpu_baseline(&self) -> Option<(&'static str, f64)> {
+        [CPU_ROUNDTRIP, TOPK_CPU]
+            .into_iter()
+            .filter(|c| self.ours().is_some_and(|(o, _)| o != *c))
             .find_map(|c| self.median_ms.get(c).map(|&m| (c, m)))
     }
 
@@ -164,10 +176,11 @@ pub fn contenders(rows: &[Row]) -> Vec<String> {
     all.dedup();
     let rank = |c: &str| match c {
         TOPK_GPU => 0,
-        TOPK_CPU => 1,
-        CPU_ROUNDTRIP => 2,
-        "torch" => 3,
-        _ => 4,
+        TOPK_DEVICE => 1,
+        TOPK_CPU => 2,
+        CPU_ROUNDTRIP => 3,
+        "torch" => 4,
+        _ => 5,
     };
     all.sort_by_key(|c| (rank(c), c.clone()));
     all
@@ -249,6 +262,7 @@ mod tests {
             max_ms: ms,
             p90_ms: ms,
             correct,
+            recall: None,
             floor_ms: Some(0.01),
             bandwidth_gbs: None,
             qps: ms.map(|m| 1e3 / m),

@@ -19,8 +19,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::{BenchError, Result};
-use crate::join::{contenders, Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_GPU};
-use crate::table::fmt_ms;
+use crate::join::{contenders, Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_DEVICE, TOPK_GPU};
 
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
@@ -48,6 +47,7 @@ fn ensure_font() -> Result<()> {
 fn colour(c: &str) -> RGBColor {
     match c {
         TOPK_GPU | TOPK_CPU => RGBColor(0x1f, 0x77, 0xb4),
+        TOPK_DEVICE => RGBColor(0x17, 0xbe, 0xcf),
         "torch" => RGBColor(0xd6, 0x27, 0x28),
         CPU_ROUNDTRIP => RGBColor(0x7f, 0x7f, 0x7f),
         "numpy" => RGBColor(0x2c, 0xa0, 0x2c),
@@ -113,17 +113,44 @@ pub fn plot_dir(dir: &Path, rows: &[Row]) -> Result<Vec<PathBuf>> {
         )?);
     }
     let width = 420 * ks.len().max(1) as u32 + 40;
-    files.extend(render(
-        &out,
-        "speedup_heatmap",
-        (width, 440),
-        &Heatmap {
-            rows: singles.clone(),
-            ks: ks.iter().copied().collect(),
-        },
-    )?);
+    if rivals(&singles).is_empty() {
+        tracing::info!("no rival in {}: no speedup heatmap", dir.display());
+    } else {
+        files.extend(render(
+            &out,
+            "speedup_heatmap",
+            (width, 440),
+            &Heatmap {
+                rows: singles.clone(),
+                ks: ks.iter().copied().collect(),
+            },
+        )?);
+    }
     files.extend(render(&out, "floor", (760, 640), &Floor { rows: singles })?);
     Ok(files)
+}
+
+/// An axis label: up to three significant digits, µs below a millisecond.
+fn fmt_axis(ms: f64) -> String {
+    let (v, unit) = if ms < 1.0 {
+        (ms * 1e3, "µs")
+    } else {
+        (ms, "ms")
+    };
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let text = format!("{v:.digits$}");
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        text
+    };
+    format!("{text} {unit}")
 }
 
 fn label_n(n: f64) -> String {
@@ -179,7 +206,7 @@ impl Figure for Latency<'_> {
                 .x_desc("N (rows)")
                 .y_desc("median latency")
                 .x_label_formatter(&|x| label_n(*x))
-                .y_label_formatter(&|y| fmt_ms(*y))
+                .y_label_formatter(&|y| fmt_axis(*y))
                 .label_style((FAMILY, 13))
                 .axis_desc_style((FAMILY, 14))
                 .draw()
@@ -241,20 +268,30 @@ fn bounds(v: &[f64]) -> (f64, f64) {
     (lo / 1.4, hi * 1.4)
 }
 
-/// The rival a speedup is measured against: torch when it ran, else the
-/// CPU round trip, else the fastest other contender.
-fn rival(rows: &[&Row]) -> Option<String> {
+/// What a speedup is measured against: torch when it ran, else the CPU
+/// round trip, else the fastest of the CPU anchors in each cell.
+fn rivals(rows: &[&Row]) -> Vec<&'static str> {
     let has = |c: &str| rows.iter().any(|r| r.median_ms.contains_key(c));
     if has("torch") {
-        return Some("torch".into());
+        return vec!["torch"];
     }
     if has(CPU_ROUNDTRIP) {
-        return Some(CPU_ROUNDTRIP.into());
+        return vec![CPU_ROUNDTRIP];
     }
-    ["faiss-1t", "faiss-2t", "numpy"]
+    ["numpy", "faiss-1t", "faiss-2t"]
         .into_iter()
-        .find(|c| has(c))
-        .map(str::to_owned)
+        .filter(|c| has(c))
+        .collect()
+}
+
+/// The speedup of ours over the fastest rival that ran this row.
+fn best_speedup(row: &Row, rivals: &[&str]) -> Option<f64> {
+    rivals
+        .iter()
+        .filter_map(|c| row.speedup_vs(c))
+        .fold(None, |acc: Option<f64>, s| {
+            Some(acc.map_or(s, |a| a.min(s)))
+        })
 }
 
 /// Speedup over the rival across (N, D), a panel per K.
@@ -278,11 +315,14 @@ fn speedup_colour(s: f64) -> RGBColor {
 impl Figure for Heatmap<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawn {
         root.fill(&WHITE).map_err(err)?;
-        let rival = rival(&self.rows);
-        let title = match &rival {
-            Some(r) => format!("Speedup of topk over {r} (their time / ours), single query"),
-            None => "Speedup: no rival measured in this folder".to_owned(),
-        };
+        let rivals = rivals(&self.rows);
+        let title = format!(
+            "Speedup of topk over {} (their time / ours), single query",
+            match rivals.as_slice() {
+                [one] => (*one).to_owned(),
+                many => format!("the fastest of {}", many.join(", ")),
+            }
+        );
         let root = root.titled(&title, (FAMILY, 20)).map_err(err)?;
         let ns: Vec<usize> = self
             .rows
@@ -305,9 +345,10 @@ impl Figure for Heatmap<'_> {
                 .margin(10)
                 .x_label_area_size(40)
                 .y_label_area_size(50)
+                // A segmented range over 0..m has the m + 1 segments 0..=m.
                 .build_cartesian_2d(
-                    (0..ns.len()).into_segmented(),
-                    (0..ds.len()).into_segmented(),
+                    (0..ns.len().saturating_sub(1)).into_segmented(),
+                    (0..ds.len().saturating_sub(1)).into_segmented(),
                 )
                 .map_err(err)?;
             let ns_l = ns.clone();
@@ -341,7 +382,7 @@ impl Figure for Heatmap<'_> {
                         .rows
                         .iter()
                         .find(|r| r.key.n == n && r.key.d == d && r.key.k == k)
-                        .and_then(|r| rival.as_deref().and_then(|c| r.speedup_vs(c)));
+                        .and_then(|r| best_speedup(r, &rivals));
                     let fill = s.map(speedup_colour).unwrap_or(RGBColor(0xee, 0xee, 0xee));
                     let (x0, y0) = (SegmentValue::Exact(i), SegmentValue::Exact(j));
                     let (x1, y1) = (SegmentValue::Exact(i + 1), SegmentValue::Exact(j + 1));
@@ -407,8 +448,9 @@ impl Figure for Floor<'_> {
             .configure_mesh()
             .x_desc("floor")
             .y_desc("measured median")
-            .x_label_formatter(&|x| fmt_ms(*x))
-            .y_label_formatter(&|y| fmt_ms(*y))
+            .x_label_formatter(&|x| fmt_axis(*x))
+            .x_labels(8)
+            .y_label_formatter(&|y| fmt_axis(*y))
             .label_style((FAMILY, 13))
             .axis_desc_style((FAMILY, 14))
             .draw()
@@ -474,6 +516,14 @@ impl Figure for Floor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axis_labels_are_short() {
+        assert_eq!(fmt_axis(10.0), "10 ms");
+        assert_eq!(fmt_axis(0.025), "25 µs");
+        assert_eq!(fmt_axis(1.5), "1.5 ms");
+        assert_eq!(fmt_axis(250.0), "250 ms");
+    }
 
     #[test]
     fn speedup_colours_are_white_at_parity_and_saturate() {

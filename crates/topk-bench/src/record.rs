@@ -54,8 +54,13 @@ pub struct Record {
     pub max_ms: Option<f64>,
     /// 90th percentile, ms.
     pub p90_ms: Option<f64>,
-    /// Whether the answers equal the oracle's bit for bit.
+    /// Whether the answers equal the oracle's bit for bit (`None` for an
+    /// approximate backend or an anchor: see `recall`).
     pub correct: Option<bool>,
+    /// Recall@K against the oracle on the gate queries, for an approximate
+    /// backend (HNSW), which is timed whatever its recall.
+    #[serde(default)]
+    pub recall: Option<f64>,
     /// The memory floor of one query, `N·D·4 / bandwidth`, ms.
     #[serde(default)]
     pub floor_ms: Option<f64>,
@@ -139,6 +144,7 @@ impl Record {
             f(self.max_ms),
             f(self.p90_ms),
             b(self.correct),
+            f(self.recall),
             f(self.floor_ms),
             f(self.bandwidth_gbs),
             f(self.qps),
@@ -151,7 +157,7 @@ impl Record {
 }
 
 /// Column names of `results.csv`.
-pub const CSV_HEADER: &str = "n,d,k,batch,metric,backend,path,trials,warmup,seed,median_ms,min_ms,max_ms,p90_ms,correct,floor_ms,bandwidth_gbs,qps,gate,data,error";
+pub const CSV_HEADER: &str = "n,d,k,batch,metric,backend,path,trials,warmup,seed,median_ms,min_ms,max_ms,p90_ms,correct,recall,floor_ms,bandwidth_gbs,qps,gate,data,error";
 
 /// Quotes a CSV field when it holds a comma, quote or line break (RFC 4180).
 pub fn csv_field(s: &str) -> String {
@@ -251,6 +257,7 @@ mod tests {
             max_ms: Some(1.0),
             p90_ms: Some(0.75),
             correct: Some(true),
+            recall: None,
             floor_ms: None,
             bandwidth_gbs: None,
             qps: Some(2000.0),
@@ -279,9 +286,9 @@ mod tests {
         // Unquoted fields before the quoted one line up with the header.
         let head: Vec<&str> = CSV_HEADER.split(',').collect();
         let cells: Vec<&str> = row.split(',').collect();
-        assert_eq!(cells[..18].len(), head[..18].len());
+        assert_eq!(cells[..19].len(), head[..19].len());
         assert_eq!(cells[0], "1000");
         assert_eq!(cells[14], "true");
-        assert_eq!(cells[15], "", "absent floor is an empty cell");
+        assert_eq!(cells[16], "", "absent floor is an empty cell");
     }
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::error::{BenchError, Result};
-use crate::join::{Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_GPU};
+use crate::join::{Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_DEVICE, TOPK_GPU};
 
 /// Marker before the generated README table.
 pub const START: &str = "<!-- bench-table:start -->";
@@ -129,6 +129,7 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
     let ours = if gpu { TOPK_GPU } else { TOPK_CPU };
     let torch = has(rows, "torch");
     let rt = has(rows, CPU_ROUNDTRIP);
+    let dev = has(rows, TOPK_DEVICE);
     let singles: Vec<&Row> = rows.iter().filter(|r| r.key.batch == 1).collect();
     let ks: BTreeSet<usize> = singles.iter().map(|r| r.key.k).collect();
     let k_head = if ks.contains(&100) {
@@ -154,6 +155,9 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
         }
     );
     let mut head = vec!["N", "D", "topk", "floor", "topk − floor"];
+    if dev {
+        head.push("query on device");
+    }
     if torch {
         head.extend(["torch.topk", "vs torch"]);
     }
@@ -165,7 +169,8 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
     for r in singles.iter().filter(|r| r.key.k == k_head) {
         let m = r.median_ms.get(ours).copied();
         let over = match (m, r.floor_ms) {
-            (Some(m), Some(f)) => format!("{:+.1} µs", (m - f) * 1e3),
+            (Some(m), Some(f)) if m >= f => format!("+{}", fmt_ms(m - f)),
+            (Some(m), Some(f)) => format!("−{}", fmt_ms(f - m)),
             _ => "–".into(),
         };
         let mut cells = vec![
@@ -175,6 +180,9 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
             cell(r.floor_ms),
             over,
         ];
+        if dev {
+            cells.push(cell(r.median_ms.get(TOPK_DEVICE).copied()));
+        }
         if torch {
             cells.push(cell(r.median_ms.get("torch").copied()));
             cells.push(fmt_x(r.speedup_vs("torch")));
@@ -222,12 +230,13 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
     let batches: Vec<&Row> = rows.iter().filter(|r| r.key.batch > 1).collect();
     if !batches.is_empty() {
         let _ = writeln!(md, "\n**Batches** (Q queries per call):\n");
+        let cpu_col = gpu && batches.iter().any(|r| r.cpu_baseline().is_some());
         let mut head = vec!["N", "D", "K", "Q", "topk", "topk queries/s"];
         if torch {
             head.extend(["torch", "vs torch"]);
         }
-        if rt {
-            head.extend(["CPU round trip", "vs CPU"]);
+        if cpu_col {
+            head.extend(["CPU (host batch)", "vs CPU"]);
         }
         head.push("exact");
         table_head(&mut md, &head);
@@ -247,9 +256,10 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
                 cells.push(cell(r.median_ms.get("torch").copied()));
                 cells.push(fmt_x(r.speedup_vs("torch")));
             }
-            if rt {
-                cells.push(cell(r.median_ms.get(CPU_ROUNDTRIP).copied()));
-                cells.push(fmt_x(r.speedup_vs(CPU_ROUNDTRIP)));
+            if cpu_col {
+                let base = r.cpu_baseline();
+                cells.push(cell(base.map(|b| b.1)));
+                cells.push(fmt_x(base.and_then(|(c, _)| r.speedup_vs(c))));
             }
             cells.push(exact_cell(r.exact));
             table_row(&mut md, &cells);

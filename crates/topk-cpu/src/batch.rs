@@ -21,6 +21,10 @@ use crate::select::Selector;
 /// Bytes of corpus rows per block: half of a 512 KiB L2, leaving room for the
 /// query tile and the selectors.
 const BLOCK_BYTES: usize = 256 << 10;
+/// Bytes of rows kept in a 32 KiB L1 data cache beside one query tile.
+const L1_ROW_BYTES: usize = 16 << 10;
+/// Bytes of queries streamed past those rows from L2 beside the row block.
+const L2_QUERY_BYTES: usize = 160 << 10;
 
 /// A validated batch in row-major order, with cosine norms.
 struct Batch<'q> {
@@ -94,8 +98,13 @@ impl CpuRetriever {
         let block_rows = (BLOCK_BYTES / (4 * self.dim())).max(1).div_ceil(tile_rows) * tile_rows;
         let fresh = || vec![Selector::new(k); batch.len()];
         self.install(|| {
-            (0..n.div_ceil(block_rows))
+            let blocks = n.div_ceil(block_rows);
+            // Few, long runs of blocks per thread: every fold piece starts
+            // with empty selectors that must fill up again.
+            let min_len = (blocks / (4 * rayon::current_num_threads())).max(1);
+            (0..blocks)
                 .into_par_iter()
+                .with_min_len(min_len)
                 .fold(fresh, |mut sels, b| {
                     let range = b * block_rows..((b + 1) * block_rows).min(n);
                     self.scan_block(batch, range, tile_rows, &mut sels);
@@ -108,6 +117,11 @@ impl CpuRetriever {
     }
 
     /// Offers every pair of (rows `range`, batch query) to that query's selector.
+    ///
+    /// Two cache plans, picked by the row length: when several row tiles fit
+    /// in L1 next to a query tile, a small group of rows stays in L1 while the
+    /// queries of an L2-sized block stream past it; otherwise one query tile
+    /// stays in L1 while the block's rows stream from L2.
     fn scan_block(
         &self,
         batch: &Batch<'_>,
@@ -115,26 +129,56 @@ impl CpuRetriever {
         tile_rows: usize,
         sels: &mut [Selector],
     ) {
+        let row_bytes = 4 * self.dim();
+        let l1_rows = L1_ROW_BYTES / row_bytes / tile_rows * tile_rows;
+        let (group_rows, query_block) = if l1_rows > TILE_QUERIES {
+            let qb = (L2_QUERY_BYTES / row_bytes).max(TILE_QUERIES);
+            (l1_rows, qb / TILE_QUERIES * TILE_QUERIES)
+        } else {
+            (range.len(), batch.len())
+        };
+        let mut q0 = 0;
+        while q0 < batch.len() {
+            let q1 = (q0 + query_block).min(batch.len());
+            let mut g0 = range.start;
+            while g0 < range.end {
+                let g1 = (g0 + group_rows).min(range.end);
+                self.scan_group(batch, q0..q1, g0..g1, tile_rows, sels);
+                g0 = g1;
+            }
+            q0 = q1;
+        }
+    }
+
+    /// Every tile of (rows `rows`) × (queries `queries`), query tiles outside.
+    fn scan_group(
+        &self,
+        batch: &Batch<'_>,
+        queries: Range<usize>,
+        rows: Range<usize>,
+        tile_rows: usize,
+        sels: &mut [Selector],
+    ) {
         let metric = self.metric();
         let sq = metric == Metric::L2;
         let mut raw: TileOut = [[0.0; TILE_QUERIES]; MAX_TILE_ROWS];
-        let mut q0 = 0;
-        while q0 < batch.len() {
-            let nq = TILE_QUERIES.min(batch.len() - q0);
+        let mut q0 = queries.start;
+        while q0 < queries.end {
+            let nq = TILE_QUERIES.min(queries.end - q0);
             let mut qs: [&[f32]; TILE_QUERIES] = [batch.query(q0); TILE_QUERIES];
             for (j, q) in qs.iter_mut().enumerate().take(nq) {
                 *q = batch.query(q0 + j);
             }
-            let mut r0 = range.start;
-            while r0 < range.end {
-                let nr = tile_rows.min(range.end - r0);
+            let mut r0 = rows.start;
+            while r0 < rows.end {
+                let nr = tile_rows.min(rows.end - r0);
                 // A short tile repeats its last row; those results are ignored.
-                let mut rows: [&[f32]; MAX_TILE_ROWS] = [self.corpus.row(r0); MAX_TILE_ROWS];
-                for (j, r) in rows.iter_mut().enumerate().take(tile_rows) {
+                let mut tile: [&[f32]; MAX_TILE_ROWS] = [self.corpus.row(r0); MAX_TILE_ROWS];
+                for (j, r) in tile.iter_mut().enumerate().take(tile_rows) {
                     *r = self.corpus.row(r0 + j.min(nr - 1));
                 }
                 self.kernels
-                    .tile(sq, &rows[..tile_rows], &qs[..nq], &mut raw);
+                    .tile(sq, &tile[..tile_rows], &qs[..nq], &mut raw);
                 for (j, raw_row) in raw.iter().enumerate().take(nr) {
                     let i = r0 + j;
                     let row_norm = self.corpus.norm(i);

@@ -163,8 +163,13 @@ impl CpuRetriever {
             return sel;
         }
         self.install(|| {
-            (0..n.div_ceil(task_rows))
+            let tasks = n.div_ceil(task_rows);
+            // Few, long runs of tasks per thread: every fold piece starts with
+            // an empty selector that must fill up again.
+            let min_len = (tasks / (4 * rayon::current_num_threads())).max(1);
+            (0..tasks)
                 .into_par_iter()
+                .with_min_len(min_len)
                 .fold(
                     || Selector::new(k),
                     |mut sel, t| {

@@ -66,7 +66,7 @@ fn check(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(160))]
 
     #[test]
     fn cpu_equals_oracle_bitwise(

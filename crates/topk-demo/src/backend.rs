@@ -7,6 +7,7 @@ use clap::ValueEnum;
 use ndarray::Array2;
 use topk_core::{Metric, Retriever};
 use topk_cpu::{CpuRetriever, Oracle};
+use topk_hnsw::{Hnsw, HnswParams};
 
 use crate::error::DemoError;
 
@@ -19,6 +20,8 @@ pub enum BackendKind {
     Oracle,
     /// GPU-resident corpus (needs a build with `--features cuda`).
     Cuda,
+    /// Approximate: an HNSW graph index (`--m`, `--ef-construction`, `--ef`).
+    Hnsw,
 }
 
 /// Builds the chosen backend over `corpus`, which moves into it when the
@@ -30,6 +33,7 @@ pub fn build(
     corpus: Array2<f32>,
     metric: Metric,
     origin: &str,
+    hnsw: HnswParams,
 ) -> Result<Box<dyn Retriever>, DemoError> {
     let dim = corpus.ncols();
     let rejected = |source| DemoError::Corpus {
@@ -43,7 +47,17 @@ pub fn build(
         BackendKind::Oracle => {
             Box::new(Oracle::from_rowmajor(into_rowmajor(corpus), dim, metric).map_err(rejected)?)
         }
+        // The GPU engine is an optional crate; until a build enables it, the
+        // choice is refused with the way to get it (never a link error).
         BackendKind::Cuda => return Err(DemoError::NoCuda),
+        BackendKind::Hnsw => Box::new(
+            Hnsw::build_owned(into_rowmajor(corpus), dim, metric, hnsw, true).map_err(
+                |source| DemoError::Hnsw {
+                    origin: origin.to_owned(),
+                    source,
+                },
+            )?,
+        ),
     })
 }
 
@@ -73,7 +87,10 @@ mod tests {
     fn rowmajor_of_any_layout() {
         let a = array![[1.0_f32, 2.0, 3.0], [4.0, 5.0, 6.0]];
         assert_eq!(into_rowmajor(a.clone()), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        assert_eq!(into_rowmajor(a.t().to_owned()), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        assert_eq!(
+            into_rowmajor(a.t().to_owned()),
+            vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+        );
         let mut b = a.clone();
         b.slice_collapse(s![1.., ..]);
         assert_eq!(into_rowmajor(b), vec![4.0, 5.0, 6.0]);
@@ -84,7 +101,15 @@ mod tests {
 
     #[test]
     fn cuda_without_the_feature_says_how_to_get_it() {
-        let e = build(BackendKind::Cuda, Array2::ones((2, 2)), Metric::Dot, "x").unwrap_err();
+        let Err(e) = build(
+            BackendKind::Cuda,
+            Array2::ones((2, 2)),
+            Metric::Dot,
+            "x",
+            HnswParams::default(),
+        ) else {
+            panic!("a build without the cuda feature built a cuda backend");
+        };
         assert!(e.to_string().contains("--features cuda"), "{e}");
     }
 }

@@ -73,9 +73,33 @@ pub struct Args {
     #[arg(long, default_value_t = 42, conflicts_with = "corpus")]
     pub seed: u64,
 
+    /// HNSW (`--backend hnsw`): links per node on the upper layers (M); layer 0 keeps 2M.
+    #[arg(long, default_value_t = 16)]
+    pub m: usize,
+
+    /// HNSW: beam width while building the graph.
+    #[arg(long, default_value_t = 100)]
+    pub ef_construction: usize,
+
+    /// HNSW: beam width of a search (values below K are raised to K).
+    #[arg(long, default_value_t = 64)]
+    pub ef: usize,
+
     /// How many queries to print the neighbours of.
     #[arg(long, default_value_t = 3, value_name = "QUERIES")]
     pub show: usize,
+}
+
+impl Args {
+    /// The HNSW parameters of `--m`, `--ef-construction` and `--ef`.
+    pub fn hnsw_params(&self) -> topk_hnsw::HnswParams {
+        topk_hnsw::HnswParams {
+            m: self.m,
+            ef_construction: self.ef_construction,
+            ef_search: self.ef,
+            ..topk_hnsw::HnswParams::default()
+        }
+    }
 }
 
 /// The metric names accepted on the command line.

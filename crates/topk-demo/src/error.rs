@@ -15,12 +15,21 @@ pub enum DemoError {
         #[source]
         source: topk_core::Error,
     },
-    /// The queries broke an input rule, or the search failed.
+    /// The queries broke an input rule.
     #[error("queries {origin}: {source}")]
     Queries {
         /// The file, or the synthetic story's description.
         origin: String,
         /// The rule broken.
+        #[source]
+        source: topk_core::Error,
+    },
+    /// The backend failed while searching valid queries.
+    #[error("search on the {backend} backend failed: {source}")]
+    Search {
+        /// The backend's name.
+        backend: &'static str,
+        /// Its error.
         #[source]
         source: topk_core::Error,
     },
@@ -40,12 +49,23 @@ pub enum DemoError {
     #[error(transparent)]
     Parameter(topk_core::Error),
     /// The synthetic corpus asked for cannot be allocated.
-    #[error("a synthetic corpus of --n {n} rows x --d {d} values does not fit in memory addresses")]
+    #[error(
+        "a synthetic corpus of --n {n} rows x --d {d} values does not fit in memory addresses"
+    )]
     SyntheticTooLarge {
         /// Rows asked for.
         n: usize,
         /// Values per row asked for.
         d: usize,
+    },
+    /// The HNSW index could not be built (bad `--m`/`--ef-construction`/`--ef`, or bad rows).
+    #[error("HNSW index over {origin}: {source}")]
+    Hnsw {
+        /// The file, or the synthetic story's description.
+        origin: String,
+        /// What the index rejected.
+        #[source]
+        source: topk_hnsw::HnswError,
     },
     /// `--backend cuda` in a build without the GPU engine.
     #[error("this build has no CUDA support; rebuild with `--features cuda`")]
@@ -76,7 +96,10 @@ mod tests {
     #[test]
     fn message_chain_has_no_repeats() {
         let e = DemoError::Parameter(topk_core::Error::ZeroK);
-        assert_eq!(full_message(&e), "invalid K = 0: ask for at least one neighbour");
+        assert_eq!(
+            full_message(&e),
+            "invalid K = 0: ask for at least one neighbour"
+        );
         let e = DemoError::Corpus {
             origin: "c.npy".into(),
             source: topk_core::Error::EmptyCorpus,

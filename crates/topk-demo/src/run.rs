@@ -29,8 +29,11 @@ struct Inputs {
 
 /// Runs the demo and prints its report on stdout.
 pub fn run(args: &Args) -> Result<(), DemoError> {
-    // Before any loading: a bad K should not wait for a large corpus to load.
+    // Before any loading: a bad K or output name should not wait for a large corpus.
     validate::k(args.k, usize::MAX).map_err(DemoError::Parameter)?;
+    if let Some(out) = &args.out {
+        topk_io::results::ResultFormat::require(out)?;
+    }
     let metric = Metric::from(args.metric);
     let inputs = load(args)?;
     let (n, d) = inputs.corpus.dim();
@@ -50,7 +53,13 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     })?;
 
     let started = Instant::now();
-    let retriever = backend::build(args.backend, inputs.corpus, metric, &inputs.corpus_origin)?;
+    let retriever = backend::build(
+        args.backend,
+        inputs.corpus,
+        metric,
+        &inputs.corpus_origin,
+        args.hnsw_params(),
+    )?;
     let build_time = started.elapsed();
     info!(
         backend = retriever.backend(), n, d, %metric,
@@ -59,16 +68,20 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
 
     let started = Instant::now();
     let results = search_all(&*retriever, inputs.queries.view(), args.k).map_err(|source| {
-        DemoError::Queries {
-            origin: inputs.queries_origin.clone(),
+        DemoError::Search {
+            backend: retriever.backend(),
             source,
         }
     })?;
     let search_time = started.elapsed();
     let q = results.len();
     info!(
-        backend = retriever.backend(), queries = q, k = args.k,
-        ms = ms(search_time), qps = qps(q, search_time), "searched"
+        backend = retriever.backend(),
+        queries = q,
+        k = args.k,
+        ms = ms(search_time),
+        qps = qps(q, search_time),
+        "searched"
     );
 
     print!(
@@ -130,7 +143,14 @@ fn load(args: &Args) -> Result<Inputs, DemoError> {
             let started = Instant::now();
             let corpus = topk_io::synth::gaussian_rows(n, d, seed, true);
             let queries = topk_io::synth::gaussian_queries(args.nq, d, seed, true);
-            info!(n, d, queries = args.nq, seed, ms = ms(started.elapsed()), "generated synthetic rows");
+            info!(
+                n,
+                d,
+                queries = args.nq,
+                seed,
+                ms = ms(started.elapsed()),
+                "generated synthetic rows"
+            );
             Ok(Inputs {
                 corpus,
                 corpus_origin: format!("(synthetic, seed {seed})"),
@@ -246,14 +266,16 @@ fn report(
     s
 }
 
+/// Milliseconds, to the microsecond (log lines stay readable).
 fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
+/// Queries per second, rounded to a whole query.
 fn qps(q: usize, d: Duration) -> f64 {
     let secs = d.as_secs_f64();
     if secs > 0.0 {
-        q as f64 / secs
+        (q as f64 / secs).round()
     } else {
         0.0
     }

@@ -106,6 +106,20 @@ pub enum HnswError {
     },
 
     // ---- distance backends ------------------------------------------------
+    /// The GPU engine does not hold this index's corpus.
+    #[error("GPU engine does not match the index: engine {engine}, index {index}")]
+    GpuMismatch {
+        /// What the engine holds or computed.
+        engine: String,
+        /// What the index expects.
+        index: String,
+    },
+    /// The batched GPU search lost a query's walk.
+    #[error("batched GPU search: {what}")]
+    GpuBatch {
+        /// What went wrong.
+        what: String,
+    },
     /// The GPU distance path failed.
     #[error("GPU distance path: {source}")]
     Gpu {

@@ -16,12 +16,25 @@ use crate::vectors::Vectors;
 /// from all rayon threads with [`Hnsw::build_parallel`]), then read-only:
 /// searches take `&self` and may run from many threads at once, each drawing
 /// reusable working memory from an internal pool.
-#[derive(Debug)]
 pub struct Hnsw {
     pub(crate) params: HnswParams,
     pub(crate) vectors: Vectors,
     pub(crate) graph: Graph,
-    pool: ScratchPool,
+    pub(crate) pool: ScratchPool,
+}
+
+impl std::fmt::Debug for Hnsw {
+    // The rows and lists would print millions of numbers; show the shape.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hnsw")
+            .field("n", &self.vectors.len())
+            .field("dim", &self.vectors.dim())
+            .field("metric", &self.vectors.metric())
+            .field("params", &self.params)
+            .field("max_level", &self.graph.max_level)
+            .field("entry", &self.graph.entry)
+            .finish()
+    }
 }
 
 /// Shape of a built graph, for logs and reports.

@@ -29,12 +29,18 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! With the `cuda` feature, [`Hnsw::build_gpu`], [`Hnsw::search_gpu`] and
+//! `Hnsw::search_batch_gpu` score each expansion's neighbours on the GPU
+//! (topk-cuda's resident corpus) with the same results as the CPU path.
+//!
 //! `ef` below `k` is raised to `k`; `ef = 0`, `m < 2` and
 //! `ef_construction = 0` are [`HnswError::InvalidParameter`].
 
 mod build;
 mod error;
 mod graph;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod index;
 mod params;
 mod persist;

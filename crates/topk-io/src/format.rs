@@ -34,9 +34,18 @@ impl Format {
 
     /// Like [`Format::of`], but an unknown extension is an error listing `expected`.
     pub(crate) fn require(path: &Path, expected: &'static str) -> Result<Format> {
-        Format::of(path).ok_or_else(|| Error::UnknownFormat {
-            path: path.to_owned(),
-            expected,
+        Format::of(path).ok_or_else(|| {
+            // A directory usually has no extension; saying so is more useful.
+            if path.is_dir() {
+                Error::NotAFile {
+                    path: path.to_owned(),
+                }
+            } else {
+                Error::UnknownFormat {
+                    path: path.to_owned(),
+                    expected,
+                }
+            }
         })
     }
 

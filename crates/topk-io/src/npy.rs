@@ -140,9 +140,11 @@ pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8]) -> Result<Layout> {
         path: path.to_owned(),
         shape: vec![rows, dim],
     };
-    let row_bytes = dim
-        .checked_mul(size_of::<T>())
-        .ok_or_else(too_large)?;
+    // ndarray needs every axis length (not just the byte count) to fit in isize.
+    if rows > isize::MAX as usize || dim > isize::MAX as usize {
+        return Err(too_large());
+    }
+    let row_bytes = dim.checked_mul(size_of::<T>()).ok_or_else(too_large)?;
     let end = rows
         .checked_mul(row_bytes)
         .and_then(|b| b.checked_add(info.data_offset))
@@ -153,7 +155,13 @@ pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8]) -> Result<Layout> {
 }
 
 /// Compares the file length with where the data should end.
-fn check_extent(path: &Path, len: usize, data_offset: usize, row_bytes: usize, end: usize) -> Result<()> {
+fn check_extent(
+    path: &Path,
+    len: usize,
+    data_offset: usize,
+    row_bytes: usize,
+    end: usize,
+) -> Result<()> {
     if end > len {
         // `row_bytes > 0` here: with empty rows `end == data_offset <= len`.
         let row = (len - data_offset) / row_bytes;

@@ -39,7 +39,8 @@ impl ResultFormat {
         }
     }
 
-    fn require(path: &Path) -> Result<ResultFormat> {
+    /// Like [`ResultFormat::of`], but an unknown extension is an error naming the file.
+    pub fn require(path: &Path) -> Result<ResultFormat> {
         ResultFormat::of(path).ok_or_else(|| Error::UnknownFormat {
             path: path.to_owned(),
             expected: ".jsonl or .npy",
@@ -234,6 +235,11 @@ pub fn read_results_npy(path: impl AsRef<Path>) -> Result<Vec<Vec<Neighbor>>> {
     Ok(indices
         .outer_iter()
         .zip(scores.outer_iter())
-        .map(|(i, s)| i.iter().zip(s).map(|(&i, &s)| Neighbor::new(i, s)).collect())
+        .map(|(i, s)| {
+            i.iter()
+                .zip(s)
+                .map(|(&i, &s)| Neighbor::new(i, s))
+                .collect()
+        })
         .collect())
 }

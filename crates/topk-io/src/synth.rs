@@ -100,7 +100,11 @@ mod tests {
         let a = gaussian_rows(200, 64, 1, false);
         let n = a.len() as f64;
         let mean = a.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-        let var = a.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
+        let var = a
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n;
         // 12,800 draws: the sample mean's s.d. is ~0.009, the variance's ~0.0125.
         assert!(mean.abs() < 0.05, "mean {mean}");
         assert!((var - 1.0).abs() < 0.07, "variance {var}");

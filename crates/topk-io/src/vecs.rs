@@ -130,15 +130,12 @@ pub fn write_vecs<T: Element>(path: impl AsRef<Path>, array: ArrayView2<'_, T>) 
             "0 rows: an empty .?vecs file cannot be read back".to_owned(),
         ));
     }
-    let field = i32::try_from(dim)
-        .ok()
-        .filter(|&d| d >= 1)
-        .ok_or_else(|| {
-            unwritable(format!(
-                "dimension {dim} does not fit the per-row field (1 ..= {})",
-                i32::MAX
-            ))
-        })?;
+    let field = i32::try_from(dim).ok().filter(|&d| d >= 1).ok_or_else(|| {
+        unwritable(format!(
+            "dimension {dim} does not fit the per-row field (1 ..= {})",
+            i32::MAX
+        ))
+    })?;
     let file = File::create(path).map_err(Error::io(path, "create"))?;
     let mut out = BufWriter::new(file);
     let mut buf = Vec::with_capacity(FIELD + dim * size_of::<T>());

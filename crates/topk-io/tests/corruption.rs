@@ -53,8 +53,15 @@ const F4_2X3: &str = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 
 #[test]
 fn well_formed_handmade_npy_reads() {
     let dir = dir();
-    let p = file(&dir, "ok.npy", &npy(F4_2X3, &f32_bytes(&[1., 2., 3., 4., 5., 6.])));
-    assert_eq!(read_npy_f32(&p).unwrap(), array![[1., 2., 3.], [4., 5., 6.]]);
+    let p = file(
+        &dir,
+        "ok.npy",
+        &npy(F4_2X3, &f32_bytes(&[1., 2., 3., 4., 5., 6.])),
+    );
+    assert_eq!(
+        read_npy_f32(&p).unwrap(),
+        array![[1., 2., 3.], [4., 5., 6.]]
+    );
 }
 
 // ---- the file as a whole ---------------------------------------------------
@@ -65,7 +72,9 @@ fn missing_file() {
     let p = dir.path().join("absent.npy");
     let e = read_matrix(&p).unwrap_err();
     let m = names_file(&e, &p);
-    assert!(matches!(&e, Error::Io { op: "open", source, .. } if source.kind() == std::io::ErrorKind::NotFound));
+    assert!(
+        matches!(&e, Error::Io { op: "open", source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    );
     assert!(m.contains("cannot open"), "{m}");
 }
 
@@ -75,7 +84,10 @@ fn directory_instead_of_file() {
     let p = dir.path().join("d.fvecs");
     std::fs::create_dir(&p).unwrap();
     let e = read_matrix(&p).unwrap_err();
-    assert!(matches!(e, Error::NotAFile { .. } | Error::Io { .. }), "{e}");
+    assert!(
+        matches!(e, Error::NotAFile { .. } | Error::Io { .. }),
+        "{e}"
+    );
     names_file(&e, &p);
 }
 
@@ -101,7 +113,8 @@ fn unknown_extension() {
     assert!(names_file(&e, &p).contains(".fvecs"));
     let e = write_npy_f32(dir.path().join("x"), Array2::zeros((1, 1)).view());
     assert!(e.is_ok(), "write_npy does not care about the extension");
-    let e = topk_io::write_matrix(dir.path().join("x.txt"), Array2::zeros((1, 1)).view()).unwrap_err();
+    let e =
+        topk_io::write_matrix(dir.path().join("x.txt"), Array2::zeros((1, 1)).view()).unwrap_err();
     assert!(matches!(e, Error::UnknownFormat { .. }), "{e}");
 }
 
@@ -153,7 +166,10 @@ fn npy_unknown_version() {
 #[test]
 fn npy_header_dictionary_unparsable() {
     let dir = dir();
-    let bytes = npy("{'descr': '<f4', 'fortran_order': Nope, 'shape': (2, 3), }", &[0; 24]);
+    let bytes = npy(
+        "{'descr': '<f4', 'fortran_order': Nope, 'shape': (2, 3), }",
+        &[0; 24],
+    );
     let p = file(&dir, "d.npy", &bytes);
     let e = read_npy_f32(&p).unwrap_err();
     assert!(matches!(e, Error::NpyHeader { offset: 10, .. }), "{e}");
@@ -166,10 +182,16 @@ fn npy_wrong_dtype() {
     let p = file(
         &dir,
         "f8.npy",
-        &npy("{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }", &[0; 48]),
+        &npy(
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }",
+            &[0; 48],
+        ),
     );
     let e = read_npy_f32(&p).unwrap_err();
-    assert!(matches!(&e, Error::Dtype { found, .. } if found == "float64 ('<f8')"), "{e}");
+    assert!(
+        matches!(&e, Error::Dtype { found, .. } if found == "float64 ('<f8')"),
+        "{e}"
+    );
     let m = names_file(&e, &p);
     assert!(m.contains("float32") && m.contains("float64"), "{m}");
 }
@@ -180,7 +202,10 @@ fn npy_big_endian_float32() {
     let p = file(
         &dir,
         "be.npy",
-        &npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", &[0; 24]),
+        &npy(
+            "{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }",
+            &[0; 24],
+        ),
     );
     let e = read_npy_f32(&p).unwrap_err();
     assert!(matches!(e, Error::Dtype { .. }), "{e}");
@@ -193,7 +218,10 @@ fn npy_structured_dtype() {
     let p = file(
         &dir,
         "s.npy",
-        &npy("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2, 3), }", &[0; 24]),
+        &npy(
+            "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2, 3), }",
+            &[0; 24],
+        ),
     );
     let e = read_npy_f32(&p).unwrap_err();
     assert!(matches!(e, Error::Dtype { .. }), "{e}");
@@ -206,7 +234,10 @@ fn npy_fortran_order() {
     let p = file(
         &dir,
         "f.npy",
-        &npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", &[0; 24]),
+        &npy(
+            "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
+            &[0; 24],
+        ),
     );
     let e = read_npy_f32(&p).unwrap_err();
     assert!(matches!(e, Error::FortranOrder { .. }), "{e}");
@@ -215,7 +246,10 @@ fn npy_fortran_order() {
     let p = file(
         &dir,
         "f1.npy",
-        &npy("{'descr': '<f4', 'fortran_order': True, 'shape': (1, 3), }", &f32_bytes(&[1., 2., 3.])),
+        &npy(
+            "{'descr': '<f4', 'fortran_order': True, 'shape': (1, 3), }",
+            &f32_bytes(&[1., 2., 3.]),
+        ),
     );
     assert_eq!(read_npy_f32(&p).unwrap(), array![[1., 2., 3.]]);
 }
@@ -243,6 +277,14 @@ fn npy_shape_too_large_to_address() {
     let e = read_npy_f32(&p).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     names_file(&e, &p);
+    // Zero bytes of data, but a row count no array can have.
+    let dict = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, 0), }}",
+        u64::MAX
+    );
+    let p = file(&dir, "rows.npy", &npy(&dict, &[]));
+    let e = read_npy_f32(&p).unwrap_err();
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
 }
 
 // ---- .npy data ---------------------------------------------------------------
@@ -316,7 +358,16 @@ fn vecs_inconsistent_row_dimension() {
     std::fs::write(&p, &bytes).unwrap();
     let e = read_fvecs(&p).unwrap_err();
     assert!(
-        matches!(e, Error::RowDimension { row: 3, offset: 60, expected: 4, found: 5, .. }),
+        matches!(
+            e,
+            Error::RowDimension {
+                row: 3,
+                offset: 60,
+                expected: 4,
+                found: 5,
+                ..
+            }
+        ),
         "{e}"
     );
     let m = names_file(&e, &p);
@@ -332,7 +383,17 @@ fn vecs_inconsistent_last_row_is_caught() {
     bytes[last..last + 4].copy_from_slice(&(-2_i32).to_le_bytes());
     std::fs::write(&p, &bytes).unwrap();
     let e = MappedMatrix::open(&p).unwrap_err();
-    assert!(matches!(e, Error::RowDimension { row: 2, found: -2, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::RowDimension {
+                row: 2,
+                found: -2,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -342,7 +403,16 @@ fn vecs_truncated_inside_a_row() {
     std::fs::write(&p, &bytes[..bytes.len() - 2]).unwrap();
     let e = read_fvecs(&p).unwrap_err();
     assert!(
-        matches!(e, Error::Truncated { row: 3, offset: 48, needed: 64, len: 62, .. }),
+        matches!(
+            e,
+            Error::Truncated {
+                row: 3,
+                offset: 48,
+                needed: 64,
+                len: 62,
+                ..
+            }
+        ),
         "{e}"
     );
     names_file(&e, &p);
@@ -356,12 +426,31 @@ fn vecs_truncated_inside_a_dimension_field() {
     std::fs::write(&p, &bytes).unwrap();
     let e = read_fvecs(&p).unwrap_err();
     assert!(
-        matches!(e, Error::Truncated { row: 2, offset: 32, needed: 36, len: 34, .. }),
+        matches!(
+            e,
+            Error::Truncated {
+                row: 2,
+                offset: 32,
+                needed: 36,
+                len: 34,
+                ..
+            }
+        ),
         "{e}"
     );
     let p = file(&dir, "tiny.fvecs", &[1, 0]);
     let e = read_fvecs(&p).unwrap_err();
-    assert!(matches!(e, Error::Truncated { row: 0, needed: 4, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Truncated {
+                row: 0,
+                needed: 4,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -372,7 +461,10 @@ fn vecs_first_dimension_not_positive() {
         bytes.extend_from_slice(&[0; 16]);
         let p = file(&dir, "z.fvecs", &bytes);
         let e = read_fvecs(&p).unwrap_err();
-        assert!(matches!(e, Error::BadDimension { found, .. } if found == d), "{e}");
+        assert!(
+            matches!(e, Error::BadDimension { found, .. } if found == d),
+            "{e}"
+        );
         names_file(&e, &p);
     }
 }
@@ -396,13 +488,31 @@ fn negative_id() {
     write_ivecs(&p, array![[1, 2], [3, -4]].view()).unwrap();
     let e = read_ids(&p).unwrap_err();
     assert!(
-        matches!(e, Error::OutOfRange { row: 1, column: 1, value: -4, .. }),
+        matches!(
+            e,
+            Error::OutOfRange {
+                row: 1,
+                column: 1,
+                value: -4,
+                ..
+            }
+        ),
         "{e}"
     );
     let p = dir.path().join("gt.npy");
     write_npy(&p, array![[0_i64, 1 << 40]].view()).unwrap();
     let e = read_ids(&p).unwrap_err();
-    assert!(matches!(e, Error::OutOfRange { row: 0, column: 1, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::OutOfRange {
+                row: 0,
+                column: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let p = dir.path().join("gt_f.npy");
     write_npy_f32(&p, array![[0.0_f32]].view()).unwrap();
     let e = read_ids(&p).unwrap_err();
@@ -464,9 +574,16 @@ fn results_jsonl_bad_line() {
     );
     let e = results::read_results_jsonl(&p).unwrap_err();
     assert!(matches!(e, Error::Jsonl { line: 2, .. }), "{e}");
-    let p = file(&dir, "s.jsonl", b"{\"query\":0,\"indices\":[1],\"scores\":[\"x\"]}\n");
+    let p = file(
+        &dir,
+        "s.jsonl",
+        b"{\"query\":0,\"indices\":[1],\"scores\":[\"x\"]}\n",
+    );
     let e = results::read_results_jsonl(&p).unwrap_err();
     assert!(matches!(e, Error::Jsonl { line: 1, .. }), "{e}");
     let p = file(&dir, "t.jsonl", b"not json\n");
-    assert!(matches!(results::read_results_jsonl(&p), Err(Error::Jsonl { line: 1, .. })));
+    assert!(matches!(
+        results::read_results_jsonl(&p),
+        Err(Error::Jsonl { line: 1, .. })
+    ));
 }

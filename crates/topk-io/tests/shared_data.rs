@@ -11,7 +11,8 @@ use topk_io::{
 
 fn data_dir() -> Option<PathBuf> {
     // `../shared/data` relative to the repository root.
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
     if dir.join("corpus.npy").is_file() {
         Some(dir)
     } else {
@@ -27,7 +28,10 @@ fn queries_fvecs_equal_queries_npy() {
     let fvecs = read_fvecs(dir.join("queries.fvecs")).unwrap();
     assert_eq!(npy.dim(), (500, 384));
     assert_eq!(fvecs.dim(), npy.dim());
-    assert!(npy.iter().zip(&fvecs).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(npy
+        .iter()
+        .zip(&fvecs)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
     // The mapped view of the .fvecs file is strided over the row fields.
     let mapped = MappedMatrix::open(dir.join("queries.fvecs")).unwrap();
     assert_eq!(mapped.view(), npy.view());

@@ -112,37 +112,11 @@ pub(super) unsafe fn pair(sq: bool, q: &[f32], r: &[f32]) -> f32 {
 unsafe fn rows_impl<const SQ: bool>(q: &[f32], rows: &[f32], out: &mut [f32]) {
     let d = q.len();
     assert_eq!(rows.len(), out.len() * d);
-    let full = d / LANES;
-    let tq = padded_tail(q);
-    let has_tail = full * LANES < d;
-    // Two rows at a time: their independent FMA chains hide the latency of
-    // each chain's dependent additions.
-    let mut pairs = rows.chunks_exact(2 * d);
-    let mut outs = out.chunks_exact_mut(2);
-    for (two, o) in (&mut pairs).zip(&mut outs) {
-        let (r0, r1) = two.split_at(d);
-        let mut p0 = [_mm256_setzero_ps(); GROUPS];
-        let mut p1 = [_mm256_setzero_ps(); GROUPS];
-        for c in 0..full {
-            // SAFETY: chunk c lies inside q, r0 and r1 (all of length d).
-            unsafe {
-                chunk::<SQ>(q, r0, c * LANES, &mut p0);
-                chunk::<SQ>(q, r1, c * LANES, &mut p1);
-            }
-        }
-        if has_tail {
-            let (t0, t1) = (padded_tail(r0), padded_tail(r1));
-            // SAFETY: the padded tails hold exactly one chunk.
-            unsafe {
-                chunk::<SQ>(&tq, &t0, 0, &mut p0);
-                chunk::<SQ>(&tq, &t1, 0, &mut p1);
-            }
-        }
-        o[0] = butterfly(p0);
-        o[1] = butterfly(p1);
-    }
-    for (row, o) in pairs.remainder().chunks_exact(d).zip(outs.into_remainder()) {
-        // SAFETY: same features; equal lengths.
+    // One row at a time: a single sequential stream is what DRAM serves
+    // best, and the four (or two) independent chains per row already
+    // outrun memory.
+    for (row, o) in rows.chunks_exact(d).zip(out.iter_mut()) {
+        // SAFETY: same features; `row` has `d` values like `q`.
         *o = unsafe { pair_impl::<SQ>(q, row) };
     }
 }
@@ -163,16 +137,71 @@ pub(super) unsafe fn rows(sq: bool, q: &[f32], rows: &[f32], out: &mut [f32]) {
     }
 }
 
-/// An `R × Q` tile. The canonical lanes of one register group `g` depend only
-/// on the values `d ≡ 8g .. 8g + 8 (mod 32)`, so the groups are computed one
-/// after another: one accumulator per pair at a time, which is what lets a
-/// 3 × 4 tile (12 accumulators) fit in the 16 ymm registers.
+/// Padded last chunks of a tile's rows and queries, when D is not a multiple of 32.
+type Tails<const R: usize, const Q: usize> = ([[f32; LANES]; R], [[f32; LANES]; Q]);
+
+/// One register group `g` of an `R × Q` tile: for every pair, the 8 partial
+/// sums of lanes `8g .. 8g + 8`. Those lanes depend only on the values
+/// `d ≡ 8g .. 8g + 8 (mod 32)`, so the groups are computed one after another
+/// with one accumulator per pair, which is what lets a 3 × 4 tile (12
+/// accumulators) fit in the 16 ymm registers.
 ///
 /// # Safety
-/// The CPU runs AVX2 and FMA; every slice has the same length.
+/// The CPU runs AVX2 and FMA; `rows.len() == R`, `qs.len() == Q`, every
+/// slice has `full * 32` values or more, and `g < 4`.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-// Indices name registers of the tile (row r, query q, group g); iterators
-// would hide which accumulator each FMA feeds.
+// Indices name registers of the tile (row r, query q); iterators would hide
+// which accumulator each FMA feeds.
+#[allow(clippy::needless_range_loop)]
+unsafe fn group<const R: usize, const Q: usize, const SQ: bool>(
+    rows: &[&[f32]],
+    qs: &[&[f32]],
+    full: usize,
+    tails: Option<&Tails<R, Q>>,
+    g: usize,
+) -> [[__m256; Q]; R] {
+    let mut acc = [[_mm256_setzero_ps(); Q]; R];
+    for c in 0..full {
+        let off = c * LANES + g * W;
+        let mut rv = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: off + 8 <= 32 full <= rows[r].len().
+            rv[r] = unsafe { load(rows[r], off) };
+        }
+        for q in 0..Q {
+            // SAFETY: as above, for qs[q].
+            let qv = unsafe { load(qs[q], off) };
+            for r in 0..R {
+                acc[r][q] = step::<SQ>(qv, rv[r], acc[r][q]);
+            }
+        }
+    }
+    if let Some((rt, qt)) = tails {
+        let off = g * W;
+        let mut rv = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            // SAFETY: off + 8 <= 32, the length of a padded tail.
+            rv[r] = unsafe { load(&rt[r], off) };
+        }
+        for q in 0..Q {
+            // SAFETY: as above.
+            let qv = unsafe { load(&qt[q], off) };
+            for r in 0..R {
+                acc[r][q] = step::<SQ>(qv, rv[r], acc[r][q]);
+            }
+        }
+    }
+    acc
+}
+
+/// An `R × Q` tile, group by group, folding the groups into the butterfly
+/// as they complete so that only one extra register set is ever stored.
+///
+/// # Safety
+/// The CPU runs AVX2 and FMA; `rows.len() == R`, `qs.len() == Q`, every slice
+/// has the same length.
+#[target_feature(enable = "avx2,fma")]
 #[allow(clippy::needless_range_loop)]
 unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
     rows: &[&[f32]],
@@ -182,59 +211,77 @@ unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
     assert!(rows.len() == R && qs.len() == Q);
     let d = qs[0].len();
     let full = d / LANES;
-    let mut parts = [[[_mm256_setzero_ps(); GROUPS]; Q]; R];
-    for g in 0..GROUPS {
-        let mut acc = [[_mm256_setzero_ps(); Q]; R];
-        for c in 0..full {
-            let off = c * LANES + g * W;
-            let mut rv = [_mm256_setzero_ps(); R];
-            for r in 0..R {
-                // SAFETY: off + 8 <= 32 full <= d = rows[r].len().
-                rv[r] = unsafe { load(rows[r], off) };
-            }
-            for q in 0..Q {
-                // SAFETY: as above, qs[q].len() = d.
-                let qv = unsafe { load(qs[q], off) };
-                for r in 0..R {
-                    acc[r][q] = step::<SQ>(qv, rv[r], acc[r][q]);
-                }
-            }
+    let tails: Option<Tails<R, Q>> = (full * LANES < d).then(|| {
+        let mut rt = [[0.0_f32; LANES]; R];
+        for (t, r) in rt.iter_mut().zip(rows) {
+            *t = padded_tail(r);
         }
-        if full * LANES < d {
-            // Rebuilt per group: only vectors of D not a multiple of 32 get here.
-            let mut rt = [[0.0_f32; LANES]; R];
-            for (t, r) in rt.iter_mut().zip(rows) {
-                *t = padded_tail(r);
-            }
-            let mut qt = [[0.0_f32; LANES]; Q];
-            for (t, q) in qt.iter_mut().zip(qs) {
-                *t = padded_tail(q);
-            }
-            let off = g * W;
-            let mut rv = [_mm256_setzero_ps(); R];
-            for r in 0..R {
-                // SAFETY: off + 8 <= 32, the length of a padded tail.
-                rv[r] = unsafe { load(&rt[r], off) };
-            }
-            for q in 0..Q {
-                // SAFETY: as above.
-                let qv = unsafe { load(&qt[q], off) };
-                for r in 0..R {
-                    acc[r][q] = step::<SQ>(qv, rv[r], acc[r][q]);
-                }
-            }
+        let mut qt = [[0.0_f32; LANES]; Q];
+        for (t, q) in qt.iter_mut().zip(qs) {
+            *t = padded_tail(q);
         }
-        for r in 0..R {
-            for q in 0..Q {
-                parts[r][q][g] = acc[r][q];
-            }
-        }
-    }
+        (rt, qt)
+    });
+    let tails = tails.as_ref();
+    // SAFETY (all four calls): same features and shapes as this function, g < 4.
+    // Butterfly step 16 pairs group 0 with 2 and group 1 with 3.
+    let g0 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 0) };
+    let g2 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 2) };
+    let mut lo = [[_mm256_setzero_ps(); Q]; R];
     for r in 0..R {
         for q in 0..Q {
-            out[r][q] = butterfly(parts[r][q]);
+            lo[r][q] = _mm256_add_ps(g0[r][q], g2[r][q]);
         }
     }
+    let g1 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 1) };
+    let g3 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 3) };
+    for r in 0..R {
+        let mut s8 = [_mm256_setzero_ps(); Q];
+        for q in 0..Q {
+            let hi = _mm256_add_ps(g1[r][q], g3[r][q]);
+            s8[q] = _mm256_add_ps(lo[r][q], hi);
+        }
+        if let Ok(four) = <[__m256; 4]>::try_from(&s8[..]) {
+            out[r] = butterfly8x4(four);
+        } else {
+            for q in 0..Q {
+                out[r][q] = butterfly8(s8[q]);
+            }
+        }
+    }
+}
+
+/// [`butterfly8`] of four registers at once, sharing the shuffles: each add
+/// still combines lane `j` (left) with lane `j + s` (right) of one register.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn butterfly8x4(v: [__m256; 4]) -> [f32; 4] {
+    // Step 4: [v0.lo, v1.lo] + [v0.hi, v1.hi], likewise for v2, v3.
+    let s01 = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(v[0], v[1]),
+        _mm256_permute2f128_ps::<0x31>(v[0], v[1]),
+    );
+    let s23 = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(v[2], v[3]),
+        _mm256_permute2f128_ps::<0x31>(v[2], v[3]),
+    );
+    // Step 2: lanes 0, 1 + lanes 2, 3 of each half.
+    let u = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b01_00_01_00>(s01, s23),
+        _mm256_shuffle_ps::<0b11_10_11_10>(s01, s23),
+    );
+    // u = [v0: a b, v2: a b | v1: a b, v3: a b]; step 1: a + b.
+    let (x, y) = (_mm256_castps256_ps128(u), _mm256_extractf128_ps::<1>(u));
+    let r = _mm_add_ps(
+        _mm_shuffle_ps::<0b10_00_10_00>(x, y),
+        _mm_shuffle_ps::<0b11_01_11_01>(x, y),
+    );
+    // r = [v0, v2, v1, v3].
+    let r = _mm_shuffle_ps::<0b11_01_10_00>(r, r);
+    let mut out = [0.0_f32; 4];
+    // SAFETY: `out` holds exactly 4 f32.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), r) };
+    out
 }
 
 /// Dispatches a tile to its monomorphised kernel (rows: 3 for a dot, 2 for a

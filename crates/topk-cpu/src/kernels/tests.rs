@@ -87,7 +87,7 @@ fn check_pair(k: Kernels, a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(ProptestConfig::with_cases(500))]
 
     #[test]
     fn pairs_match_the_reference(seed: u64, d in dims(), mask: u8) {
