@@ -159,6 +159,59 @@ def plot(rows, out_dir):
         plt.close(fig)
 
 
+def fmt_load(v):
+    return " ".join(f"{x:.2f}" for x in v) if v else "unknown"
+
+
+def summarize(rows, env, out_dir):
+    """summary.md: build times, the recall/QPS table, and the two goals."""
+    def num(v):
+        return None if v in ("", None) else float(v)
+    lines = ["# HNSW on the CPU: topk-hnsw, hnswlib, faiss IndexHNSWFlat", "",
+             f"Measured on {env['cpu']} ({env['cores']} cores), {env['date_utc']}, commit "
+             f"`{env['commit'][:12]}`; load average {fmt_load(env['load_average_at_start'])} at the start, "
+             f"{fmt_load(env.get('load_average_at_end'))} at the end (a shared machine: other work ran at the same time). "
+             f"M = {env['params']['m']}, ef_construction = {env['params']['ef_construction']}, "
+             f"k = {env['params']['k']}; QPS on one thread, best of {env['params']['repeats']} passes "
+             "over the query set; recall@10 against the ground-truth file of each set.", ""]
+    libs = ["topk-hnsw", "hnswlib", "faiss"]
+    for ds in sorted({r["dataset"] for r in rows}):
+        sel = [r for r in rows if r["dataset"] == ds]
+        lines += [f"## {ds}", "", "| build threads | " + " | ".join(libs) + " |",
+                  "| --- |" + " --- |" * len(libs)]
+        for t in sorted({int(r["build_threads"]) for r in sel}):
+            cells = []
+            for lib in libs:
+                b = [num(r["build_s"]) for r in sel if r["library"] == lib and int(r["build_threads"]) == t]
+                cells.append(f"{b[0]:.1f} s" if b else "–")
+            lines.append(f"| {t} | " + " | ".join(cells) + " |")
+        lines += ["", "| ef | " + " | ".join(f"{l} recall / QPS" for l in libs) + " |",
+                  "| --- |" + " --- |" * len(libs)]
+        for ef in EFS:
+            cells = []
+            for lib in libs:
+                p = [r for r in sel if r["library"] == lib and int(r["ef"]) == ef]
+                cells.append(f"{num(p[0]['recall']):.4f} / {num(p[0]['qps']):,.0f}" if p else "–")
+            lines.append(f"| {ef} | " + " | ".join(cells) + " |")
+        best = {}
+        for lib in libs:
+            pts = [num(r["qps"]) for r in sel if r["library"] == lib and int(r["ef"]) > 0
+                   and num(r["recall"]) is not None and num(r["recall"]) >= 0.95]
+            best[lib] = max(pts) if pts else None
+        build1 = {lib: next((num(r["build_s"]) for r in sel if r["library"] == lib
+                             and int(r["build_threads"]) == 1), None) for lib in libs}
+        lines.append("")
+        if best["topk-hnsw"] and best["hnswlib"]:
+            lines.append(f"- Best one-thread QPS at recall@10 ≥ 0.95: topk-hnsw {best['topk-hnsw']:,.0f}, "
+                         f"hnswlib {best['hnswlib']:,.0f} (ratio {best['topk-hnsw'] / best['hnswlib']:.2f}; goal ≥ 1)"
+                         + (f", faiss {best['faiss']:,.0f}" if best.get("faiss") else "") + ".")
+        if build1["topk-hnsw"] and build1["hnswlib"]:
+            lines.append(f"- One-thread build: topk-hnsw {build1['topk-hnsw']:.1f} s, hnswlib "
+                         f"{build1['hnswlib']:.1f} s (ratio {build1['topk-hnsw'] / build1['hnswlib']:.2f}; goal ≤ 1.5).")
+        lines.append("")
+    (out_dir / "summary.md").write_text("\n".join(lines))
+
+
 def environment(a):
     def version(mod):
         try:
@@ -185,11 +238,11 @@ def environment(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sweep-bin", required=True, help="path of the hnsw_sweep example binary")
+    p.add_argument("--sweep-bin", help="path of the hnsw_sweep example binary")
     p.add_argument("--out", type=Path,
                    help="results directory (default bench/results/hnsw-cpu-<UTC date>)")
     p.add_argument("--minilm", type=Path, help="minilm-docs-20k directory")
-    p.add_argument("--gauss", type=Path, required=True,
+    p.add_argument("--gauss", type=Path,
                    help="Gaussian-cluster set directory (generated there when missing)")
     p.add_argument("--gauss-n", type=int, default=100_000)
     p.add_argument("--m", type=int, default=16)
@@ -198,7 +251,21 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=100)
     p.add_argument("--libraries", default="topk-hnsw,hnswlib,faiss")
+    p.add_argument("--summarize", type=Path, metavar="DIR",
+                   help="only rewrite DIR/summary.md and the plots from DIR/results.csv")
     a = p.parse_args()
+    if a.summarize:
+        with open(a.summarize / "results.csv") as f:
+            rows = [dict(r, build_threads=int(r["build_threads"]), ef=int(r["ef"]),
+                         recall=float(r["recall"]) if r["recall"] else "",
+                         qps=float(r["qps"]) if r["qps"] else "")
+                    for r in csv.DictReader(f)]
+        env = json.loads((a.summarize / "environment.json").read_text())
+        plot(rows, a.summarize)
+        summarize(rows, env, a.summarize)
+        return
+    if not a.sweep_bin or not a.gauss:
+        p.error("--sweep-bin and --gauss are required (unless --summarize)")
     if a.out is None:
         a.out = Path("bench/results") / f"hnsw-cpu-{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}"
     a.out.mkdir(parents=True, exist_ok=True)
@@ -241,6 +308,7 @@ def main():
     env["load_average_at_end"] = os.getloadavg()
     (a.out / "environment.json").write_text(json.dumps(env, indent=1) + "\n")
     plot(rows, a.out)
+    summarize(rows, env, a.out)
     print(f"wrote {a.out}/results.csv", file=sys.stderr)
 
 

@@ -4,7 +4,8 @@
 //! dot metric. The default run is short (N = 100k, D = 384, a batch of 100);
 //! `TOPK_CPU_BENCH=full` runs N ∈ {100k, 1M} × D ∈ {384, 1024} × K ∈ {8, 100}
 //! with batches of 1,000 queries. `TOPK_CPU_BENCH_PATH=scalar|avx2|avx512`
-//! forces a kernel path.
+//! forces a kernel path. Single queries run on rayon's global pool and on a
+//! one-thread pool.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -56,6 +57,10 @@ fn bench(c: &mut Criterion) {
         (&[100_000], &[384], 100)
     };
     let kernels = kernels();
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("one-thread pool");
     eprintln!(
         "topk-cpu bench: path {}, {} threads",
         kernels.path(),
@@ -75,14 +80,24 @@ fn bench(c: &mut Criterion) {
                 g.throughput(Throughput::Bytes((n * d * 4) as u64));
                 let mut out: Vec<Neighbor> = Vec::with_capacity(k);
                 let mut qi = 0;
-                g.bench_function(BenchmarkId::new("single", format!("k{k}")), |b| {
-                    b.iter(|| {
-                        let q = &queries[qi * d..(qi + 1) * d];
-                        qi = (qi + 1) % batch;
-                        cpu.search_into(black_box(q), k, &mut out).expect("search");
-                        black_box(&out);
-                    })
-                });
+                // A search without its own pool runs on the pool it is called
+                // from: the one-thread pool shows whether a single stream beats
+                // two threads that compete for cores on a busy machine.
+                for (name, pool) in [("single", None), ("single_1thread", Some(&one_thread))] {
+                    g.bench_function(BenchmarkId::new(name, format!("k{k}")), |b| {
+                        b.iter(|| {
+                            let q = &queries[qi * d..(qi + 1) * d];
+                            qi = (qi + 1) % batch;
+                            let mut run = || cpu.search_into(black_box(q), k, &mut out);
+                            match pool {
+                                Some(p) => p.install(run),
+                                None => run(),
+                            }
+                            .expect("search");
+                            black_box(&out);
+                        })
+                    });
+                }
                 let qs = ArrayView2::from_shape((batch, d), &queries).expect("shape");
                 let mut outs = Vec::new();
                 g.throughput(Throughput::Elements(batch as u64));

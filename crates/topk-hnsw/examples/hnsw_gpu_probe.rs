@@ -70,8 +70,14 @@ fn main() -> AnyResult<()> {
             dir.display().to_string(),
         ),
         None => (
-            Array2::from_shape_vec((a.n, a.d), synth::gaussian_clusters(a.n, a.d, 256, 1.0, 2026))?,
-            Array2::from_shape_vec((a.queries, a.d), synth::cluster_queries(a.queries, a.d, 256, 1.0, 2026))?,
+            Array2::from_shape_vec(
+                (a.n, a.d),
+                synth::gaussian_clusters(a.n, a.d, 256, 1.0, 2026),
+            )?,
+            Array2::from_shape_vec(
+                (a.queries, a.d),
+                synth::cluster_queries(a.queries, a.d, 256, 1.0, 2026),
+            )?,
             format!("gauss-{}-d{}", a.n, a.d),
         ),
     };
@@ -149,7 +155,8 @@ fn main() -> AnyResult<()> {
         rec["cpu_ms_per_query"] = (cpu_s * 1e3 / nq).into();
         rec["gpu_ms_per_query"] = (gpu_s * 1e3 / nq).into();
         rec["recall"] = recall.into();
-        rec["gpu_equals_cpu"] = (bits(&g) == bits(&reference) && bits(&cpu) == bits(&reference)).into();
+        rec["gpu_equals_cpu"] =
+            (bits(&g) == bits(&reference) && bits(&cpu) == bits(&reference)).into();
         emit(rec);
     }
     // One query at a time through the direct (unbatched) GPU scorer.
@@ -178,7 +185,9 @@ fn cpu_search(
     ef: usize,
     threads: usize,
 ) -> AnyResult<Vec<Vec<Neighbor>>> {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let rows: Vec<Vec<f32>> = qs.outer_iter().map(|r| r.to_vec()).collect();
     pool.install(|| {
         rows.par_iter()

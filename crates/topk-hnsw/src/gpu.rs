@@ -85,7 +85,8 @@ impl Scorer for DirectScorer<'_> {
     fn score_ids(&mut self, ids: &[u32], out: &mut [f32]) -> Result<()> {
         let cap = self.gpu.options().max_gather.max(1);
         for (chunk, o) in ids.chunks(cap).zip(out.chunks_mut(cap)) {
-            self.gpu.score_ids(self.query, chunk, &[0, chunk.len()], o)?;
+            self.gpu
+                .score_ids(self.query, chunk, &[0, chunk.len()], o)?;
         }
         Ok(())
     }
@@ -133,7 +134,15 @@ impl Hnsw {
         } else {
             Mode::Sequential
         };
-        let graph = build(&vectors, &GpuSource { vectors: &vectors, gpu }, params, mode)?;
+        let graph = build(
+            &vectors,
+            &GpuSource {
+                vectors: &vectors,
+                gpu,
+            },
+            params,
+            mode,
+        )?;
         Ok(Hnsw::from_parts(params, vectors, graph))
     }
 
@@ -183,10 +192,7 @@ impl Hnsw {
         spot_check(gpu, &self.vectors)?;
         let nq = queries.nrows();
         let flat: Vec<f32> = queries.iter().copied().collect();
-        let max_q = gpu
-            .options()
-            .max_batch
-            .clamp(1, MAX_QUERIES_PER_LAUNCH);
+        let max_q = gpu.options().max_batch.clamp(1, MAX_QUERIES_PER_LAUNCH);
         let max_ids = gpu.options().max_gather.max(1);
         let failure: Mutex<Option<HnswError>> = Mutex::new(None);
         let next = AtomicUsize::new(0);
@@ -308,7 +314,8 @@ fn batcher(
 ) {
     let mut pending: Option<Request> = None;
     let mut batch: Vec<Request> = Vec::with_capacity(max_q);
-    let (mut qbuf, mut ids, mut offsets, mut out) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut qbuf, mut ids, mut offsets, mut out) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     loop {
         let first = match pending.take() {
             Some(r) => r,

@@ -29,7 +29,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! With the `cuda` feature, [`Hnsw::build_gpu`], [`Hnsw::search_gpu`] and
+//! With the `cuda` feature, `Hnsw::build_gpu`, `Hnsw::search_gpu` and
 //! `Hnsw::search_batch_gpu` score each expansion's neighbours on the GPU
 //! (topk-cuda's resident corpus) with the same results as the CPU path.
 //!
@@ -38,9 +38,9 @@
 
 mod build;
 mod error;
-mod graph;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod graph;
 mod index;
 mod params;
 mod persist;

@@ -16,7 +16,7 @@ pub const MAX_LEVEL: usize = 63;
 /// | --- | --- | --- |
 /// | `m` | links per node on layers ≥ 1; layer 0 keeps `2·m` | `2 ..= 4096` |
 /// | `ef_construction` | beam width while inserting | `≥ 1` |
-/// | `ef_search` | default beam width of [`crate::Hnsw::search`] | `≥ 1` |
+/// | `ef_search` | default beam width of [`topk_core::Retriever::search`] | `≥ 1` |
 /// | `seed` | seed of the level draw | any |
 ///
 /// A search asks for at least `k` candidates: an `ef` below `k` is raised to

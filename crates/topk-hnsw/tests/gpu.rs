@@ -48,7 +48,10 @@ fn gpu_build_and_search_reproduce_the_cpu_bits() {
         let gpu = CudaRetriever::from_rowmajor(&data, DIM, metric, CudaOptions::default()).unwrap();
         let cpu_index = Hnsw::build(&data, DIM, metric, params()).unwrap();
         let gpu_index = Hnsw::build_gpu(&data, DIM, metric, params(), &gpu, false).unwrap();
-        assert!(cpu_index.to_bytes() == gpu_index.to_bytes(), "{metric}: graphs differ");
+        assert!(
+            cpu_index.to_bytes() == gpu_index.to_bytes(),
+            "{metric}: graphs differ"
+        );
 
         let qs = ArrayView2::from_shape((300, DIM), &queries[..]).unwrap();
         let cpu = cpu_index.search_batch_with_ef(qs, 10, 40).unwrap();
@@ -58,9 +61,15 @@ fn gpu_build_and_search_reproduce_the_cpu_bits() {
             assert_eq!(bits(&out), bits(&cpu[i]), "{metric}: query {i}");
         }
         for in_flight in [1, 10, 100] {
-            let batched = gpu_index.search_batch_gpu(&gpu, qs, 10, 40, in_flight).unwrap();
+            let batched = gpu_index
+                .search_batch_gpu(&gpu, qs, 10, 40, in_flight)
+                .unwrap();
             for (i, (g, c)) in batched.iter().zip(&cpu).enumerate() {
-                assert_eq!(bits(g), bits(c), "{metric}: in flight {in_flight}, query {i}");
+                assert_eq!(
+                    bits(g),
+                    bits(c),
+                    "{metric}: in flight {in_flight}, query {i}"
+                );
             }
         }
     }
@@ -71,12 +80,17 @@ fn engine_with_other_rows_is_rejected() {
     let Some(()) = gpu_or_skip() else { return };
     let data = synth::gaussian_clusters(500, DIM, 4, 0.5, 1);
     let other = synth::gaussian_clusters(500, DIM, 4, 0.5, 2);
-    let gpu = CudaRetriever::from_rowmajor(&other, DIM, Metric::L2, CudaOptions::default()).unwrap();
+    let gpu =
+        CudaRetriever::from_rowmajor(&other, DIM, Metric::L2, CudaOptions::default()).unwrap();
     let e = Hnsw::build_gpu(&data, DIM, Metric::L2, params(), &gpu, false).unwrap_err();
     assert!(matches!(e, topk_hnsw::HnswError::GpuMismatch { .. }), "{e}");
-    let small = CudaRetriever::from_rowmajor(&data[..100 * DIM], DIM, Metric::L2, CudaOptions::default()).unwrap();
+    let small =
+        CudaRetriever::from_rowmajor(&data[..100 * DIM], DIM, Metric::L2, CudaOptions::default())
+            .unwrap();
     let index = Hnsw::build(&data, DIM, Metric::L2, params()).unwrap();
     let mut out = Vec::new();
-    let e = index.search_gpu(&small, &data[..DIM], 5, 10, &mut out).unwrap_err();
+    let e = index
+        .search_gpu(&small, &data[..DIM], 5, 10, &mut out)
+        .unwrap_err();
     assert!(matches!(e, topk_hnsw::HnswError::GpuMismatch { .. }), "{e}");
 }

@@ -223,9 +223,10 @@ unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
         (rt, qt)
     });
     let tails = tails.as_ref();
-    // SAFETY (all four calls): same features and shapes as this function, g < 4.
     // Butterfly step 16 pairs group 0 with 2 and group 1 with 3.
+    // SAFETY: same features and shapes as this function; g < 4.
     let g0 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 0) };
+    // SAFETY: as above.
     let g2 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 2) };
     let mut lo = [[_mm256_setzero_ps(); Q]; R];
     for r in 0..R {
@@ -233,7 +234,9 @@ unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
             lo[r][q] = _mm256_add_ps(g0[r][q], g2[r][q]);
         }
     }
+    // SAFETY: as above.
     let g1 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 1) };
+    // SAFETY: as above.
     let g3 = unsafe { group::<R, Q, SQ>(rows, qs, full, tails, 3) };
     for r in 0..R {
         let mut s8 = [_mm256_setzero_ps(); Q];
