@@ -25,6 +25,7 @@
 extern "C" __global__ void __launch_bounds__(THRESH_THREADS)
     topk_threshold(unsigned* __restrict__ hist, unsigned k, TopkThreshold* __restrict__ out) {
     __shared__ unsigned warp_sums[THRESH_THREADS / TOPK_WARP];
+    __shared__ unsigned owner_lo, owner_above;
     const unsigned per = TOPK_HIST_BINS / THRESH_THREADS;  // 64 bins per thread
     unsigned* h = hist + (size_t)blockIdx.x * TOPK_HIST_BINS;
     // Thread 0 owns the best (highest) bins.
@@ -65,23 +66,44 @@ extern "C" __global__ void __launch_bounds__(THRESH_THREADS)
     }
     __syncthreads();
     const unsigned above = warp_sums[warp] + incl - sum;
+    // Exactly one thread's range holds the k-th best row; warp 0 then scans
+    // that range's 64 bins in parallel (two per lane, best first) instead of
+    // one thread walking them with dependent loads.
     if (above < k && above + sum >= k) {
-        unsigned cum = above;
-        unsigned bucket = lo;
-        unsigned count = above + sum;
-        // Only this thread reads or clears its own bins, so a second pass is safe.
-        for (int i = (int)per - 1; i >= 0; --i) {
-            unsigned c = h[lo + (unsigned)i];
-            if (cum + c >= k) {
-                bucket = lo + (unsigned)i;
-                count = cum + c;
-                break;
-            }
-            cum += c;
-        }
-        out[blockIdx.x].bucket = bucket;
-        out[blockIdx.x].count = count;
+        owner_lo = lo;
+        owner_above = above;
     }
+    __syncthreads();
+    if (warp == 0) {
+        const unsigned base = owner_lo;
+        // Lane l holds bins base+63-2l (better) and base+62-2l.
+        const unsigned hi_bin = base + per - 1 - 2 * lane;
+        const unsigned c_hi = h[hi_bin];
+        const unsigned c_lo = h[hi_bin - 1];
+        const unsigned pair = c_hi + c_lo;
+        unsigned scan = pair;
+#pragma unroll
+        for (unsigned s = 1; s < TOPK_WARP; s <<= 1) {
+            unsigned v = __shfl_up_sync(TOPK_FULL_MASK, scan, s);
+            if (lane >= s) {
+                scan += v;
+            }
+        }
+        const unsigned before = owner_above + scan - pair;
+        if (before < k && before + pair >= k) {
+            unsigned bucket, count;
+            if (before + c_hi >= k) {
+                bucket = hi_bin;
+                count = before + c_hi;
+            } else {
+                bucket = hi_bin - 1;
+                count = before + pair;
+            }
+            out[blockIdx.x].bucket = bucket;
+            out[blockIdx.x].count = count;
+        }
+    }
+    __syncthreads();
 #pragma unroll
     for (unsigned i = 0; i < per; i += 4) {
         *reinterpret_cast<uint4*>(h + lo + i) = make_uint4(0u, 0u, 0u, 0u);

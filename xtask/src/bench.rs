@@ -19,7 +19,14 @@ fn build_bench(with_cuda: bool) -> XResult<PathBuf> {
         cuda::apply_link_env(&mut cmd, false)?;
     }
     run(&mut cmd)?;
-    Ok(root().join("target/release/topk_bench"))
+    // Other builds (the GPU bundle's CUDA build) write the same path: run a
+    // private copy so that a concurrent build cannot swap the binary mid-run.
+    let built = root().join("target/release/topk_bench");
+    let dir = root().join("target/xtask-bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let copy = dir.join(if with_cuda { "topk_bench-cuda" } else { "topk_bench" });
+    std::fs::copy(&built, &copy).map_err(|e| format!("{} → {}: {e}", built.display(), copy.display()))?;
+    Ok(copy)
 }
 
 /// Today's UTC date, `YYYY-MM-DD`, for results folder names.

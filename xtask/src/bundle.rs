@@ -34,6 +34,13 @@ fn cargo_executables(args: &[&str]) -> XResult<Vec<(String, String, PathBuf)>> {
     eprintln!("running {cmd:?}");
     let out = cmd.output().map_err(|e| format!("cargo: {e}"))?;
     if !out.status.success() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) {
+                if let Some(text) = msg["message"]["rendered"].as_str() {
+                    eprint!("{text}");
+                }
+            }
+        }
         return Err(format!("{cmd:?} failed ({})", out.status));
     }
     let mut exes = Vec::new();

@@ -3,11 +3,13 @@
 //! a batch streams the corpus from memory once instead of once per query.
 //!
 //! Within a block, register tiles of a few rows × up to four queries share
-//! their loads (see [`crate::kernels`]); each parallel task keeps one
+//! their loads (see [`crate::kernels`]), and either a few rows or one query
+//! tile stay in L1 while the other side streams past; each parallel task keeps one
 //! [`Selector`] per query, and the tasks' selectors are merged per query with
 //! the same comparator.
 
 use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::ops::Range;
 
 use ndarray::ArrayView2;
@@ -18,8 +20,8 @@ use crate::kernels::{finish, TileOut, MAX_TILE_ROWS, TILE_QUERIES};
 use crate::retriever::CpuRetriever;
 use crate::select::Selector;
 
-/// Bytes of corpus rows per block: half of a 512 KiB L2, leaving room for the
-/// query tile and the selectors.
+/// Bytes of corpus rows per block: half of a 512 KiB L2, leaving room for a
+/// block of queries and the selectors.
 const BLOCK_BYTES: usize = 256 << 10;
 /// Bytes of rows kept in a 32 KiB L1 data cache beside one query tile.
 const L1_ROW_BYTES: usize = 16 << 10;
@@ -169,6 +171,15 @@ impl CpuRetriever {
             for (j, q) in qs.iter_mut().enumerate().take(nq) {
                 *q = batch.query(q0 + j);
             }
+            // Local copies of the tile's query norms and thresholds let one
+            // comparison of four scores reject a whole row of the tile; lanes
+            // past the batch compare against +inf and never ask for work.
+            let mut qnorm = [0.0_f32; TILE_QUERIES];
+            let mut thr = [f32::INFINITY; TILE_QUERIES];
+            for jq in 0..nq {
+                qnorm[jq] = batch.norm(q0 + jq);
+                thr[jq] = sels[q0 + jq].threshold_score();
+            }
             let mut r0 = rows.start;
             while r0 < rows.end {
                 let nr = tile_rows.min(rows.end - r0);
@@ -182,9 +193,19 @@ impl CpuRetriever {
                 for (j, raw_row) in raw.iter().enumerate().take(nr) {
                     let i = r0 + j;
                     let row_norm = self.corpus.norm(i);
-                    for (jq, &v) in raw_row.iter().enumerate().take(nq) {
-                        let s = finish(metric, v, batch.norm(q0 + jq), row_norm);
-                        sels[q0 + jq].offer(i as u32, s);
+                    let mut s = [0.0_f32; TILE_QUERIES];
+                    let mut wanted = false;
+                    for jq in 0..TILE_QUERIES {
+                        s[jq] = finish(metric, raw_row[jq], qnorm[jq], row_norm);
+                        wanted |= s[jq].partial_cmp(&thr[jq]) != Some(Ordering::Less);
+                    }
+                    if !wanted {
+                        continue;
+                    }
+                    for jq in 0..nq {
+                        let sel = &mut sels[q0 + jq];
+                        sel.offer(i as u32, s[jq]);
+                        thr[jq] = sel.threshold_score();
                     }
                 }
                 r0 += nr;

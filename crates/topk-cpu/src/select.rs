@@ -27,6 +27,13 @@ impl Selector {
         }
     }
 
+    /// A score below this cannot be admitted (NaN until `k` are held, which
+    /// rejects nothing).
+    #[inline]
+    pub(crate) fn threshold_score(&self) -> f32 {
+        self.threshold_score
+    }
+
     /// Offers one candidate.
     #[inline]
     pub(crate) fn offer(&mut self, index: u32, score: f32) {

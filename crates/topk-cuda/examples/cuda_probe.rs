@@ -120,6 +120,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     gpu.search_device(&dq, k, &mut out)?;
                     td.push(t.elapsed().as_secs_f64() * 1e3);
                 }
+                let stages = gpu.stage_times(&query, k)?;
+                let stage_json: serde_json::Map<String, serde_json::Value> = stages
+                    .iter()
+                    .map(|(name, ms)| ((*name).to_owned(), serde_json::json!(ms)))
+                    .collect();
                 let (hm, hmin, hmax) = stats(th);
                 let (dm, dmin, dmax) = stats(td);
                 println!(
@@ -128,7 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         "trials": trials, "host_median_ms": hm, "host_min_ms": hmin, "host_max_ms": hmax,
                         "device_median_ms": dm, "device_min_ms": dmin, "device_max_ms": dmax,
                         "floor_ms": floor_ms, "host_minus_floor_us": (hm - floor_ms) * 1e3,
-                        "correct": ok_host && ok_dev})
+                        "stages_ms": stage_json, "correct": ok_host && ok_dev})
                 );
             }
             if n == 1_000_000 && d == 1024 {

@@ -211,6 +211,8 @@ pub(crate) struct Engine {
     chunk: usize,
     info: DeviceInfo,
     kernels: Kernels,
+    /// Resident blocks of the single-query scoring kernel for this D.
+    single_grid: u32,
     corpus: DeviceBuffer<f32>,
     rnorm: DeviceBuffer<f32>,
     slots: Vec<Mutex<Slot>>,
@@ -281,6 +283,7 @@ impl Engine {
                 reason: e.to_string(),
             })?;
         let kernels = Kernels::load(&score_module, &select_module, info.multiprocessors)?;
+        let single_grid = kernels.single_query_grid(metric, d)?;
         let corpus = DeviceBuffer::from_slice(flat).map_err(|e| match e {
             cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
                 what: "corpus",
@@ -317,6 +320,7 @@ impl Engine {
             chunk,
             info,
             kernels,
+            single_grid,
             corpus,
             rnorm,
             slots,
@@ -385,6 +389,7 @@ impl Engine {
                 ptr(&slot.qnorm),
                 ptr(&slot.scores),
                 ptr(&slot.hist),
+                self.single_grid,
             )?;
             if k <= self.opts.max_k {
                 self.kernels
@@ -560,6 +565,82 @@ impl Engine {
                 .op("cuStreamWaitEvent")?;
         }
         self.finish_one(&mut slot, ptr(query), k, out)
+    }
+
+    /// Device time of each stage of one host query, from events recorded
+    /// between the stages (a diagnostic for tuning; the search itself records none).
+    pub(crate) fn stage_times(
+        &self,
+        query: &[f32],
+        k: usize,
+    ) -> Result<Vec<(&'static str, f32)>, CudaError> {
+        validate::query(query, self.d)?;
+        let k = validate::k(k, self.n)?.min(self.opts.max_k);
+        let mut slot = self.slot()?;
+        let slot = &mut *slot;
+        slot.q_host.as_mut_slice()[..self.d].copy_from_slice(query);
+        let s = slot.stream.as_inner();
+        let mut events = Vec::with_capacity(6);
+        for _ in 0..6 {
+            events.push(Event::new(EventFlags::DEFAULT).op("cuEventCreate")?);
+        }
+        let (n, d) = (self.n as u32, self.d as u32);
+        events[0].record(&slot.stream).op("cuEventRecord")?;
+        // SAFETY: as in `search_host` and `enqueue`: buffers sized at construction.
+        unsafe {
+            launch::h2d(s, ptr(&slot.queries), slot.q_host.as_slice().as_ptr() as *const c_void, self.d * 4)?;
+            events[1].record(&slot.stream).op("cuEventRecord")?;
+            if self.metric == Metric::Cosine {
+                self.kernels.norms(s, ptr(&slot.queries), 1, d, ptr(&slot.qnorm))?;
+            }
+            self.kernels.score(
+                s,
+                self.metric,
+                ptr(&self.corpus),
+                ptr(&self.rnorm),
+                n,
+                d,
+                ptr(&slot.queries),
+                1,
+                ptr(&slot.qnorm),
+                ptr(&slot.scores),
+                ptr(&slot.hist),
+                self.single_grid,
+            )?;
+            events[2].record(&slot.stream).op("cuEventRecord")?;
+            self.kernels.threshold(s, ptr(&slot.hist), 1, k as u32, ptr(&slot.th))?;
+            events[3].record(&slot.stream).op("cuEventRecord")?;
+            self.kernels.gather(
+                s,
+                ptr(&slot.scores),
+                n,
+                1,
+                ptr(&slot.th),
+                ptr(&slot.cand),
+                ptr(&slot.cand_count),
+                ptr(&slot.done),
+                k as u32,
+                ptr(&slot.out),
+            )?;
+            events[4].record(&slot.stream).op("cuEventRecord")?;
+            launch::d2h(
+                s,
+                slot.out_host.as_mut_slice().as_mut_ptr() as *mut c_void,
+                ptr(&slot.out),
+                (k + 1) * std::mem::size_of::<DevNeighbor>(),
+            )?;
+            events[5].record(&slot.stream).op("cuEventRecord")?;
+        }
+        slot.stream.synchronize().op("cuStreamSynchronize")?;
+        let names = ["h2d", "score", "threshold", "gather_select", "d2h"];
+        let mut out = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            let ms = events[i + 1]
+                .elapsed_time_f32(&events[i])
+                .op("cuEventElapsedTime")?;
+            out.push((*name, ms));
+        }
+        Ok(out)
     }
 
     /// A batch of `nq` row-major queries, in chunks of the slot's capacity.

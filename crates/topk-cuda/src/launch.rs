@@ -18,7 +18,7 @@ const SCORE_THREADS: u32 = 256;
 /// Rows a warp scores at once in the single-query kernel (`SINGLE_RT`).
 const SINGLE_ROWS_PER_WARP: u32 = 4;
 /// Queries per tile of the batch kernel (`BATCH_QT`).
-pub(crate) const BATCH_QT: u32 = 8;
+pub(crate) const BATCH_QT: u32 = 16;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
 const BATCH_ROWS_PER_WARP: u32 = 4;
 /// Largest D whose query fits the single-query kernel's shared memory (48 KiB).
@@ -163,6 +163,24 @@ impl Kernels {
         check(op, status)
     }
 
+    /// Blocks of the single-query scoring kernel that fit on the whole device
+    /// at once for dimension `d`: the grid that strides over the rows in one
+    /// balanced wave (a second, partial wave would leave SMs idle at the end).
+    pub(crate) fn single_query_grid(&self, metric: Metric, d: usize) -> Result<u32, CudaError> {
+        let mut per_sm: i32 = 0;
+        let smem = if d <= SINGLE_MAX_DIM { d * 4 } else { 0 };
+        // SAFETY: `per_sm` is valid for one write; the function handle is live.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_sm,
+                self.score1[metric_slot(metric)],
+                SCORE_THREADS as i32,
+                smem,
+            )
+        })?;
+        Ok((per_sm.max(1) as u32) * self.sm_count)
+    }
+
     /// Canonical norms of `n` vectors of length `d` at `x` into `out`.
     ///
     /// # Safety
@@ -218,13 +236,14 @@ impl Kernels {
         qnorm: DPtr,
         scores: DPtr,
         hist: DPtr,
+        single_grid: u32,
     ) -> Result<(), CudaError> {
         let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
         let (mut queries, mut nq, mut qnorm, mut scores, mut hist) = (queries, nq, qnorm, scores, hist);
         let warps = SCORE_THREADS / 32;
         if nq == 1 && (d as usize) <= SINGLE_MAX_DIM {
             let groups = n.div_ceil(warps * SINGLE_ROWS_PER_WARP);
-            let blocks = groups.clamp(1, self.sm_count * 8);
+            let blocks = groups.clamp(1, single_grid.max(1));
             let mut args = [
                 &mut corpus as *mut _ as *mut c_void,
                 &mut rnorm as *mut _ as *mut c_void,

@@ -301,6 +301,13 @@ impl CudaRetriever {
         self.engine.score_ids(queries, ids, offsets, out)
     }
 
+    /// Device milliseconds of each stage of one host query (H→D, score,
+    /// threshold, gather + select, D→H), measured with events: a tuning aid.
+    #[cfg(feature = "cuda")]
+    pub fn stage_times(&self, query: &[f32], k: usize) -> Result<Vec<(&'static str, f32)>, CudaError> {
+        self.engine.stage_times(query, k)
+    }
+
     #[cfg(feature = "cuda")]
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine

@@ -256,7 +256,7 @@ fn report(
             );
         }
     }
-    if q > args.show && args.out.is_none() {
+    if args.show > 0 && q > args.show && args.out.is_none() {
         let _ = writeln!(
             s,
             "\n({} of {q} queries shown; --out FILE writes them all)",

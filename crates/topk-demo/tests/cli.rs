@@ -387,3 +387,33 @@ fn empty_synthetic_corpus() {
     let o = demo(["--n", "0"]);
     fails_with(&o, &["empty corpus"]);
 }
+
+#[test]
+fn real_embeddings_match_their_ground_truth() {
+    // shared/data/minilm-docs-20k, `../shared/data` from the repository root.
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
+    if !dir.join("corpus.npy").is_file() {
+        println!("skipped: {} not found", dir.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("hits.npy");
+    let o = demo(
+        path_arg("--corpus", &dir.join("corpus.npy"))
+            .into_iter()
+            .chain(path_arg("--queries", &dir.join("queries.fvecs")))
+            .chain(path_arg("--out", &out))
+            .chain(["--k", "10"].map(Into::into)),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("N = 20000, D = 384"), "{}", stdout(&o));
+    let got = topk_io::read_npy_u32(&out).unwrap();
+    let truth = topk_io::read_ids(dir.join("gt_top100.ivecs")).unwrap();
+    // The ground truth is ranked in float64; on this data no top-10 pair is
+    // close enough for f32 rounding to reorder it, so the lists are equal.
+    assert_eq!(got.dim(), (500, 10));
+    for q in 0..500 {
+        assert_eq!(got.row(q), truth.slice(ndarray::s![q, ..10]), "query {q}");
+    }
+}

@@ -267,3 +267,19 @@ fn bad_search_inputs_are_typed_errors() {
         })
     ));
 }
+
+/// A full-width search (`ef ≥ N`) once kept the sorted beam of the previous
+/// search on the same pooled scratch and returned its rows twice.
+#[test]
+fn regression_full_width_search_after_a_graph_search_has_no_stale_rows() {
+    let dim = 6;
+    let data = synth::gaussian_clusters(200, dim, 4, 0.5, 21);
+    let index = Hnsw::build(&data, dim, Metric::L2, params(4, 8)).unwrap();
+    let mut out = Vec::new();
+    for q in data.chunks_exact(dim).take(5) {
+        index.search_with_ef(q, 10, 8, &mut out).unwrap();
+        index.search_with_ef(q, 10, 500, &mut out).unwrap();
+        let exact = common::exact(&data, dim, Metric::L2, q, 10).remove(0);
+        assert_eq!(bits(&out), bits(&exact));
+    }
+}

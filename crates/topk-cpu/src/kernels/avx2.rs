@@ -113,7 +113,7 @@ unsafe fn rows_impl<const SQ: bool>(q: &[f32], rows: &[f32], out: &mut [f32]) {
     let d = q.len();
     assert_eq!(rows.len(), out.len() * d);
     // One row at a time: a single sequential stream is what DRAM serves
-    // best, and the four (or two) independent chains per row already
+    // best, and the four independent chains per row already
     // outrun memory.
     for (row, o) in rows.chunks_exact(d).zip(out.iter_mut()) {
         // SAFETY: same features; `row` has `d` values like `q`.
