@@ -12,26 +12,22 @@
 //! identical results (both tested on the device).
 //!
 //! One query in flight pays a launch and a synchronisation per expansion.
-//! [`Hnsw::search_batch_gpu`] keeps many queries in flight instead: each
-//! runs its walk on its own host thread, and a batcher thread merges the
-//! pending expansions of up to 64 queries into one launch.
-
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
+//! [`Hnsw::search_batch_gpu`] keeps many queries in flight instead (the
+//! `batched` module): each runs its walk on its own host thread, and a
+//! batcher thread merges the pending expansions of up to 64 queries into
+//! one launch.
 
 use ndarray::ArrayView2;
 use topk_core::{validate, Metric, Neighbor};
 use topk_cuda::{CudaError, CudaRetriever};
 
+use crate::batched::BatchEngine;
 use crate::build::{build, Mode, ScorerSource};
 use crate::error::{HnswError, Result};
 use crate::index::Hnsw;
 use crate::params::{check_ef, HnswParams};
 use crate::search::Scorer;
 use crate::vectors::Vectors;
-
-/// Queries per `score_ids` launch (the engine's documented ceiling).
-const MAX_QUERIES_PER_LAUNCH: usize = 64;
 
 impl From<CudaError> for HnswError {
     fn from(e: CudaError) -> Self {
@@ -51,6 +47,29 @@ fn check_engine(gpu: &CudaRetriever, v: &Vectors) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Queries per `score_ids` launch (the engine's documented ceiling).
+const MAX_QUERIES_PER_LAUNCH: usize = 64;
+
+impl BatchEngine for CudaRetriever {
+    fn max_queries(&self) -> usize {
+        self.options().max_batch.clamp(1, MAX_QUERIES_PER_LAUNCH)
+    }
+
+    fn max_ids(&self) -> usize {
+        self.options().max_gather.max(1)
+    }
+
+    fn score_batch(
+        &self,
+        queries: &[f32],
+        ids: &[u32],
+        offsets: &[usize],
+        out: &mut [f32],
+    ) -> Result<()> {
+        Ok(self.score_ids(queries, ids, offsets, out)?)
+    }
 }
 
 /// Scores up to 16 rows spread over the corpus on both sides and compares
@@ -168,7 +187,8 @@ impl Hnsw {
     }
 
     /// Searches a `Q × D` batch with `in_flight` walks running at once, their
-    /// expansions merged into shared launches. Same results as the CPU path.
+    /// expansions merged into shared launches (up to 64 queries each). Same
+    /// results as the CPU path.
     pub fn search_batch_gpu(
         &self,
         gpu: &CudaRetriever,
@@ -177,192 +197,8 @@ impl Hnsw {
         ef: usize,
         in_flight: usize,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        let dim = self.vectors.dim();
-        validate::queries(queries, dim)?;
-        validate::k(k, self.vectors.len())?;
-        check_ef(ef)?;
-        if in_flight == 0 {
-            return Err(HnswError::InvalidParameter {
-                name: "in_flight",
-                value: 0,
-                reason: "at least one query must be in flight",
-            });
-        }
         check_engine(gpu, &self.vectors)?;
         spot_check(gpu, &self.vectors)?;
-        let nq = queries.nrows();
-        let flat: Vec<f32> = queries.iter().copied().collect();
-        let max_q = gpu.options().max_batch.clamp(1, MAX_QUERIES_PER_LAUNCH);
-        let max_ids = gpu.options().max_gather.max(1);
-        let failure: Mutex<Option<HnswError>> = Mutex::new(None);
-        let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<Vec<Neighbor>>>> = Mutex::new(vec![None; nq]);
-
-        std::thread::scope(|s| {
-            let (tx, rx) = mpsc::channel::<Request>();
-            s.spawn(|| batcher(gpu, &flat, dim, rx, max_q, max_ids, &failure));
-            for _ in 0..in_flight.min(nq) {
-                let tx = tx.clone();
-                let (failure, next, results) = (&failure, &next, &results);
-                s.spawn(move || {
-                    let (reply_tx, reply_rx) = mpsc::channel();
-                    let mut sc = self.pool.take();
-                    let mut out = Vec::new();
-                    loop {
-                        let qi = next.fetch_add(1, Ordering::Relaxed);
-                        if qi >= nq {
-                            break;
-                        }
-                        let mut scorer = BatchedScorer {
-                            query: qi,
-                            tx: &tx,
-                            reply_tx: &reply_tx,
-                            reply_rx: &reply_rx,
-                            max_ids,
-                        };
-                        match self.search_scored(&mut scorer, k, ef, &mut sc, &mut out) {
-                            Ok(()) => {
-                                lock(results)[qi] = Some(out.clone());
-                            }
-                            Err(e) => {
-                                lock(failure).get_or_insert(e);
-                                next.store(nq, Ordering::Relaxed);
-                                break;
-                            }
-                        }
-                    }
-                    self.pool.put(sc);
-                });
-            }
-            // The batcher ends when the last worker drops its sender.
-            drop(tx);
-        });
-
-        if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e);
-        }
-        results
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-            .into_iter()
-            .enumerate()
-            .map(|(i, r)| {
-                r.ok_or_else(|| HnswError::GpuBatch {
-                    what: format!("query {i} produced no result"),
-                })
-            })
-            .collect()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One expansion waiting for its scores.
-struct Request {
-    query: usize,
-    ids: Vec<u32>,
-    /// `None` when the launch failed (the error is in the shared slot).
-    reply: mpsc::Sender<Option<Vec<f32>>>,
-}
-
-/// A walk's scorer that queues its expansions for the batcher.
-struct BatchedScorer<'a> {
-    query: usize,
-    tx: &'a mpsc::Sender<Request>,
-    reply_tx: &'a mpsc::Sender<Option<Vec<f32>>>,
-    reply_rx: &'a mpsc::Receiver<Option<Vec<f32>>>,
-    max_ids: usize,
-}
-
-impl Scorer for BatchedScorer<'_> {
-    fn score_ids(&mut self, ids: &[u32], out: &mut [f32]) -> Result<()> {
-        for (chunk, o) in ids.chunks(self.max_ids).zip(out.chunks_mut(self.max_ids)) {
-            let req = Request {
-                query: self.query,
-                ids: chunk.to_vec(),
-                reply: self.reply_tx.clone(),
-            };
-            let lost = || HnswError::GpuBatch {
-                what: "the batcher stopped".to_owned(),
-            };
-            self.tx.send(req).map_err(|_| lost())?;
-            match self.reply_rx.recv().map_err(|_| lost())? {
-                Some(scores) => o.copy_from_slice(&scores),
-                None => {
-                    return Err(HnswError::GpuBatch {
-                        what: "a shared launch failed".to_owned(),
-                    })
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Merges whatever expansions are waiting (up to `max_q` queries and
-/// `max_ids` ids) into one launch, until every walk has finished.
-fn batcher(
-    gpu: &CudaRetriever,
-    queries: &[f32],
-    dim: usize,
-    rx: mpsc::Receiver<Request>,
-    max_q: usize,
-    max_ids: usize,
-    failure: &Mutex<Option<HnswError>>,
-) {
-    let mut pending: Option<Request> = None;
-    let mut batch: Vec<Request> = Vec::with_capacity(max_q);
-    let (mut qbuf, mut ids, mut offsets, mut out) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    loop {
-        let first = match pending.take() {
-            Some(r) => r,
-            None => match rx.recv() {
-                Ok(r) => r,
-                Err(_) => return,
-            },
-        };
-        let mut total = first.ids.len();
-        batch.clear();
-        batch.push(first);
-        while batch.len() < max_q {
-            match rx.try_recv() {
-                Ok(r) if total + r.ids.len() > max_ids => {
-                    pending = Some(r);
-                    break;
-                }
-                Ok(r) => {
-                    total += r.ids.len();
-                    batch.push(r);
-                }
-                Err(_) => break,
-            }
-        }
-        qbuf.clear();
-        ids.clear();
-        offsets.clear();
-        offsets.push(0);
-        for r in &batch {
-            qbuf.extend_from_slice(&queries[r.query * dim..(r.query + 1) * dim]);
-            ids.extend_from_slice(&r.ids);
-            offsets.push(ids.len());
-        }
-        out.clear();
-        out.resize(ids.len(), 0.0);
-        match gpu.score_ids(&qbuf, &ids, &offsets, &mut out) {
-            Ok(()) => {
-                for (i, r) in batch.iter().enumerate() {
-                    let _ = r.reply.send(Some(out[offsets[i]..offsets[i + 1]].to_vec()));
-                }
-            }
-            Err(e) => {
-                lock(failure).get_or_insert(e.into());
-                for r in &batch {
-                    let _ = r.reply.send(None);
-                }
-            }
-        }
+        self.search_in_flight(gpu, queries, k, ef, in_flight)
     }
 }

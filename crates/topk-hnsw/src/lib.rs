@@ -36,6 +36,9 @@
 //! `ef` below `k` is raised to `k`; `ef = 0`, `m < 2` and
 //! `ef_construction = 0` are [`HnswError::InvalidParameter`].
 
+// Without the GPU engine only the tests drive the in-flight machinery.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod batched;
 mod build;
 mod error;
 #[cfg(feature = "cuda")]
