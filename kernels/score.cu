@@ -207,7 +207,7 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
 }
 
 #define SINGLE_RT 4
-#define BATCH_QT 16
+#define BATCH_QT 8
 #define BATCH_RT 4
 
 #define TOPK_SCORE_KERNELS(NAME, METRIC)                                                    \

@@ -22,91 +22,93 @@
 #define TOPK_STATUS_OK 0u
 #define TOPK_STATUS_OVERFLOW 1u
 
+// Inclusive prefix sum over the lanes of a warp.
+__device__ __forceinline__ unsigned warp_inclusive_scan(unsigned v, unsigned lane) {
+#pragma unroll
+    for (unsigned s = 1; s < TOPK_WARP; s <<= 1) {
+        unsigned u = __shfl_up_sync(TOPK_FULL_MASK, v, s);
+        if (lane >= s) {
+            v += u;
+        }
+    }
+    return v;
+}
+
+// Three levels, every read coalesced: each warp sums a segment of 2,048 bins
+// (warp 0 the best); the segment holding the k-th best row is split into 32
+// runs of 64 bins, one per lane; the run holding it is scanned two bins a lane.
 extern "C" __global__ void __launch_bounds__(THRESH_THREADS)
     topk_threshold(unsigned* __restrict__ hist, unsigned k, TopkThreshold* __restrict__ out) {
     __shared__ unsigned warp_sums[THRESH_THREADS / TOPK_WARP];
-    __shared__ unsigned owner_lo, owner_above;
-    const unsigned per = TOPK_HIST_BINS / THRESH_THREADS;  // 64 bins per thread
-    unsigned* h = hist + (size_t)blockIdx.x * TOPK_HIST_BINS;
-    // Thread 0 owns the best (highest) bins.
-    const unsigned hi = TOPK_HIST_BINS - threadIdx.x * per;
-    const unsigned lo = hi - per;
-    unsigned sum = 0;
-#pragma unroll
-    for (unsigned i = 0; i < per; i += 4) {
-        uint4 v = *reinterpret_cast<const uint4*>(h + lo + i);
-        sum += v.x + v.y + v.z + v.w;
-    }
-    // Exclusive prefix over threads in thread order (best bins first).
+    __shared__ unsigned seg_sel, seg_above;
+    const unsigned warps = THRESH_THREADS / TOPK_WARP;
+    const unsigned seg = TOPK_HIST_BINS / warps;  // 2048 bins per warp
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
-    unsigned incl = sum;
+    uint4* h4 = reinterpret_cast<uint4*>(hist + (size_t)blockIdx.x * TOPK_HIST_BINS);
+    unsigned* h = hist + (size_t)blockIdx.x * TOPK_HIST_BINS;
+
+    // Level 1: segment sums; warp w owns bins [65536 - (w+1)*2048, 65536 - w*2048).
+    const unsigned seg_lo = TOPK_HIST_BINS - (warp + 1) * seg;
+    unsigned sum = 0;
 #pragma unroll
-    for (unsigned s = 1; s < TOPK_WARP; s <<= 1) {
-        unsigned v = __shfl_up_sync(TOPK_FULL_MASK, incl, s);
-        if (lane >= s) {
-            incl += v;
-        }
+    for (unsigned j = 0; j < seg / 4 / TOPK_WARP; ++j) {
+        uint4 v = h4[seg_lo / 4 + lane + TOPK_WARP * j];
+        sum += v.x + v.y + v.z + v.w;
     }
-    if (lane == TOPK_WARP - 1) {
-        warp_sums[warp] = incl;
+#pragma unroll
+    for (unsigned s = 16; s > 0; s >>= 1) {
+        sum += __shfl_xor_sync(TOPK_FULL_MASK, sum, s);
+    }
+    if (lane == 0) {
+        warp_sums[warp] = sum;
     }
     __syncthreads();
     if (warp == 0) {
         unsigned w = warp_sums[lane];
-        unsigned wincl = w;
-#pragma unroll
-        for (unsigned s = 1; s < TOPK_WARP; s <<= 1) {
-            unsigned v = __shfl_up_sync(TOPK_FULL_MASK, wincl, s);
-            if (lane >= s) {
-                wincl += v;
-            }
+        unsigned incl = warp_inclusive_scan(w, lane);
+        unsigned above = incl - w;
+        if (above < k && incl >= k) {
+            seg_sel = lane;
+            seg_above = above;
         }
-        warp_sums[lane] = wincl - w;
     }
     __syncthreads();
-    const unsigned above = warp_sums[warp] + incl - sum;
-    // Exactly one thread's range holds the k-th best row; warp 0 then scans
-    // that range's 64 bins in parallel (two per lane, best first) instead of
-    // one thread walking them with dependent loads.
-    if (above < k && above + sum >= k) {
-        owner_lo = lo;
-        owner_above = above;
-    }
-    __syncthreads();
+
+    // Levels 2 and 3, in warp 0: runs of 64 bins in the chosen segment.
     if (warp == 0) {
-        const unsigned base = owner_lo;
-        // Lane l holds bins base+63-2l (better) and base+62-2l.
-        const unsigned hi_bin = base + per - 1 - 2 * lane;
+        const unsigned base = TOPK_HIST_BINS - (seg_sel + 1) * seg;
+        const unsigned run = seg / TOPK_WARP;  // 64
+        // Lane l's run is the l-th best: bins [base + 2048 - 64(l+1), base + 2048 - 64l).
+        const unsigned run_lo = base + seg - run * (lane + 1);
+        unsigned rsum = 0;
+#pragma unroll
+        for (unsigned j = 0; j < run / 4; ++j) {
+            uint4 v = h4[run_lo / 4 + j];
+            rsum += v.x + v.y + v.z + v.w;
+        }
+        unsigned rincl = warp_inclusive_scan(rsum, lane);
+        unsigned rabove = seg_above + rincl - rsum;
+        unsigned sel = __ballot_sync(TOPK_FULL_MASK, rabove < k && rabove + rsum >= k);
+        unsigned owner = __ffs(sel) - 1;
+        const unsigned o_lo = __shfl_sync(TOPK_FULL_MASK, run_lo, owner);
+        const unsigned o_above = __shfl_sync(TOPK_FULL_MASK, rabove, owner);
+        // Lane l holds bins o_lo+63-2l (better) and o_lo+62-2l.
+        const unsigned hi_bin = o_lo + run - 1 - 2 * lane;
         const unsigned c_hi = h[hi_bin];
         const unsigned c_lo = h[hi_bin - 1];
         const unsigned pair = c_hi + c_lo;
-        unsigned scan = pair;
-#pragma unroll
-        for (unsigned s = 1; s < TOPK_WARP; s <<= 1) {
-            unsigned v = __shfl_up_sync(TOPK_FULL_MASK, scan, s);
-            if (lane >= s) {
-                scan += v;
-            }
-        }
-        const unsigned before = owner_above + scan - pair;
+        const unsigned before = o_above + warp_inclusive_scan(pair, lane) - pair;
         if (before < k && before + pair >= k) {
-            unsigned bucket, count;
-            if (before + c_hi >= k) {
-                bucket = hi_bin;
-                count = before + c_hi;
-            } else {
-                bucket = hi_bin - 1;
-                count = before + pair;
-            }
-            out[blockIdx.x].bucket = bucket;
-            out[blockIdx.x].count = count;
+            const bool in_hi = before + c_hi >= k;
+            out[blockIdx.x].bucket = in_hi ? hi_bin : hi_bin - 1;
+            out[blockIdx.x].count = in_hi ? before + c_hi : before + pair;
         }
     }
     __syncthreads();
-#pragma unroll
-    for (unsigned i = 0; i < per; i += 4) {
-        *reinterpret_cast<uint4*>(h + lo + i) = make_uint4(0u, 0u, 0u, 0u);
+    // Leave the histogram zeroed for the next search (coalesced stores).
+    for (unsigned i = threadIdx.x; i < TOPK_HIST_BINS / 4; i += blockDim.x) {
+        h4[i] = make_uint4(0u, 0u, 0u, 0u);
     }
 }
 

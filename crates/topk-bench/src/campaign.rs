@@ -1,7 +1,8 @@
 //! The campaign of DESIGN.md §6 in one process: every (N, D, K) and the batch
-//! sweep, gated against the oracle, timed on the GPU-resident path and the
-//! CPU round-trip baseline (or on the CPU path in a build without CUDA),
-//! written row by row to `results.jsonl` / `results.csv`.
+//! sweep, gated against the oracle, timed on the GPU-resident path, the
+//! device-query path and the CPU round-trip baseline (batches: the resident
+//! path and the CPU backend's host batch), or on the CPU path alone with
+//! `--backend cpu`, written row by row to `results.jsonl` / `results.csv`.
 //!
 //! Each D's largest corpus is generated once; smaller N are its prefixes.
 //! The corpus and queries are also written as `.npy` files so that the
@@ -239,7 +240,7 @@ pub struct Options {
     pub data_dir: Option<PathBuf>,
     /// The sweep.
     pub spec: Spec,
-    /// `cuda` (resident + round trip) or `cpu` / `oracle` (host path only).
+    /// `cuda` (resident, device query, round trip) or `cpu` / `oracle` (host path only).
     pub backend: Backend,
     /// Whether to echo `TOPK_BENCH_JSON` lines on stdout.
     pub echo: bool,

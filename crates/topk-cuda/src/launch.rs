@@ -18,7 +18,7 @@ const SCORE_THREADS: u32 = 256;
 /// Rows a warp scores at once in the single-query kernel (`SINGLE_RT`).
 const SINGLE_ROWS_PER_WARP: u32 = 4;
 /// Queries per tile of the batch kernel (`BATCH_QT`).
-pub(crate) const BATCH_QT: u32 = 16;
+pub(crate) const BATCH_QT: u32 = 8;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
 const BATCH_ROWS_PER_WARP: u32 = 4;
 /// Largest D whose query fits the single-query kernel's shared memory (48 KiB).
