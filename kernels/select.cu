@@ -16,7 +16,7 @@
 #include "common.cuh"
 
 #define THRESH_THREADS 1024
-#define GATHER_THREADS 512
+#define GATHER_THREADS 1024
 
 // Header of each query's result row: index = status, score unused.
 #define TOPK_STATUS_OK 0u

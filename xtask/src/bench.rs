@@ -12,8 +12,14 @@ use crate::util::{anchor_venv, root, run, XResult};
 /// Builds `topk_bench` in release (with CUDA when asked) and returns its path.
 fn build_bench(with_cuda: bool) -> XResult<PathBuf> {
     let mut cmd = Command::new(cuda::cargo());
-    cmd.current_dir(root())
-        .args(["build", "--release", "-p", "topk-bench", "--bin", "topk_bench"]);
+    cmd.current_dir(root()).args([
+        "build",
+        "--release",
+        "-p",
+        "topk-bench",
+        "--bin",
+        "topk_bench",
+    ]);
     if with_cuda {
         cmd.args(["--features", "cuda"]);
         cuda::apply_link_env(&mut cmd, false)?;
@@ -24,8 +30,13 @@ fn build_bench(with_cuda: bool) -> XResult<PathBuf> {
     let built = root().join("target/release/topk_bench");
     let dir = root().join("target/xtask-bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let copy = dir.join(if with_cuda { "topk_bench-cuda" } else { "topk_bench" });
-    std::fs::copy(&built, &copy).map_err(|e| format!("{} → {}: {e}", built.display(), copy.display()))?;
+    let copy = dir.join(if with_cuda {
+        "topk_bench-cuda"
+    } else {
+        "topk_bench"
+    });
+    std::fs::copy(&built, &copy)
+        .map_err(|e| format!("{} → {}: {e}", built.display(), copy.display()))?;
     Ok(copy)
 }
 
@@ -189,7 +200,11 @@ pub fn cpu_compare_cmd(args: &[String]) -> XResult<()> {
     eprintln!("load average before the run: {}", load.trim());
 
     let mut ours = Command::new(&bin);
-    ours.arg("cpu-compare").arg("--out").arg(&out).arg("--data").arg(&data);
+    ours.arg("cpu-compare")
+        .arg("--out")
+        .arg(&out)
+        .arg("--data")
+        .arg(&data);
     if quick {
         ours.arg("--quick");
     }
@@ -216,13 +231,16 @@ pub fn cpu_compare_cmd(args: &[String]) -> XResult<()> {
         .arg(anchors.join("faiss.jsonl")))?;
 
     let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let notes = format!(
+    let notes =
+        format!(
         "Measured with `cargo xtask cpu-compare` on a shared 2-core VM (other work may have run \
          at the same time; load average {} at the start, {} at the end). topk's CPU backend is \
          exact (checked bit for bit against the oracle before timing); numpy and faiss use BLAS \
          summation orders and are not. The floor is N·D·4 bytes over the host read bandwidth \
          measured in the same run. numpy runs without OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE; faiss \
-         runs with 1 and 2 OpenMP threads (`faiss.omp_set_num_threads`).",
+         runs with 1 and 2 OpenMP threads (`faiss.omp_set_num_threads`). The contenders run \
+         one after another (topk, then numpy, then faiss), so a change of load between them \
+         shows up as a difference between them: compare with care.",
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         load_end.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
     );

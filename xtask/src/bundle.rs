@@ -56,11 +56,17 @@ fn cargo_executables(args: &[&str]) -> XResult<Vec<(String, String, PathBuf)>> {
         };
         let target = msg["target"]["name"].as_str().unwrap_or("bin");
         let name = if msg["profile"]["test"].as_bool().unwrap_or(false) {
-            format!("{}-{target}", package_name(msg["package_id"].as_str().unwrap_or("")))
+            format!(
+                "{}-{target}",
+                package_name(msg["package_id"].as_str().unwrap_or(""))
+            )
         } else {
             target.to_owned()
         };
-        let kind = msg["target"]["kind"][0].as_str().unwrap_or("bin").to_owned();
+        let kind = msg["target"]["kind"][0]
+            .as_str()
+            .unwrap_or("bin")
+            .to_owned();
         let test = msg["profile"]["test"].as_bool().unwrap_or(false);
         let kind = if test { format!("{kind}-test") } else { kind };
         exes.push((name, kind, PathBuf::from(exe)));
@@ -176,7 +182,10 @@ pub fn bundle_cmd() -> XResult<()> {
         let dst = bin.join(&file);
         copy(&exe, &dst)?;
         // Debug info is not needed there and would push the bundle past its size limit.
-        let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
+        let _ = Command::new("strip")
+            .arg("--strip-debug")
+            .arg(&dst)
+            .status();
         names.push(file);
     }
     names.sort();

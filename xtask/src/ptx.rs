@@ -25,8 +25,7 @@ fn sources(dir: &Path) -> XResult<Vec<(String, String)>> {
         let p = e.path();
         let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
         if ext == "cu" || ext == "cuh" {
-            let text =
-                std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
             out.push((e.file_name().to_string_lossy().into_owned(), text));
         }
     }

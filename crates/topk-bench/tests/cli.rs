@@ -1,13 +1,27 @@
 //! The `topk_bench` binary end to end: flag validation, the JSON line schema,
 //! file inputs, and the results-folder subcommands.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use topk_bench::record::{Record, JSON_PREFIX};
 
+/// The binary under test: where cargo built it, or, in the GPU bundle (no
+/// cargo there), beside this test executable.
+fn exe() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_topk_bench"));
+    if built.is_file() {
+        return built;
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|t| t.parent().map(|d| d.join("topk_bench")))
+        .filter(|p| p.is_file())
+        .unwrap_or(built)
+}
+
 fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_topk_bench"))
+    Command::new(exe())
         .args(args)
         .env("RUST_LOG", "warn")
         .output()
@@ -92,6 +106,67 @@ fn cuda_without_the_feature_says_how_to_get_it() {
         ],
         "rebuild with --features cuda",
     );
+}
+
+/// On a GPU (the bundle sets TOPK_REQUIRE_GPU=1, where skipping is a
+/// failure): every GPU path passes the bitwise gate and is timed.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_paths_are_gated_and_timed() {
+    let single = bench(&[
+        "--backend",
+        "cuda",
+        "--n",
+        "5000",
+        "--d",
+        "100",
+        "--k",
+        "50",
+        "--trials",
+        "5",
+        "--metric",
+        "cosine",
+    ]);
+    let e = stderr(&single);
+    if !single.status.success() && e.contains("no CUDA") {
+        assert_ne!(
+            std::env::var("TOPK_REQUIRE_GPU").as_deref(),
+            Ok("1"),
+            "TOPK_REQUIRE_GPU=1 but: {e}"
+        );
+        eprintln!("skipping: {e}");
+        return;
+    }
+    assert!(single.status.success(), "{e}");
+    let r = records(&single);
+    let paths: Vec<&str> = r.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["resident", "device", "cpu_roundtrip"]);
+    for rec in &r {
+        assert_eq!(rec.correct, Some(true), "{rec:?}");
+        assert!(rec.median_ms.is_some() && rec.floor_ms.is_some(), "{rec:?}");
+    }
+    let batch = bench(&[
+        "--backend",
+        "cuda",
+        "--n",
+        "5000",
+        "--d",
+        "100",
+        "--k",
+        "3000",
+        "--trials",
+        "3",
+        "--batch",
+        "8",
+    ]);
+    assert!(batch.status.success(), "{}", stderr(&batch));
+    let r = records(&batch);
+    let paths: Vec<(&str, &str)> = r
+        .iter()
+        .map(|r| (r.backend.as_str(), r.path.as_str()))
+        .collect();
+    assert_eq!(paths, [("cuda", "resident"), ("cpu", "cpu")]);
+    assert!(r.iter().all(|r| r.correct == Some(true)), "{r:?}");
 }
 
 #[test]

@@ -19,7 +19,8 @@ fn gaussian_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
     std::thread::scope(|s| {
         for (c, part) in v.chunks_mut(rows_per * d).enumerate() {
             s.spawn(move || {
-                let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(c as u64));
+                let mut rng =
+                    ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(c as u64));
                 for row in part.chunks_mut(d) {
                     // Box-Muller, both outputs used.
                     for pair in row.chunks_mut(2) {
@@ -51,7 +52,10 @@ fn reference(corpus: &[f32], d: usize, q: &[f32], k: usize) -> Vec<Neighbor> {
             s.spawn(move || {
                 for (j, slot) in part.iter_mut().enumerate() {
                     let i = c * per + j;
-                    *slot = Neighbor::new(i as u32, Metric::Dot.score_scalar(q, &corpus[i * d..(i + 1) * d]));
+                    *slot = Neighbor::new(
+                        i as u32,
+                        Metric::Dot.score_scalar(q, &corpus[i * d..(i + 1) * d]),
+                    );
                 }
             });
         }
@@ -89,15 +93,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         serde_json::json!({"kind": "env", "device": info.name, "driver": info.driver_version,
             "memory": info.total_memory, "sms": info.multiprocessors, "d2d_bytes_per_s": bw})
     );
-    let ns: &[usize] = if quick { &[10_000, 100_000, 1_000_000] } else { &[10_000, 50_000, 100_000, 500_000, 1_000_000] };
-    let ds: &[usize] = if quick { &[384, 1024] } else { &[384, 768, 1024] };
+    let ns: &[usize] = if quick {
+        &[10_000, 100_000, 1_000_000]
+    } else {
+        &[10_000, 50_000, 100_000, 500_000, 1_000_000]
+    };
+    let ds: &[usize] = if quick {
+        &[384, 1024]
+    } else {
+        &[384, 768, 1024]
+    };
     let ks = [8usize, 32, 100, 1000];
     let cpu_k = *ks.iter().max().unwrap_or(&1000);
     for &n in ns {
         for &d in ds {
             let corpus = gaussian_rows(n, d, 42);
             let query = gaussian_rows(1, d, 7);
-            let gpu = CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, CudaOptions::default())?;
+            let gpu =
+                CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, CudaOptions::default())?;
             let dq = gpu.upload_query(&query)?;
             let expect = reference(&corpus, d, &query, cpu_k);
             let floor_ms = (n * d * 4) as f64 / bw * 1e3;
@@ -152,7 +165,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 let ok = first.is_some_and(|r| {
                     same_bits(&r[0], &reference(&corpus, d, &queries[..d], 100))
-                        && same_bits(&r[q - 1], &reference(&corpus, d, &queries[(q - 1) * d..], 100))
+                        && same_bits(
+                            &r[q - 1],
+                            &reference(&corpus, d, &queries[(q - 1) * d..], 100),
+                        )
                 });
                 let (bm, bmin, bmax) = stats(tb);
                 println!(

@@ -119,9 +119,7 @@ fn alloc<T: cust::memory::DeviceCopy>(
     })
 }
 
-fn pinned<T: cust::memory::DeviceCopy + Default>(
-    len: usize,
-) -> Result<LockedBuffer<T>, CudaError> {
+fn pinned<T: cust::memory::DeviceCopy + Default>(len: usize) -> Result<LockedBuffer<T>, CudaError> {
     LockedBuffer::new(&T::default(), len.max(1)).op("cuMemAllocHost")
 }
 
@@ -167,7 +165,13 @@ fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> 
 }
 
 impl Slot {
-    fn new(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> Result<Self, CudaError> {
+    fn new(
+        n: usize,
+        d: usize,
+        chunk: usize,
+        max_k: usize,
+        gather: usize,
+    ) -> Result<Self, CudaError> {
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
         let slot = Slot {
             queries: alloc("query staging", chunk * d)?,
@@ -273,10 +277,11 @@ impl Engine {
                 available,
             });
         }
-        let score_module = Module::from_ptx(ptx::SCORE_PTX, &[]).map_err(|e| CudaError::ModuleLoad {
-            module: "score",
-            reason: e.to_string(),
-        })?;
+        let score_module =
+            Module::from_ptx(ptx::SCORE_PTX, &[]).map_err(|e| CudaError::ModuleLoad {
+                module: "score",
+                reason: e.to_string(),
+            })?;
         let select_module =
             Module::from_ptx(ptx::SELECT_PTX, &[]).map_err(|e| CudaError::ModuleLoad {
                 module: "select",
@@ -295,7 +300,13 @@ impl Engine {
         let rnorm = alloc::<f32>("row norms", if metric == Metric::Cosine { n } else { 1 })?;
         let mut slots = Vec::with_capacity(opts.streams);
         for _ in 0..opts.streams {
-            slots.push(Mutex::new(Slot::new(n, d, chunk, opts.max_k, opts.max_gather)?));
+            slots.push(Mutex::new(Slot::new(
+                n,
+                d,
+                chunk,
+                opts.max_k,
+                opts.max_gather,
+            )?));
         }
         if metric == Metric::Cosine {
             let slot = slots[0].lock().unwrap_or_else(|p| p.into_inner());
@@ -309,7 +320,9 @@ impl Engine {
                     ptr(&rnorm),
                 )?;
             }
-            slot.stream.synchronize().op("cuStreamSynchronize (row norms)")?;
+            slot.stream
+                .synchronize()
+                .op("cuStreamSynchronize (row norms)")?;
         }
         tracing::debug!(n, d, %metric, streams = opts.streams, chunk, "topk-cuda engine ready");
         Ok(Engine {
@@ -375,7 +388,8 @@ impl Engine {
         // the device path); `queries` holds nq × d floats (checked by callers).
         unsafe {
             if self.metric == Metric::Cosine {
-                self.kernels.norms(s, queries, nq as u32, d, ptr(&slot.qnorm))?;
+                self.kernels
+                    .norms(s, queries, nq as u32, d, ptr(&slot.qnorm))?;
             }
             self.kernels.score(
                 s,
@@ -448,7 +462,10 @@ impl Engine {
                     return Ok(());
                 }
                 STATUS_OVERFLOW => {
-                    tracing::debug!(k, "tied candidates over the device cap; selecting on the host");
+                    tracing::debug!(
+                        k,
+                        "tied candidates over the device cap; selecting on the host"
+                    );
                 }
                 other => {
                     return Err(CudaError::Driver {
@@ -588,10 +605,16 @@ impl Engine {
         events[0].record(&slot.stream).op("cuEventRecord")?;
         // SAFETY: as in `search_host` and `enqueue`: buffers sized at construction.
         unsafe {
-            launch::h2d(s, ptr(&slot.queries), slot.q_host.as_slice().as_ptr() as *const c_void, self.d * 4)?;
+            launch::h2d(
+                s,
+                ptr(&slot.queries),
+                slot.q_host.as_slice().as_ptr() as *const c_void,
+                self.d * 4,
+            )?;
             events[1].record(&slot.stream).op("cuEventRecord")?;
             if self.metric == Metric::Cosine {
-                self.kernels.norms(s, ptr(&slot.queries), 1, d, ptr(&slot.qnorm))?;
+                self.kernels
+                    .norms(s, ptr(&slot.queries), 1, d, ptr(&slot.qnorm))?;
             }
             self.kernels.score(
                 s,
@@ -608,7 +631,8 @@ impl Engine {
                 self.single_grid,
             )?;
             events[2].record(&slot.stream).op("cuEventRecord")?;
-            self.kernels.threshold(s, ptr(&slot.hist), 1, k as u32, ptr(&slot.th))?;
+            self.kernels
+                .threshold(s, ptr(&slot.hist), 1, k as u32, ptr(&slot.th))?;
             events[3].record(&slot.stream).op("cuEventRecord")?;
             self.kernels.gather(
                 s,
@@ -735,7 +759,11 @@ impl Engine {
                 reason: format!("out has {} slots for {} ids", out.len(), ids.len()),
             });
         }
-        if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= self.n) {
+        if let Some((position, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= self.n)
+        {
             return Err(CudaError::RowIdOutOfRange {
                 id,
                 position,
@@ -759,9 +787,24 @@ impl Engine {
         // (checked against the capacities above); ids are < n; the stream is
         // synchronised before `id_scores_host` is read.
         unsafe {
-            launch::h2d(s, ptr(&slot.queries), slot.q_host.as_ptr() as *const c_void, queries.len() * 4)?;
-            launch::h2d(s, ptr(&slot.ids), slot.ids_host.as_ptr() as *const c_void, count * 4)?;
-            launch::h2d(s, ptr(&slot.owner), slot.owner_host.as_ptr() as *const c_void, count * 4)?;
+            launch::h2d(
+                s,
+                ptr(&slot.queries),
+                slot.q_host.as_ptr() as *const c_void,
+                queries.len() * 4,
+            )?;
+            launch::h2d(
+                s,
+                ptr(&slot.ids),
+                slot.ids_host.as_ptr() as *const c_void,
+                count * 4,
+            )?;
+            launch::h2d(
+                s,
+                ptr(&slot.owner),
+                slot.owner_host.as_ptr() as *const c_void,
+                count * 4,
+            )?;
             if self.metric == Metric::Cosine {
                 self.kernels
                     .norms(s, ptr(&slot.queries), nq as u32, d as u32, ptr(&slot.qnorm))?;
@@ -821,7 +864,11 @@ impl<T: cust::memory::DeviceCopy> OwnedDevice<T> {
             ctx: Arc::clone(ctx),
         })
     }
-    pub(crate) fn zeroed(ctx: &Arc<Ctx>, what: &'static str, len: usize) -> Result<Self, CudaError> {
+    pub(crate) fn zeroed(
+        ctx: &Arc<Ctx>,
+        what: &'static str,
+        len: usize,
+    ) -> Result<Self, CudaError> {
         ctx.make_current()?;
         let buf = alloc::<T>(what, len)?;
         // SAFETY: the range is exactly the new buffer.

@@ -16,7 +16,9 @@ pub enum CudaError {
         reason: String,
     },
     /// The requested device ordinal does not exist.
-    #[error("no CUDA-capable device with ordinal {requested}: the driver reports {available} device(s)")]
+    #[error(
+        "no CUDA-capable device with ordinal {requested}: the driver reports {available} device(s)"
+    )]
     NoDevice {
         /// The ordinal asked for (`CudaOptions::device`).
         requested: usize,

@@ -24,7 +24,7 @@ const BATCH_ROWS_PER_WARP: u32 = 4;
 /// Largest D whose query fits the single-query kernel's shared memory (48 KiB).
 pub(crate) const SINGLE_MAX_DIM: usize = 12 * 1024;
 const THRESH_THREADS: u32 = 1024;
-const GATHER_THREADS: u32 = 512;
+const GATHER_THREADS: u32 = 1024;
 /// Largest candidate set the device sorts (`TOPK_CAND_CAP`).
 pub(crate) const CAND_CAP: usize = 4096;
 /// Bins of each query's histogram (`TOPK_HIST_BINS`).
@@ -239,7 +239,8 @@ impl Kernels {
         single_grid: u32,
     ) -> Result<(), CudaError> {
         let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
-        let (mut queries, mut nq, mut qnorm, mut scores, mut hist) = (queries, nq, qnorm, scores, hist);
+        let (mut queries, mut nq, mut qnorm, mut scores, mut hist) =
+            (queries, nq, qnorm, scores, hist);
         let warps = SCORE_THREADS / 32;
         if nq == 1 && (d as usize) <= SINGLE_MAX_DIM {
             let groups = n.div_ceil(warps * SINGLE_ROWS_PER_WARP);
@@ -270,11 +271,13 @@ impl Kernels {
         } else {
             let tiles = nq.div_ceil(BATCH_QT);
             let row_blocks = n.div_ceil(warps * BATCH_ROWS_PER_WARP);
-            let blocks = row_blocks.checked_mul(tiles).ok_or(CudaError::InvalidOption {
-                name: "batch grid",
-                value: row_blocks as usize * tiles as usize,
-                reason: "the batch grid exceeds 2^32 blocks; use a smaller max_batch",
-            })?;
+            let blocks = row_blocks
+                .checked_mul(tiles)
+                .ok_or(CudaError::InvalidOption {
+                    name: "batch grid",
+                    value: row_blocks as usize * tiles as usize,
+                    reason: "the batch grid exceeds 2^32 blocks; use a smaller max_batch",
+                })?;
             let mut args = [
                 &mut corpus as *mut _ as *mut c_void,
                 &mut rnorm as *mut _ as *mut c_void,
@@ -406,7 +409,8 @@ impl Kernels {
         count: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut corpus, mut rnorm, mut d, mut queries, mut qnorm) = (corpus, rnorm, d, queries, qnorm);
+        let (mut corpus, mut rnorm, mut d, mut queries, mut qnorm) =
+            (corpus, rnorm, d, queries, qnorm);
         let (mut ids, mut owner, mut count, mut out) = (ids, owner, count, out);
         let warps = SCORE_THREADS / 32;
         let blocks = count.div_ceil(warps).clamp(1, self.sm_count * 16);
@@ -490,7 +494,11 @@ pub(crate) unsafe fn d2d(
 ///
 /// # Safety
 /// `dst` is valid device memory of `words * 4` bytes.
-pub(crate) unsafe fn zero32(stream: cu::CUstream, dst: DPtr, words: usize) -> Result<(), CudaError> {
+pub(crate) unsafe fn zero32(
+    stream: cu::CUstream,
+    dst: DPtr,
+    words: usize,
+) -> Result<(), CudaError> {
     // SAFETY: forwarded from this function's contract.
     check("cuMemsetD32Async", unsafe {
         cu::cuMemsetD32Async(dst, 0, words, stream)

@@ -82,10 +82,10 @@ use engine::Engine;
 #[cfg(not(feature = "cuda"))]
 use stub::Engine;
 
-#[cfg(feature = "cuda")]
-pub use tools::{device_info, measure_d2d_bandwidth, DeviceQuery, RoundTrip};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{device_info, measure_d2d_bandwidth, DeviceQuery, RoundTrip};
+#[cfg(feature = "cuda")]
+pub use tools::{device_info, measure_d2d_bandwidth, DeviceQuery, RoundTrip};
 
 /// Limits of an engine, fixed at construction: every device and pinned buffer
 /// is sized from them once, so a search allocates nothing.
@@ -304,7 +304,11 @@ impl CudaRetriever {
     /// Device milliseconds of each stage of one host query (H→D, score,
     /// threshold, gather + select, D→H), measured with events: a tuning aid.
     #[cfg(feature = "cuda")]
-    pub fn stage_times(&self, query: &[f32], k: usize) -> Result<Vec<(&'static str, f32)>, CudaError> {
+    pub fn stage_times(
+        &self,
+        query: &[f32],
+        k: usize,
+    ) -> Result<Vec<(&'static str, f32)>, CudaError> {
         self.engine.stage_times(query, k)
     }
 

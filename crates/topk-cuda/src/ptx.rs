@@ -125,7 +125,10 @@ mod tests {
     fn every_kernel_family_is_embedded() {
         assert_eq!(KERNEL_NAMES, &["score", "select"]);
         for ptx in [SCORE_PTX, SELECT_PTX] {
-            assert!(ptx.contains(".version 9.0"), "PTX ISA must be 9.0 (CUDA 13.0)");
+            assert!(
+                ptx.contains(".version 9.0"),
+                "PTX ISA must be 9.0 (CUDA 13.0)"
+            );
         }
     }
 }

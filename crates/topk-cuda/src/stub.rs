@@ -43,10 +43,19 @@ impl Engine {
     pub(crate) fn info(&self) -> &DeviceInfo {
         match *self {}
     }
-    pub(crate) fn search_host(&self, _q: &[f32], _k: usize, _out: &mut Vec<Neighbor>) -> Result<(), CudaError> {
+    pub(crate) fn search_host(
+        &self,
+        _q: &[f32],
+        _k: usize,
+        _out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
         match *self {}
     }
-    pub(crate) fn search_batch(&self, _q: &[f32], _k: usize) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+    pub(crate) fn search_batch(
+        &self,
+        _q: &[f32],
+        _k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
         match *self {}
     }
     pub(crate) fn score_ids(
@@ -68,7 +77,12 @@ impl DeviceQuery {
     pub(crate) fn upload(engine: &Engine, _query: &[f32]) -> Result<Self, CudaError> {
         match *engine {}
     }
-    pub(crate) fn search(&self, _engine: &Engine, _k: usize, _out: &mut Vec<Neighbor>) -> Result<(), CudaError> {
+    pub(crate) fn search(
+        &self,
+        _engine: &Engine,
+        _k: usize,
+        _out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
         match *self {}
     }
     /// Values in the query (D).

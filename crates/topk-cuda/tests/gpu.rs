@@ -5,6 +5,9 @@
 //! under which a missing device fails the test (the GPU bundle sets it, so a
 //! run on the GPU machine cannot pass by skipping). `TOPK_GPU_CASES` sets the
 //! number of property cases (default 48).
+// Without the `cuda` feature `DeviceQuery` is uninhabited, so the code after
+// `upload_query` is statically unreachable there (the cases skip at run time).
+#![cfg_attr(not(feature = "cuda"), allow(unused_variables, unreachable_code))]
 
 use ndarray::ArrayView2;
 use proptest::prelude::*;
@@ -160,7 +163,11 @@ fn large_k_and_k_past_n_and_heavy_ties() {
             for k in [1, 100, 2047, 2048, 2049, 4100, n - 1, n, n + 5] {
                 let want = oracle.search(&q, k).expect("oracle");
                 let got = gpu.search(&q, k).expect("gpu");
-                assert_same(&got, &want, &format!("kind {kind} n {n} d {d} {metric} k {k}"));
+                assert_same(
+                    &got,
+                    &want,
+                    &format!("kind {kind} n {n} d {d} {metric} k {k}"),
+                );
             }
         }
     }
@@ -191,9 +198,13 @@ fn many_blocks_and_batches_past_one_chunk() {
     let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
     let got = gpu.search_batch(qs, 100).expect("batch");
     for i in [0, 1, 63, 64, 69] {
-        let want = oracle.search(&queries[i * d..(i + 1) * d], 100).expect("oracle");
+        let want = oracle
+            .search(&queries[i * d..(i + 1) * d], 100)
+            .expect("oracle");
         assert_same(&got[i], &want, &format!("batch query {i}"));
-        let single = gpu.search(&queries[i * d..(i + 1) * d], 100).expect("single");
+        let single = gpu
+            .search(&queries[i * d..(i + 1) * d], 100)
+            .expect("single");
         assert_same(&single, &want, &format!("single query {i}"));
     }
     // A dimension past the single-query kernel's shared-memory limit.
@@ -244,8 +255,8 @@ fn score_ids_matches_the_scalar_score() {
     let (n, d) = (3000, 70);
     let data = corpus(31, n, d, 3);
     for metric in Metric::ALL {
-        let gpu = CudaRetriever::from_rowmajor(&data, d, metric, CudaOptions::default())
-            .expect("engine");
+        let gpu =
+            CudaRetriever::from_rowmajor(&data, d, metric, CudaOptions::default()).expect("engine");
         let queries = corpus(32, 3, d, 3);
         let ids: Vec<u32> = vec![0, 5, 2999, 17, 17, 1, 2, 3, 1000];
         let offsets = [0usize, 3, 3, 9];
@@ -257,13 +268,20 @@ fn score_ids_matches_the_scalar_score() {
                 let i = ids[p] as usize;
                 let want =
                     metric.score_scalar(&queries[q * d..(q + 1) * d], &data[i * d..(i + 1) * d]);
-                assert_eq!(out[p].to_bits(), want.to_bits(), "{metric} query {q} id {i}");
+                assert_eq!(
+                    out[p].to_bits(),
+                    want.to_bits(),
+                    "{metric} query {q} id {i}"
+                );
             }
         }
         let err = gpu
             .score_ids(&queries[..d], &[3000], &[0, 1], &mut [0.0])
             .expect_err("id out of range");
-        assert!(matches!(err, CudaError::RowIdOutOfRange { id: 3000, .. }), "{err}");
+        assert!(
+            matches!(err, CudaError::RowIdOutOfRange { id: 3000, .. }),
+            "{err}"
+        );
     }
 }
 
@@ -280,7 +298,11 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(gpu.search(&q, 0), Err(topk_core::Error::ZeroK)));
     assert!(matches!(
         gpu.search(&q[..d - 1], 3),
-        Err(topk_core::Error::DimensionMismatch { got: 7, expected: 8, .. })
+        Err(topk_core::Error::DimensionMismatch {
+            got: 7,
+            expected: 8,
+            ..
+        })
     ));
     let mut bad = q.clone();
     bad[3] = f32::NAN;
@@ -318,7 +340,9 @@ fn no_device_path_is_a_clear_error() {
             assert!(
                 matches!(
                     e,
-                    CudaError::NotCompiled | CudaError::NoDriver { .. } | CudaError::NoDevice { .. }
+                    CudaError::NotCompiled
+                        | CudaError::NoDriver { .. }
+                        | CudaError::NoDevice { .. }
                 ),
                 "unexpected error: {e:?}"
             );
