@@ -12,6 +12,16 @@
 // Histogram of the top 16 bits of ordered_bits(score), one per query.
 #define TOPK_HIST_BITS 16
 #define TOPK_HIST_BINS (1u << TOPK_HIST_BITS)
+// A coarse histogram of the top 8 bits rides beside it, so that the threshold
+// search reads 256 + 256 bins instead of all 65,536: coarse bin c is the sum
+// of fine bins [256c, 256c + 256).
+#define TOPK_COARSE_BITS 8
+#define TOPK_COARSE_BINS (1u << TOPK_COARSE_BITS)
+// Each query's histogram area, in 32-bit words: fine bins, coarse bins, then
+// the ticket counter of the fused scoring kernel (padded to 16-byte rows).
+#define TOPK_HIST_COARSE TOPK_HIST_BINS
+#define TOPK_HIST_TICKET (TOPK_HIST_BINS + TOPK_COARSE_BINS)
+#define TOPK_HIST_STRIDE (TOPK_HIST_BINS + TOPK_COARSE_BINS + 4)
 
 // Largest candidate set the on-device exact selection sorts in shared memory.
 #define TOPK_CAND_CAP 4096
@@ -83,5 +93,77 @@ __device__ __forceinline__ float topk_step(float q, float r, float p) {
         return __fmaf_rn(t, t, p);
     } else {
         return __fmaf_rn(q, r, p);
+    }
+}
+
+// Inclusive prefix sum over the lanes of a warp.
+__device__ __forceinline__ unsigned topk_warp_inclusive_scan(unsigned v, unsigned lane) {
+#pragma unroll
+    for (unsigned s = 1; s < TOPK_WARP; s <<= 1) {
+        unsigned u = __shfl_up_sync(TOPK_FULL_MASK, v, s);
+        if (lane >= s) {
+            v += u;
+        }
+    }
+    return v;
+}
+
+// Among 256 bins starting at `bins` (best = highest bin), with `above` rows
+// in better bins, finds the bin where the running count reaches k. Lane l
+// holds the l-th best run of 8 bins. Returns the bin's offset in the run of
+// 256 and, in *through, the count of rows in it and every better bin.
+// Reads through L2 (__ldcg): the bins were filled by other blocks' atomics.
+__device__ __forceinline__ unsigned topk_scan256(const unsigned* bins, unsigned above, unsigned k,
+                                                 unsigned lane, unsigned* through) {
+    const unsigned hi = TOPK_COARSE_BINS - 1 - 8 * lane;
+    unsigned c[8];
+    unsigned sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        c[j] = __ldcg(bins + hi - j);
+        sum += c[j];
+    }
+    const unsigned incl = above + topk_warp_inclusive_scan(sum, lane);
+    const unsigned before = incl - sum;
+    const unsigned sel = __ballot_sync(TOPK_FULL_MASK, before < k && incl >= k);
+    const unsigned owner = __ffs(sel) - 1;
+    unsigned bin = 0;
+    unsigned run = before;
+    if (lane == owner) {
+        bin = hi;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (run + c[j] >= k) {
+                bin = hi - j;
+                run += c[j];
+                break;
+            }
+            run += c[j];
+        }
+    }
+    *through = __shfl_sync(TOPK_FULL_MASK, run, owner);
+    return __shfl_sync(TOPK_FULL_MASK, bin, owner);
+}
+
+// Run by one whole warp: finds the threshold bin of one query's histogram
+// area `h` for k (1 <= k <= rows counted) and clears its coarse bins. The
+// fine bins are cleared later, by the gather pass, which visits every score.
+__device__ __forceinline__ void topk_find_threshold(unsigned* h, unsigned k,
+                                                    TopkThreshold* __restrict__ out) {
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    unsigned* coarse = h + TOPK_HIST_COARSE;
+    unsigned through = 0;
+    const unsigned cb = topk_scan256(coarse, 0, k, lane, &through);
+    // Rows in coarse bins better than cb: `through` less cb's own count.
+    const unsigned above = through - __ldcg(coarse + cb);
+    const unsigned fb = topk_scan256(h + cb * TOPK_COARSE_BINS, above, k, lane, &through);
+    if (lane == 0) {
+        out->bucket = cb * TOPK_COARSE_BINS + fb;
+        out->count = through;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        coarse[lane * 8 + j] = 0u;
     }
 }

@@ -1,7 +1,8 @@
 // Canonical scoring of resident corpus rows against one or many queries
 // (DESIGN.md §2), fused with the first stage of selection: every score also
-// lands in a per-query histogram of its top 16 ordered bits, from which
-// select.cu finds a threshold without reading the scores twice.
+// lands in a per-query histogram of its top 16 ordered bits (and a coarse one
+// of the top 8), from which the threshold is found without reading the scores
+// twice; for a single query the scoring kernel's last block finds it.
 //
 // Mapping: a warp owns a group of RT rows; lane j walks d = j, j+32, ... in
 // increasing order with one fmaf per step into its own partial, and the warp
@@ -12,13 +13,34 @@
 #define SCORE_WARPS 8
 #define SCORE_THREADS (SCORE_WARPS * TOPK_WARP)
 
-// Writes the finished score of (query slot, row) and counts it in the histogram.
+// Writes the finished score of (query slot, row), counts it in the fine
+// histogram (global atomics: its 65,536 bins spread the contention) and in the
+// block's shared coarse histogram `coarse` (few bins, so kept on chip and
+// flushed once per block by flush_coarse).
 __device__ __forceinline__ void emit_score(float s, size_t slot, unsigned row, unsigned n,
                                            float* __restrict__ scores,
-                                           unsigned* __restrict__ hist) {
+                                           unsigned* __restrict__ hist, unsigned* coarse) {
     scores[slot * (size_t)n + row] = s;
-    atomicAdd(&hist[slot * (size_t)TOPK_HIST_BINS + (topk_ordered_bits(s) >> (32 - TOPK_HIST_BITS))],
-              1u);
+    const unsigned bin = topk_ordered_bits(s) >> (32 - TOPK_HIST_BITS);
+    atomicAdd(&hist[slot * (size_t)TOPK_HIST_STRIDE + bin], 1u);
+    atomicAdd(&coarse[bin >> (TOPK_HIST_BITS - TOPK_COARSE_BITS)], 1u);
+}
+
+// Adds a block's shared coarse counts of `nq` query slots (from `q0`) to the
+// global ones; ends with the block synchronised.
+__device__ __forceinline__ void flush_coarse(const unsigned* coarse, unsigned q0, unsigned nq,
+                                             unsigned count, unsigned* __restrict__ hist) {
+    __syncthreads();
+    for (unsigned i = threadIdx.x; i < count * TOPK_COARSE_BINS; i += blockDim.x) {
+        const unsigned q = q0 + i / TOPK_COARSE_BINS;
+        const unsigned c = coarse[i];
+        if (c != 0 && q < nq) {
+            atomicAdd(&hist[(size_t)q * TOPK_HIST_STRIDE + TOPK_HIST_COARSE +
+                            i % TOPK_COARSE_BINS],
+                      c);
+        }
+    }
+    __syncthreads();
 }
 
 // One query, staged whole in shared memory; warps stride over row groups.
@@ -26,10 +48,16 @@ template <int METRIC, int RT>
 __device__ void score_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
                              unsigned n, unsigned d, const float* __restrict__ query,
                              const float* __restrict__ qnorm, float* __restrict__ scores,
-                             unsigned* __restrict__ hist) {
+                             unsigned* __restrict__ hist, unsigned k,
+                             TopkThreshold* __restrict__ th) {
     extern __shared__ float qsh[];
+    __shared__ unsigned coarse[TOPK_COARSE_BINS];
+    __shared__ bool is_last;
     for (unsigned i = threadIdx.x; i < d; i += blockDim.x) {
         qsh[i] = query[i];
+    }
+    for (unsigned i = threadIdx.x; i < TOPK_COARSE_BINS; i += blockDim.x) {
+        coarse[i] = 0u;
     }
     __syncthreads();
     const float qn = (METRIC == TOPK_COSINE) ? *qnorm : 0.0f;
@@ -65,9 +93,27 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
             size_t row = row0 + r;
             if (lane == (unsigned)r && row < n) {
                 float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
-                emit_score(topk_finish<METRIC>(s, qn, rn), 0, (unsigned)row, n, scores, hist);
+                emit_score(topk_finish<METRIC>(s, qn, rn), 0, (unsigned)row, n, scores, hist,
+                           coarse);
             }
         }
+    }
+    flush_coarse(coarse, 0, 1, 1, hist);
+    // The last block to finish finds the threshold, which saves a launch:
+    // publish this block's counts, then take a ticket.
+    __threadfence();
+    unsigned* ticket = hist + TOPK_HIST_TICKET;
+    if (threadIdx.x == 0) {
+        is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!is_last || threadIdx.x >= TOPK_WARP) {
+        return;
+    }
+    __threadfence();
+    topk_find_threshold(hist, k, th);
+    if (threadIdx.x == 0) {
+        *ticket = 0u;
     }
 }
 
@@ -84,6 +130,7 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
                             unsigned nq, const float* __restrict__ qnorm,
                             float* __restrict__ scores, unsigned* __restrict__ hist) {
     __shared__ float qs[QT][BATCH_CH];
+    __shared__ unsigned coarse[QT * TOPK_COARSE_BINS];
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
     const unsigned tiles = (nq + QT - 1) / QT;
@@ -102,6 +149,9 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
         }
     }
     const bool any_row = row0 < n;
+    for (unsigned i = threadIdx.x; i < QT * TOPK_COARSE_BINS; i += blockDim.x) {
+        coarse[i] = 0u;
+    }
     for (unsigned c0 = 0; c0 < d; c0 += BATCH_CH) {
         __syncthreads();
         for (unsigned i = threadIdx.x; i < QT * BATCH_CH; i += blockDim.x) {
@@ -137,9 +187,6 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
             }
         }
     }
-    if (!any_row) {
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
         const size_t row = row0 + r;
@@ -150,10 +197,12 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
             const unsigned q = q0 + qi;
             if (lane == (unsigned)((r * QT + qi) & (TOPK_WARP - 1)) && row < n && q < nq) {
                 float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
-                emit_score(topk_finish<METRIC>(s, qn, rn), q, (unsigned)row, n, scores, hist);
+                emit_score(topk_finish<METRIC>(s, qn, rn), q, (unsigned)row, n, scores, hist,
+                           &coarse[qi * TOPK_COARSE_BINS]);
             }
         }
     }
+    flush_coarse(coarse, q0, nq, QT, hist);
 }
 
 // Canonical norms sqrt(canon_dot(x, x)) of n vectors of length d, a warp per
@@ -214,8 +263,10 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1_##NAME(         \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,      \
         unsigned d, const float* __restrict__ query, const float* __restrict__ qnorm,       \
-        float* __restrict__ scores, unsigned* __restrict__ hist) {                          \
-        score_single<METRIC, SINGLE_RT>(corpus, rnorm, n, d, query, qnorm, scores, hist);   \
+        float* __restrict__ scores, unsigned* __restrict__ hist, unsigned k,                \
+        TopkThreshold* __restrict__ th) {                                                   \
+        score_single<METRIC, SINGLE_RT>(corpus, rnorm, n, d, query, qnorm, scores, hist, k, \
+                                        th);                                                \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_scoreb_##NAME(         \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,      \

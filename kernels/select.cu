@@ -2,12 +2,13 @@
 // in the order of DESIGN.md §3 (64-bit key: ordered score bits, then the
 // complement of the row index).
 //
-// 1. topk_threshold (one block per query): scans the 65,536-bin histogram from
-//    the best bin down to the bin b where the running count reaches k. Rows in
-//    bins >= b are the candidates; there are `count` >= k of them. It leaves
-//    the histogram zeroed for the next search.
-// 2. topk_gather (a grid per query): appends the candidates' keys to a small
-//    buffer; the last block to finish (a ticket counter) sorts them in shared
+// 1. topk_find_threshold (common.cuh; one warp per query, in the last block of
+//    the single-query scoring kernel or in topk_threshold for a batch): walks
+//    the 256 coarse bins, then the 256 fine bins of the chosen coarse bin, from
+//    the best down to the bin b where the running count reaches k. Rows in
+//    bins >= b are the candidates; there are `count` >= k of them.
+// 2. topk_gather (a grid per query): clears the fine bins, appends the
+//    candidates' keys to a small buffer; the last block to finish (a ticket counter) sorts them in shared
 //    memory with a bitonic network and writes the best k, with the score bits
 //    read back from the score buffer so -0.0 stays -0.0.
 // When a query has more than TOPK_CAND_CAP candidates (heavy ties), its header
@@ -15,101 +16,18 @@
 // never a wrong one).
 #include "common.cuh"
 
-#define THRESH_THREADS 1024
+#define THRESH_THREADS TOPK_WARP
 #define GATHER_THREADS 1024
 
 // Header of each query's result row: index = status, score unused.
 #define TOPK_STATUS_OK 0u
 #define TOPK_STATUS_OVERFLOW 1u
 
-// Inclusive prefix sum over the lanes of a warp.
-__device__ __forceinline__ unsigned warp_inclusive_scan(unsigned v, unsigned lane) {
-#pragma unroll
-    for (unsigned s = 1; s < TOPK_WARP; s <<= 1) {
-        unsigned u = __shfl_up_sync(TOPK_FULL_MASK, v, s);
-        if (lane >= s) {
-            v += u;
-        }
-    }
-    return v;
-}
-
-// Three levels, every read coalesced: each warp sums a segment of 2,048 bins
-// (warp 0 the best); the segment holding the k-th best row is split into 32
-// runs of 64 bins, one per lane; the run holding it is scanned two bins a lane.
+// One warp per query (grid: queries). The batch path's threshold step; a
+// single query has it done by the last block of its scoring kernel.
 extern "C" __global__ void __launch_bounds__(THRESH_THREADS)
     topk_threshold(unsigned* __restrict__ hist, unsigned k, TopkThreshold* __restrict__ out) {
-    __shared__ unsigned warp_sums[THRESH_THREADS / TOPK_WARP];
-    __shared__ unsigned seg_sel, seg_above;
-    const unsigned warps = THRESH_THREADS / TOPK_WARP;
-    const unsigned seg = TOPK_HIST_BINS / warps;  // 2048 bins per warp
-    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
-    const unsigned warp = threadIdx.x / TOPK_WARP;
-    uint4* h4 = reinterpret_cast<uint4*>(hist + (size_t)blockIdx.x * TOPK_HIST_BINS);
-    unsigned* h = hist + (size_t)blockIdx.x * TOPK_HIST_BINS;
-
-    // Level 1: segment sums; warp w owns bins [65536 - (w+1)*2048, 65536 - w*2048).
-    const unsigned seg_lo = TOPK_HIST_BINS - (warp + 1) * seg;
-    unsigned sum = 0;
-#pragma unroll
-    for (unsigned j = 0; j < seg / 4 / TOPK_WARP; ++j) {
-        uint4 v = h4[seg_lo / 4 + lane + TOPK_WARP * j];
-        sum += v.x + v.y + v.z + v.w;
-    }
-#pragma unroll
-    for (unsigned s = 16; s > 0; s >>= 1) {
-        sum += __shfl_xor_sync(TOPK_FULL_MASK, sum, s);
-    }
-    if (lane == 0) {
-        warp_sums[warp] = sum;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        unsigned w = warp_sums[lane];
-        unsigned incl = warp_inclusive_scan(w, lane);
-        unsigned above = incl - w;
-        if (above < k && incl >= k) {
-            seg_sel = lane;
-            seg_above = above;
-        }
-    }
-    __syncthreads();
-
-    // Levels 2 and 3, in warp 0: runs of 64 bins in the chosen segment.
-    if (warp == 0) {
-        const unsigned base = TOPK_HIST_BINS - (seg_sel + 1) * seg;
-        const unsigned run = seg / TOPK_WARP;  // 64
-        // Lane l's run is the l-th best: bins [base + 2048 - 64(l+1), base + 2048 - 64l).
-        const unsigned run_lo = base + seg - run * (lane + 1);
-        unsigned rsum = 0;
-#pragma unroll
-        for (unsigned j = 0; j < run / 4; ++j) {
-            uint4 v = h4[run_lo / 4 + j];
-            rsum += v.x + v.y + v.z + v.w;
-        }
-        unsigned rincl = warp_inclusive_scan(rsum, lane);
-        unsigned rabove = seg_above + rincl - rsum;
-        unsigned sel = __ballot_sync(TOPK_FULL_MASK, rabove < k && rabove + rsum >= k);
-        unsigned owner = __ffs(sel) - 1;
-        const unsigned o_lo = __shfl_sync(TOPK_FULL_MASK, run_lo, owner);
-        const unsigned o_above = __shfl_sync(TOPK_FULL_MASK, rabove, owner);
-        // Lane l holds bins o_lo+63-2l (better) and o_lo+62-2l.
-        const unsigned hi_bin = o_lo + run - 1 - 2 * lane;
-        const unsigned c_hi = h[hi_bin];
-        const unsigned c_lo = h[hi_bin - 1];
-        const unsigned pair = c_hi + c_lo;
-        const unsigned before = o_above + warp_inclusive_scan(pair, lane) - pair;
-        if (before < k && before + pair >= k) {
-            const bool in_hi = before + c_hi >= k;
-            out[blockIdx.x].bucket = in_hi ? hi_bin : hi_bin - 1;
-            out[blockIdx.x].count = in_hi ? before + c_hi : before + pair;
-        }
-    }
-    __syncthreads();
-    // Leave the histogram zeroed for the next search (coalesced stores).
-    for (unsigned i = threadIdx.x; i < TOPK_HIST_BINS / 4; i += blockDim.x) {
-        h4[i] = make_uint4(0u, 0u, 0u, 0u);
-    }
+    topk_find_threshold(hist + (size_t)blockIdx.x * TOPK_HIST_STRIDE, k, out + blockIdx.x);
 }
 
 // Sorts `len` (a power of two) keys in shared memory, largest first.
@@ -135,7 +53,8 @@ __device__ void bitonic_sort_desc(unsigned long long* s, unsigned len) {
 // grid: (blocks per query, queries). `out` holds one row of `stride` results
 // per query: a header, then the k best.
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
-    topk_gather(const float* __restrict__ scores, unsigned n, const TopkThreshold* __restrict__ th,
+    topk_gather(const float* __restrict__ scores, unsigned n, unsigned* __restrict__ hist,
+                const TopkThreshold* __restrict__ th,
                 unsigned long long* __restrict__ cand, unsigned* __restrict__ cand_count,
                 unsigned* __restrict__ done, unsigned k, TopkNeighbor* __restrict__ out,
                 unsigned stride) {
@@ -145,9 +64,11 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
     const float* sc = scores + (size_t)q * n;
     const TopkThreshold t = th[q];
     unsigned long long* qc = cand + (size_t)q * TOPK_CAND_CAP;
+    unsigned* hq = hist + (size_t)q * TOPK_HIST_STRIDE;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const bool fits = t.count <= TOPK_CAND_CAP;
 
-    if (t.count <= TOPK_CAND_CAP) {
+    {
         const unsigned step = gridDim.x * blockDim.x;
         // Whole warps iterate together so the ballot below sees every lane.
         for (unsigned base = blockIdx.x * blockDim.x; base < n; base += step) {
@@ -157,7 +78,12 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
             if (i < n) {
                 float s = sc[i];
                 unsigned ob = topk_ordered_bits(s);
-                take = (ob >> (32 - TOPK_HIST_BITS)) >= t.bucket;
+                const unsigned bin = ob >> (32 - TOPK_HIST_BITS);
+                // Every counted bin holds some score, so clearing the bin of
+                // every score leaves the histogram zeroed for the next search
+                // (N scattered stores instead of 65,536 in one block).
+                hq[bin] = 0u;
+                take = fits && bin >= t.bucket;
                 key = ((unsigned long long)ob << 32) | (unsigned long long)(0xffffffffu - i);
             }
             unsigned mask = __ballot_sync(TOPK_FULL_MASK, take);

@@ -22,7 +22,7 @@ use topk_core::order::rank_key;
 use topk_core::{validate, Metric, Neighbor};
 
 use crate::error::{CudaError, DriverResult};
-use crate::launch::{self, DPtr, Kernels, CAND_CAP, HIST_BINS, STATUS_OK, STATUS_OVERFLOW};
+use crate::launch::{self, DPtr, Kernels, CAND_CAP, HIST_STRIDE, STATUS_OK, STATUS_OVERFLOW};
 use crate::ptx;
 use crate::{CudaOptions, DeviceInfo};
 
@@ -156,7 +156,7 @@ fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> 
     chunk * d * 4
         + chunk * 4
         + chunk * n * 4
-        + chunk * HIST_BINS * 4
+        + chunk * HIST_STRIDE * 4
         + chunk * 8
         + chunk * CAND_CAP * 8
         + chunk * 8
@@ -177,7 +177,7 @@ impl Slot {
             queries: alloc("query staging", chunk * d)?,
             qnorm: alloc("query norms", chunk)?,
             scores: alloc("score buffer", chunk * n)?,
-            hist: alloc("score histograms", chunk * HIST_BINS)?,
+            hist: alloc("score histograms", chunk * HIST_STRIDE)?,
             th: alloc("thresholds", chunk)?,
             cand: alloc("candidate keys", chunk * CAND_CAP)?,
             cand_count: alloc("candidate counters", chunk)?,
@@ -391,7 +391,7 @@ impl Engine {
                 self.kernels
                     .norms(s, queries, nq as u32, d, ptr(&slot.qnorm))?;
             }
-            self.kernels.score(
+            let fused = self.kernels.score(
                 s,
                 self.metric,
                 ptr(&self.corpus),
@@ -403,16 +403,26 @@ impl Engine {
                 ptr(&slot.qnorm),
                 ptr(&slot.scores),
                 ptr(&slot.hist),
+                k as u32,
+                ptr(&slot.th),
                 self.single_grid,
             )?;
             if k <= self.opts.max_k {
-                self.kernels
-                    .threshold(s, ptr(&slot.hist), nq as u32, k as u32, ptr(&slot.th))?;
+                if !fused {
+                    self.kernels.threshold(
+                        s,
+                        ptr(&slot.hist),
+                        nq as u32,
+                        k as u32,
+                        ptr(&slot.th),
+                    )?;
+                }
                 self.kernels.gather(
                     s,
                     ptr(&slot.scores),
                     n,
                     nq as u32,
+                    ptr(&slot.hist),
                     ptr(&slot.th),
                     ptr(&slot.cand),
                     ptr(&slot.cand_count),
@@ -422,7 +432,7 @@ impl Engine {
                 )?;
             } else {
                 // The histogram must be clean for the next search.
-                launch::zero32(s, ptr(&slot.hist), nq * HIST_BINS)?;
+                launch::zero32(s, ptr(&slot.hist), nq * HIST_STRIDE)?;
             }
         }
         Ok(())
@@ -616,7 +626,7 @@ impl Engine {
                 self.kernels
                     .norms(s, ptr(&slot.queries), 1, d, ptr(&slot.qnorm))?;
             }
-            self.kernels.score(
+            let fused = self.kernels.score(
                 s,
                 self.metric,
                 ptr(&self.corpus),
@@ -628,17 +638,23 @@ impl Engine {
                 ptr(&slot.qnorm),
                 ptr(&slot.scores),
                 ptr(&slot.hist),
+                k as u32,
+                ptr(&slot.th),
                 self.single_grid,
             )?;
             events[2].record(&slot.stream).op("cuEventRecord")?;
-            self.kernels
-                .threshold(s, ptr(&slot.hist), 1, k as u32, ptr(&slot.th))?;
+            // With the threshold fused into scoring this stage is empty.
+            if !fused {
+                self.kernels
+                    .threshold(s, ptr(&slot.hist), 1, k as u32, ptr(&slot.th))?;
+            }
             events[3].record(&slot.stream).op("cuEventRecord")?;
             self.kernels.gather(
                 s,
                 ptr(&slot.scores),
                 n,
                 1,
+                ptr(&slot.hist),
                 ptr(&slot.th),
                 ptr(&slot.cand),
                 ptr(&slot.cand_count),

@@ -23,12 +23,14 @@ pub(crate) const BATCH_QT: u32 = 8;
 const BATCH_ROWS_PER_WARP: u32 = 4;
 /// Largest D whose query fits the single-query kernel's shared memory (48 KiB).
 pub(crate) const SINGLE_MAX_DIM: usize = 12 * 1024;
-const THRESH_THREADS: u32 = 1024;
+/// One warp per query (`THRESH_THREADS`).
+const THRESH_THREADS: u32 = 32;
 const GATHER_THREADS: u32 = 1024;
 /// Largest candidate set the device sorts (`TOPK_CAND_CAP`).
 pub(crate) const CAND_CAP: usize = 4096;
-/// Bins of each query's histogram (`TOPK_HIST_BINS`).
-pub(crate) const HIST_BINS: usize = 1 << 16;
+/// 32-bit words of each query's histogram area (`TOPK_HIST_STRIDE`): 65,536
+/// fine bins, 256 coarse bins, the fused kernel's ticket and padding.
+pub(crate) const HIST_STRIDE: usize = (1 << 16) + 256 + 4;
 /// Header status of a result row: selection finished on the device.
 pub(crate) const STATUS_OK: u32 = 0;
 /// Header status: too many tied candidates; the host finishes the query.
@@ -217,11 +219,14 @@ impl Kernels {
     }
 
     /// Scores `nq` queries against the corpus into `scores` (nq × n) and
-    /// counts them in `hist` (nq × HIST_BINS, zero on entry).
+    /// counts them in `hist` (nq × HIST_STRIDE, zero on entry). Returns true
+    /// when the launch also found the threshold for `k` into `th` (a single
+    /// query: its last block does it); otherwise [`Self::threshold`] must run.
     ///
     /// # Safety
     /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `queries`
-    /// nq × d, `qnorm` nq (cosine), `scores` nq × n, `hist` nq × HIST_BINS.
+    /// nq × d, `qnorm` nq (cosine), `scores` nq × n, `hist` nq × HIST_STRIDE,
+    /// `th` nq thresholds; 1 <= k <= n.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn score(
         &self,
@@ -236,11 +241,14 @@ impl Kernels {
         qnorm: DPtr,
         scores: DPtr,
         hist: DPtr,
+        k: u32,
+        th: DPtr,
         single_grid: u32,
-    ) -> Result<(), CudaError> {
+    ) -> Result<bool, CudaError> {
         let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
         let (mut queries, mut nq, mut qnorm, mut scores, mut hist) =
             (queries, nq, qnorm, scores, hist);
+        let (mut k, mut th) = (k, th);
         let warps = SCORE_THREADS / 32;
         if nq == 1 && (d as usize) <= SINGLE_MAX_DIM {
             let groups = n.div_ceil(warps * SINGLE_ROWS_PER_WARP);
@@ -254,6 +262,8 @@ impl Kernels {
                 &mut qnorm as *mut _ as *mut c_void,
                 &mut scores as *mut _ as *mut c_void,
                 &mut hist as *mut _ as *mut c_void,
+                &mut k as *mut _ as *mut c_void,
+                &mut th as *mut _ as *mut c_void,
             ];
             // SAFETY: the parameter list of topk_score1_*; buffers per the contract;
             // the query (d floats) fits the dynamic shared memory asked for.
@@ -266,8 +276,9 @@ impl Kernels {
                     d * 4,
                     stream,
                     &mut args,
-                )
+                )?;
             }
+            Ok(true)
         } else {
             let tiles = nq.div_ceil(BATCH_QT);
             let row_blocks = n.div_ceil(warps * BATCH_ROWS_PER_WARP);
@@ -299,15 +310,16 @@ impl Kernels {
                     0,
                     stream,
                     &mut args,
-                )
+                )?;
             }
+            Ok(false)
         }
     }
 
-    /// Finds each query's threshold bin and zeroes its histogram.
+    /// Finds each query's threshold bin and zeroes its coarse histogram.
     ///
     /// # Safety
-    /// `hist` holds nq × HIST_BINS counts summing to at least `k` per query;
+    /// `hist` holds nq × HIST_STRIDE counts summing to at least `k` per query;
     /// `th` has room for nq thresholds.
     pub(crate) unsafe fn threshold(
         &self,
@@ -338,10 +350,11 @@ impl Kernels {
     }
 
     /// Gathers the candidates of each query and selects its best `k` into `out`
-    /// (one row of `stride` = k + 1 entries per query: header, then results).
+    /// (one row of `stride` = k + 1 entries per query: header, then results),
+    /// clearing the fine bins of each query's histogram on the way.
     ///
     /// # Safety
-    /// `scores` holds nq × n floats, `th` nq thresholds, `cand` nq × CAND_CAP
+    /// `scores` holds nq × n floats, `hist` nq × HIST_STRIDE words, `th` nq thresholds, `cand` nq × CAND_CAP
     /// keys, `cand_count` and `done` nq zeroed counters, `out` nq × stride entries.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn gather(
@@ -350,6 +363,7 @@ impl Kernels {
         scores: DPtr,
         n: u32,
         nq: u32,
+        hist: DPtr,
         th: DPtr,
         cand: DPtr,
         cand_count: DPtr,
@@ -357,7 +371,7 @@ impl Kernels {
         k: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut scores, mut n, mut th, mut cand) = (scores, n, th, cand);
+        let (mut scores, mut n, mut hist, mut th, mut cand) = (scores, n, hist, th, cand);
         let (mut cand_count, mut done, mut k, mut out) = (cand_count, done, k, out);
         let mut stride = k + 1;
         let per_query = n.div_ceil(GATHER_THREADS * 4);
@@ -366,6 +380,7 @@ impl Kernels {
         let mut args = [
             &mut scores as *mut _ as *mut c_void,
             &mut n as *mut _ as *mut c_void,
+            &mut hist as *mut _ as *mut c_void,
             &mut th as *mut _ as *mut c_void,
             &mut cand as *mut _ as *mut c_void,
             &mut cand_count as *mut _ as *mut c_void,

@@ -7,6 +7,7 @@ use clap::ValueEnum;
 use ndarray::Array2;
 use topk_core::{Metric, Retriever};
 use topk_cpu::{CpuRetriever, Oracle};
+use topk_cuda::{CudaOptions, CudaRetriever};
 use topk_hnsw::{Hnsw, HnswParams};
 
 use crate::error::DemoError;
@@ -47,9 +48,17 @@ pub fn build(
         BackendKind::Oracle => {
             Box::new(Oracle::from_rowmajor(into_rowmajor(corpus), dim, metric).map_err(rejected)?)
         }
-        // The GPU engine is an optional crate; until a build enables it, the
-        // choice is refused with the way to get it (never a link error).
-        BackendKind::Cuda => return Err(DemoError::NoCuda),
+        // Without the `cuda` feature the engine is a stub whose constructor
+        // says how to get it (never a link error); with it, a machine without
+        // a driver or device gets the driver's reason.
+        BackendKind::Cuda => Box::new(
+            CudaRetriever::new(corpus.view(), metric, CudaOptions::default()).map_err(
+                |source| DemoError::Cuda {
+                    origin: origin.to_owned(),
+                    source,
+                },
+            )?,
+        ),
         BackendKind::Hnsw => Box::new(
             Hnsw::build_owned(into_rowmajor(corpus), dim, metric, hnsw, true).map_err(
                 |source| DemoError::Hnsw {
@@ -100,6 +109,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "cuda"))]
     fn cuda_without_the_feature_says_how_to_get_it() {
         let Err(e) = build(
             BackendKind::Cuda,

@@ -67,9 +67,16 @@ pub enum DemoError {
         #[source]
         source: topk_hnsw::HnswError,
     },
-    /// `--backend cuda` in a build without the GPU engine.
-    #[error("this build has no CUDA support; rebuild with `--features cuda`")]
-    NoCuda,
+    /// The GPU backend could not be built: no `cuda` feature in this build,
+    /// no driver or device, or not enough device memory for the corpus.
+    #[error("cuda backend over {origin}: {source}")]
+    Cuda {
+        /// Where the corpus came from.
+        origin: String,
+        /// The GPU engine's error.
+        #[source]
+        source: topk_cuda::CudaError,
+    },
 }
 
 /// The message of `e` followed by those of its sources, skipping a source

@@ -11,12 +11,26 @@ use tempfile::TempDir;
 use topk_core::{Metric, Neighbor, Retriever};
 use topk_cpu::Oracle;
 
+/// The binary under test: where cargo built it, or, in the GPU bundle (no
+/// cargo there), beside this test executable.
+fn exe() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_topk_demo"));
+    if built.is_file() {
+        return built;
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|t| t.parent().map(|d| d.join("topk_demo")))
+        .filter(|p| p.is_file())
+        .unwrap_or(built)
+}
+
 fn demo<I, S>(args: I) -> Output
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    Command::new(env!("CARGO_BIN_EXE_topk_demo"))
+    Command::new(exe())
         .args(args)
         .env("RUST_LOG", "info")
         .output()
@@ -370,9 +384,29 @@ fn unknown_output_extension() {
 }
 
 #[test]
+#[cfg(not(feature = "cuda"))]
 fn cuda_backend_without_the_feature() {
     let o = demo(["--backend", "cuda", "--n", "64", "--d", "8"]);
     fails_with(&o, &["no CUDA support", "--features cuda"]);
+}
+
+/// With the GPU engine built in, the demo either runs on the device (and says
+/// so) or, on a machine without a driver or device, fails with the reason.
+#[test]
+#[cfg(feature = "cuda")]
+fn cuda_backend_runs_or_names_the_missing_device() {
+    let o = demo(["--backend", "cuda", "--n", "512", "--d", "40"]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    if o.status.success() {
+        assert!(stdout.contains("cuda"), "{stdout}");
+    } else {
+        assert!(
+            std::env::var("TOPK_REQUIRE_GPU").as_deref() != Ok("1"),
+            "TOPK_REQUIRE_GPU=1 but the cuda backend failed: {stderr}"
+        );
+        fails_with(&o, &["no CUDA-capable device"]);
+    }
 }
 
 #[test]
