@@ -76,50 +76,129 @@ pub trait Retriever: Send + Sync {
     }
 }
 
-impl<R: Retriever + ?Sized> Retriever for &R {
-    fn backend(&self) -> &'static str {
-        (**self).backend()
-    }
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn dim(&self) -> usize {
-        (**self).dim()
-    }
-    fn metric(&self) -> Metric {
-        (**self).metric()
-    }
-    fn search_into(&self, query: &[f32], k: usize, out: &mut Vec<Neighbor>) -> Result<()> {
-        (**self).search_into(query, k, out)
-    }
-    fn search(&self, query: &[f32], k: usize) -> Result<Vec<Neighbor>> {
-        (**self).search(query, k)
-    }
-    fn search_batch(&self, queries: ArrayView2<'_, f32>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
-        (**self).search_batch(queries, k)
-    }
+/// Forwards every method through a pointer type, so `&R`, `Box<R>` and
+/// `Arc<R>` are retrievers too and keep any overrides of the pointee.
+macro_rules! forward_retriever {
+    ($($ptr:ty),*) => {$(
+        impl<R: Retriever + ?Sized> Retriever for $ptr {
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+            fn len(&self) -> usize {
+                (**self).len()
+            }
+            fn dim(&self) -> usize {
+                (**self).dim()
+            }
+            fn metric(&self) -> Metric {
+                (**self).metric()
+            }
+            fn search_into(&self, query: &[f32], k: usize, out: &mut Vec<Neighbor>) -> Result<()> {
+                (**self).search_into(query, k, out)
+            }
+            fn search(&self, query: &[f32], k: usize) -> Result<Vec<Neighbor>> {
+                (**self).search(query, k)
+            }
+            fn search_batch(
+                &self,
+                queries: ArrayView2<'_, f32>,
+                k: usize,
+            ) -> Result<Vec<Vec<Neighbor>>> {
+                (**self).search_batch(queries, k)
+            }
+        }
+    )*};
 }
 
-impl<R: Retriever + ?Sized> Retriever for Box<R> {
-    fn backend(&self) -> &'static str {
-        (**self).backend()
+forward_retriever!(&R, Box<R>, std::sync::Arc<R>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::select::TopK;
+    use crate::Error;
+    use ndarray::{array, Array2};
+
+    /// The smallest possible backend, to exercise the trait's defaults.
+    struct Brute {
+        rows: Array2<f32>,
     }
-    fn len(&self) -> usize {
-        (**self).len()
+
+    impl Retriever for Brute {
+        fn backend(&self) -> &'static str {
+            "brute"
+        }
+        fn len(&self) -> usize {
+            self.rows.nrows()
+        }
+        fn dim(&self) -> usize {
+            self.rows.ncols()
+        }
+        fn metric(&self) -> Metric {
+            Metric::Dot
+        }
+        fn search_into(&self, query: &[f32], k: usize, out: &mut Vec<Neighbor>) -> Result<()> {
+            validate::query(query, self.dim())?;
+            let k = validate::k(k, self.len())?;
+            let mut sel = TopK::new(k);
+            let scores: Vec<f32> = self
+                .rows
+                .outer_iter()
+                .map(|r| Metric::Dot.score_scalar(query, r.as_slice().unwrap_or(&[])))
+                .collect();
+            for (i, &s) in scores.iter().enumerate() {
+                sel.push(i as u32, s);
+            }
+            sel.drain_into(out, |i| scores[i as usize]);
+            Ok(())
+        }
     }
-    fn dim(&self) -> usize {
-        (**self).dim()
+
+    fn generic_best<R: Retriever>(r: &R, q: &[f32]) -> u32 {
+        r.search(q, 1).unwrap()[0].index
     }
-    fn metric(&self) -> Metric {
-        (**self).metric()
+
+    #[test]
+    fn generic_and_dyn_callers_see_the_same_answers() {
+        let b = Brute {
+            rows: array![[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]],
+        };
+        let d: &dyn Retriever = &b;
+        let boxed: Box<dyn Retriever> = Box::new(Brute {
+            rows: b.rows.clone(),
+        });
+        assert_eq!(generic_best(&b, &[0.0, 2.0]), 1);
+        assert_eq!(generic_best(&d, &[0.0, 2.0]), 1);
+        assert_eq!(generic_best(&boxed, &[0.0, 2.0]), 1);
+        assert_eq!(d.search(&[0.0, 1.0], 10).unwrap().len(), 3);
     }
-    fn search_into(&self, query: &[f32], k: usize, out: &mut Vec<Neighbor>) -> Result<()> {
-        (**self).search_into(query, k, out)
-    }
-    fn search(&self, query: &[f32], k: usize) -> Result<Vec<Neighbor>> {
-        (**self).search(query, k)
-    }
-    fn search_batch(&self, queries: ArrayView2<'_, f32>, k: usize) -> Result<Vec<Vec<Neighbor>>> {
-        (**self).search_batch(queries, k)
+
+    #[test]
+    fn batch_default_validates_before_searching() {
+        let b = Brute {
+            rows: array![[1.0, 0.0], [0.0, 1.0]],
+        };
+        let qs = array![[1.0, 0.0], [0.0, 1.0]];
+        let res = b.search_batch(qs.view(), 1).unwrap();
+        assert_eq!((res[0][0].index, res[1][0].index), (0, 1));
+        // A transposed (non-contiguous) batch answers by logical rows.
+        let t = array![[1.0, 0.0], [0.0, 1.0]];
+        assert_eq!(b.search_batch(t.t(), 1).unwrap()[1][0].index, 1);
+        assert!(matches!(b.search_batch(qs.view(), 0), Err(Error::ZeroK)));
+        let wide = Array2::<f32>::zeros((2, 3));
+        assert!(matches!(
+            b.search_batch(wide.view(), 1),
+            Err(Error::DimensionMismatch {
+                expected: 2,
+                got: 3,
+                ..
+            })
+        ));
+        let mut bad = qs.clone();
+        bad[[1, 1]] = f32::NAN;
+        assert!(matches!(
+            b.search_batch(bad.view(), 1),
+            Err(Error::NonFinite { .. })
+        ));
     }
 }
