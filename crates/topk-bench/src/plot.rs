@@ -205,6 +205,8 @@ impl Figure for Latency<'_> {
                 .configure_mesh()
                 .x_desc("N (rows)")
                 .y_desc("median latency")
+                .x_labels(6)
+                .y_labels(8)
                 .x_label_formatter(&|x| label_n(*x))
                 .y_label_formatter(&|y| fmt_axis(*y))
                 .label_style((FAMILY, 13))
