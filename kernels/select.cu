@@ -7,7 +7,8 @@
 //    the 256 coarse bins, then the 256 fine bins of the chosen coarse bin, from
 //    the best down to the bin b where the running count reaches k. Rows in
 //    bins >= b are the candidates; there are `count` >= k of them.
-// 2. topk_gather (a grid per query): clears the fine bins, appends the
+// 2. topk_gather (a grid per query): clears the fine bins (those of the
+//    scores below 65,536 rows, all of them from there on), appends the
 //    candidates' keys to a small buffer; the last block to finish (a ticket counter) sorts them in shared
 //    memory with a bitonic network and writes the best k, with the score bits
 //    read back from the score buffer so -0.0 stays -0.0.
@@ -67,6 +68,15 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
     unsigned* hq = hist + (size_t)q * TOPK_HIST_STRIDE;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const bool fits = t.count <= TOPK_CAND_CAP;
+    if (n >= TOPK_HIST_BINS) {
+        // From 65,536 rows on, the query's blocks clear all fine bins between
+        // them, coalesced (the row pass below clears none).
+        uint4* h4 = reinterpret_cast<uint4*>(hq);
+        for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < TOPK_HIST_BINS / 4;
+             i += gridDim.x * blockDim.x) {
+            h4[i] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
 
     {
         const unsigned step = gridDim.x * blockDim.x;
@@ -79,10 +89,14 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS)
                 float s = sc[i];
                 unsigned ob = topk_ordered_bits(s);
                 const unsigned bin = ob >> (32 - TOPK_HIST_BITS);
-                // Every counted bin holds some score, so clearing the bin of
-                // every score leaves the histogram zeroed for the next search
-                // (N scattered stores instead of 65,536 in one block).
-                hq[bin] = 0u;
+                // Below 65,536 rows, clearing the bin of every score is less
+                // work than clearing every bin (each counted bin holds some
+                // score). The load (L1-cached) skips bins already cleared:
+                // scores crowd into few bins, and stores to the same few
+                // addresses would serialise in L2.
+                if (n < TOPK_HIST_BINS && hq[bin] != 0u) {
+                    hq[bin] = 0u;
+                }
                 take = fits && bin >= t.bucket;
                 key = ((unsigned long long)ob << 32) | (unsigned long long)(0xffffffffu - i);
             }
