@@ -6,6 +6,14 @@ pub enum DemoError {
     /// A file could not be read or written.
     #[error(transparent)]
     File(#[from] topk_io::Error),
+    /// `--out` names a file in a folder that does not exist.
+    #[error("output folder {} of --out {} does not exist", .dir.display(), .out.display())]
+    OutputFolder {
+        /// The missing folder.
+        dir: std::path::PathBuf,
+        /// The `--out` path as given.
+        out: std::path::PathBuf,
+    },
     /// The corpus broke an input rule (non-finite value, no rows, D = 0).
     #[error("corpus {origin}: {source}")]
     Corpus {

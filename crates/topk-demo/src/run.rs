@@ -33,6 +33,15 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     validate::k(args.k, usize::MAX).map_err(DemoError::Parameter)?;
     if let Some(out) = &args.out {
         topk_io::results::ResultFormat::require(out)?;
+        // A search over a large corpus should not end in "no such directory".
+        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.is_dir() {
+                return Err(DemoError::OutputFolder {
+                    dir: dir.to_path_buf(),
+                    out: out.clone(),
+                });
+            }
+        }
     }
     let metric = Metric::from(args.metric);
     let inputs = load(args)?;

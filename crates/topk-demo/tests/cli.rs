@@ -451,3 +451,21 @@ fn real_embeddings_match_their_ground_truth() {
         assert_eq!(got.row(q), truth.slice(ndarray::s![q, ..10]), "query {q}");
     }
 }
+
+#[test]
+fn missing_output_folder_is_reported_before_the_search() {
+    let o = demo([
+        "--n",
+        "64",
+        "--d",
+        "8",
+        "--out",
+        "/nonexistent-topk-dir/hits.jsonl",
+    ]);
+    fails_with(
+        &o,
+        &["output folder", "/nonexistent-topk-dir", "does not exist"],
+    );
+    // Nothing was searched: the report of the smoke story never started.
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("neighbours"));
+}
