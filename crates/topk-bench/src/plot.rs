@@ -61,6 +61,22 @@ fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
+/// The legend every chart of this module uses: upper left, on a light box.
+fn draw_legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>) -> std::result::Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .label_font((FAMILY, 13))
+        .draw()
+        .map_err(err)
+}
+
 /// A figure that can be drawn on any plotters backend.
 trait Figure {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawn;
@@ -244,14 +260,7 @@ impl Figure for Latency<'_> {
                     .label("memory floor")
                     .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.4))
-                .label_font((FAMILY, 13))
-                .draw()
-                .map_err(err)?;
+            draw_legend(&mut chart)?;
         }
         Ok(())
     }
@@ -503,14 +512,7 @@ impl Figure for Floor<'_> {
                 .label(format!("K = {k}"))
                 .legend(move |(x, y)| Circle::new((x + 9, y), 4, c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font((FAMILY, 13))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart)?;
         Ok(())
     }
 }

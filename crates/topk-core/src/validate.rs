@@ -46,15 +46,7 @@ pub fn corpus_view(rows: ArrayView2<'_, f32>) -> Result<(usize, usize)> {
     if n > MAX_ROWS {
         return Err(Error::TooManyRows { n, max: MAX_ROWS });
     }
-    for (i, row) in rows.outer_iter().enumerate() {
-        if let Some((column, &value)) = row.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(Error::NonFinite {
-                at: Located::Row(i),
-                column,
-                value,
-            });
-        }
-    }
+    finite_view(rows, Located::Row)?;
     Ok((n, d))
 }
 
@@ -84,16 +76,7 @@ pub fn queries(qs: ArrayView2<'_, f32>, dim: usize) -> Result<()> {
             got: qs.ncols(),
         });
     }
-    for (i, row) in qs.outer_iter().enumerate() {
-        if let Some((column, &value)) = row.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(Error::NonFinite {
-                at: Located::Query(i),
-                column,
-                value,
-            });
-        }
-    }
-    Ok(())
+    finite_view(qs, Located::Query)
 }
 
 /// Checks K and returns the number of results a search yields: `min(k, n)`.
@@ -102,6 +85,20 @@ pub fn k(k: usize, n: usize) -> Result<usize> {
         return Err(Error::ZeroK);
     }
     Ok(k.min(n))
+}
+
+/// The first non-finite value of a view of any layout, by logical row and column.
+fn finite_view(view: ArrayView2<'_, f32>, at: impl Fn(usize) -> Located) -> Result<()> {
+    for (i, row) in view.outer_iter().enumerate() {
+        if let Some((column, &value)) = row.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(Error::NonFinite {
+                at: at(i),
+                column,
+                value,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn finite(data: &[f32], dim: usize, at: impl Fn(usize) -> Located) -> Result<()> {
