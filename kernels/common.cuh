@@ -9,22 +9,38 @@
 #define TOPK_FULL_MASK 0xffffffffu
 #define TOPK_WARP 32
 
-// Histogram of the top 16 bits of ordered_bits(score), one per query.
-#define TOPK_HIST_BITS 16
-#define TOPK_HIST_BINS (1u << TOPK_HIST_BITS)
-// A coarse histogram of the top 8 bits rides beside it, so that the threshold
-// search reads 256 + 256 bins instead of all 65,536: coarse bin c is the sum
-// of fine bins [256c, 256c + 256).
-#define TOPK_COARSE_BITS 8
-#define TOPK_COARSE_BINS (1u << TOPK_COARSE_BITS)
-// Each query's histogram area, in 32-bit words: fine bins, coarse bins, then
-// the ticket counter of the fused scoring kernel (padded to 16-byte rows).
-#define TOPK_HIST_COARSE TOPK_HIST_BINS
-#define TOPK_HIST_TICKET (TOPK_HIST_BINS + TOPK_COARSE_BINS)
-#define TOPK_HIST_STRIDE (TOPK_HIST_BINS + TOPK_COARSE_BINS + 4)
+// Selection state of one query, in 32-bit words ("query area"): a histogram
+// of the top 12 ordered bits of every score (level 1), then counters. Every
+// word is zero between searches. Level 2 (the next 12 bits of the rows in the
+// level-1 threshold bin) is built in shared memory when needed.
+#define TOPK_L1_BITS 12
+#define TOPK_L1_BINS (1u << TOPK_L1_BITS)
+#define TOPK_L2_BITS 12
+#define TOPK_L2_BINS (1u << TOPK_L2_BITS)
+#define TOPK_AREA_CTR TOPK_L1_BINS
+// Counters: blocks of the histogram pass done, blocks of the gather done,
+// candidates appended, threshold-bin rows appended.
+#define TOPK_CTR_HIST 0
+#define TOPK_CTR_GATHER 1
+#define TOPK_CTR_CAND 2
+#define TOPK_CTR_MAYBE 3
+#define TOPK_AREA_STRIDE (TOPK_AREA_CTR + 4)
 
 // Largest candidate set the on-device exact selection sorts in shared memory.
 #define TOPK_CAND_CAP 4096
+// Rows of the level-1 threshold bin one query can hold for refinement.
+#define TOPK_MAYBE_CAP 16384
+
+// Largest query whose rows' ordered bits topk_select_small keeps in shared
+// memory between its two passes (64 KiB).
+#define TOPK_STASH_ROWS 16384
+
+// Threads of every block that runs the selection helpers of select.cuh.
+#define TOPK_SEL_THREADS 1024
+
+// Header of each query's result row: index = status, score unused.
+#define TOPK_STATUS_OK 0u
+#define TOPK_STATUS_OVERFLOW 1u
 
 enum TopkMetric { TOPK_DOT = 0, TOPK_COSINE = 1, TOPK_L2 = 2 };
 
@@ -34,11 +50,14 @@ struct TopkNeighbor {
     float score;
 };
 
-// Where the exact selection of one query starts: every row whose histogram
-// bin is >= bucket is a candidate, and there are `count` of them (>= k).
+// Where the exact selection of one query starts: rows whose level-1 bin is
+// above `bucket` are in the top k (there are `above` < k of them); the
+// `in_bucket` rows of bin `bucket` hold the rest.
 struct TopkThreshold {
     unsigned bucket;
-    unsigned count;
+    unsigned above;
+    unsigned in_bucket;
+    unsigned pad;
 };
 
 // The five-step butterfly of a warp: p[j] = p[j] + p[j ^ s], s = 16..1.
@@ -106,64 +125,4 @@ __device__ __forceinline__ unsigned topk_warp_inclusive_scan(unsigned v, unsigne
         }
     }
     return v;
-}
-
-// Among 256 bins starting at `bins` (best = highest bin), with `above` rows
-// in better bins, finds the bin where the running count reaches k. Lane l
-// holds the l-th best run of 8 bins. Returns the bin's offset in the run of
-// 256 and, in *through, the count of rows in it and every better bin.
-// Reads through L2 (__ldcg): the bins were filled by other blocks' atomics.
-__device__ __forceinline__ unsigned topk_scan256(const unsigned* bins, unsigned above, unsigned k,
-                                                 unsigned lane, unsigned* through) {
-    const unsigned hi = TOPK_COARSE_BINS - 1 - 8 * lane;
-    unsigned c[8];
-    unsigned sum = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        c[j] = __ldcg(bins + hi - j);
-        sum += c[j];
-    }
-    const unsigned incl = above + topk_warp_inclusive_scan(sum, lane);
-    const unsigned before = incl - sum;
-    const unsigned sel = __ballot_sync(TOPK_FULL_MASK, before < k && incl >= k);
-    const unsigned owner = __ffs(sel) - 1;
-    unsigned bin = 0;
-    unsigned run = before;
-    if (lane == owner) {
-        bin = hi;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (run + c[j] >= k) {
-                bin = hi - j;
-                run += c[j];
-                break;
-            }
-            run += c[j];
-        }
-    }
-    *through = __shfl_sync(TOPK_FULL_MASK, run, owner);
-    return __shfl_sync(TOPK_FULL_MASK, bin, owner);
-}
-
-// Run by one whole warp: finds the threshold bin of one query's histogram
-// area `h` for k (1 <= k <= rows counted) and clears its coarse bins. The
-// fine bins are cleared later, by the gather pass, which visits every score.
-__device__ __forceinline__ void topk_find_threshold(unsigned* h, unsigned k,
-                                                    TopkThreshold* __restrict__ out) {
-    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
-    unsigned* coarse = h + TOPK_HIST_COARSE;
-    unsigned through = 0;
-    const unsigned cb = topk_scan256(coarse, 0, k, lane, &through);
-    // Rows in coarse bins better than cb: `through` less cb's own count.
-    const unsigned above = through - __ldcg(coarse + cb);
-    const unsigned fb = topk_scan256(h + cb * TOPK_COARSE_BINS, above, k, lane, &through);
-    if (lane == 0) {
-        out->bucket = cb * TOPK_COARSE_BINS + fb;
-        out->count = through;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        coarse[lane * 8 + j] = 0u;
-    }
 }

@@ -1,120 +1,136 @@
 // Canonical scoring of resident corpus rows against one or many queries
-// (DESIGN.md §2), fused with the first stage of selection: every score also
-// lands in a per-query histogram of its top 16 ordered bits (and a coarse one
-// of the top 8), from which the threshold is found without reading the scores
-// twice; for a single query the scoring kernel's last block finds it.
+// (DESIGN.md §2) into a score buffer, which select.cu then reads.
 //
-// Mapping: a warp owns a group of RT rows; lane j walks d = j, j+32, ... in
+// Mapping: a warp owns RT rows at a time; lane j walks d = j, j+32, ... in
 // increasing order with one fmaf per step into its own partial, and the warp
-// butterfly reduces the 32 partials. Several rows per warp give several
-// independent loads in flight per lane, which is what keeps HBM busy.
+// butterfly reduces the 32 partials. The single-query kernel stages the rows
+// through shared memory with cp.async (whole 16-byte copies when D % 4 == 0),
+// a few tiles deep, so that enough bytes are in flight to keep HBM busy
+// without holding them in registers.
 #include "common.cuh"
 
 #define SCORE_WARPS 8
 #define SCORE_THREADS (SCORE_WARPS * TOPK_WARP)
 
-// Writes the finished score of (query slot, row), counts it in the fine
-// histogram (global atomics: its 65,536 bins spread the contention) and in the
-// block's shared coarse histogram `coarse` (few bins, so kept on chip and
-// flushed once per block by flush_coarse).
-__device__ __forceinline__ void emit_score(float s, size_t slot, unsigned row, unsigned n,
-                                           float* __restrict__ scores,
-                                           unsigned* __restrict__ hist, unsigned* coarse) {
-    scores[slot * (size_t)n + row] = s;
-    const unsigned bin = topk_ordered_bits(s) >> (32 - TOPK_HIST_BITS);
-    atomicAdd(&hist[slot * (size_t)TOPK_HIST_STRIDE + bin], 1u);
-    atomicAdd(&coarse[bin >> (TOPK_HIST_BITS - TOPK_COARSE_BITS)], 1u);
+// Rows per warp, columns per tile and tiles in flight of the staged kernel.
+#define STAGE_RT 4
+#define STAGE_ROWS (SCORE_WARPS * STAGE_RT)
+#define STAGE_CW 128
+#define STAGE_DEPTH 3
+#define STAGE_TILE (STAGE_ROWS * STAGE_CW)
+
+__device__ __forceinline__ void topk_cp_async16(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void topk_cp_async4(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void topk_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void topk_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Adds a block's shared coarse counts of `nq` query slots (from `q0`) to the
-// global ones; ends with the block synchronised.
-__device__ __forceinline__ void flush_coarse(const unsigned* coarse, unsigned q0, unsigned nq,
-                                             unsigned count, unsigned* __restrict__ hist) {
-    __syncthreads();
-    for (unsigned i = threadIdx.x; i < count * TOPK_COARSE_BINS; i += blockDim.x) {
-        const unsigned q = q0 + i / TOPK_COARSE_BINS;
-        const unsigned c = coarse[i];
-        if (c != 0 && q < nq) {
-            atomicAdd(&hist[(size_t)q * TOPK_HIST_STRIDE + TOPK_HIST_COARSE +
-                            i % TOPK_COARSE_BINS],
-                      c);
+// Starts the copy of work item `i` of this block (row group i / nchunks of
+// the block's grid stride, column chunk i % nchunks) into its tile; commits a
+// group even when there is no item, so group counting stays uniform.
+template <bool VEC16>
+__device__ __forceinline__ void stage_issue(const float* __restrict__ corpus, unsigned n,
+                                            unsigned d, unsigned nchunks, unsigned items,
+                                            unsigned i, float* tiles) {
+    if (i < items) {
+        const size_t g = blockIdx.x + (size_t)(i / nchunks) * gridDim.x;
+        const unsigned c0 = (i % nchunks) * STAGE_CW;
+        float* tile = tiles + (i % STAGE_DEPTH) * STAGE_TILE;
+        constexpr unsigned W = VEC16 ? 4 : 1;
+        for (unsigned idx = threadIdx.x; idx < STAGE_TILE / W; idx += SCORE_THREADS) {
+            const unsigned r = idx / (STAGE_CW / W);
+            const unsigned col = (idx % (STAGE_CW / W)) * W;
+            const size_t row = g * STAGE_ROWS + r;
+            if (row < n && c0 + col < d) {
+                if (VEC16) {
+                    topk_cp_async16(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
+                } else {
+                    topk_cp_async4(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
+                }
+            }
         }
     }
-    __syncthreads();
+    topk_cp_async_commit();
 }
 
-// One query, staged whole in shared memory; warps stride over row groups.
-template <int METRIC, int RT>
+// One query, staged whole in shared memory, against every row. Dynamic shared
+// memory: the query (D floats, padded to 16 bytes), then STAGE_DEPTH tiles.
+template <int METRIC, bool VEC16>
 __device__ void score_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
                              unsigned n, unsigned d, const float* __restrict__ query,
-                             const float* __restrict__ qnorm, float* __restrict__ scores,
-                             unsigned* __restrict__ hist, unsigned k,
-                             TopkThreshold* __restrict__ th) {
-    extern __shared__ float qsh[];
-    __shared__ unsigned coarse[TOPK_COARSE_BINS];
-    __shared__ bool is_last;
-    for (unsigned i = threadIdx.x; i < d; i += blockDim.x) {
+                             const float* __restrict__ qnorm, float* __restrict__ scores) {
+    extern __shared__ float4 topk_dyn_smem[];
+    float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
+    float* tiles = qsh + ((d + 3u) & ~3u);
+    for (unsigned i = threadIdx.x; i < d; i += SCORE_THREADS) {
         qsh[i] = query[i];
     }
-    for (unsigned i = threadIdx.x; i < TOPK_COARSE_BINS; i += blockDim.x) {
-        coarse[i] = 0u;
-    }
-    __syncthreads();
     const float qn = (METRIC == TOPK_COSINE) ? *qnorm : 0.0f;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
-    const size_t stride = (size_t)gridDim.x * SCORE_WARPS * RT;
-    for (size_t row0 = ((size_t)blockIdx.x * SCORE_WARPS + warp) * RT; row0 < n; row0 += stride) {
-        const float* rows[RT];
-        float acc[RT];
+    const unsigned nchunks = (d + STAGE_CW - 1) / STAGE_CW;
+    const unsigned ngroups = (n + STAGE_ROWS - 1) / STAGE_ROWS;
+    const unsigned my_groups =
+        blockIdx.x < ngroups ? (ngroups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    const unsigned items = my_groups * nchunks;
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            // Rows past the end re-read row0 (always valid) and are discarded.
-            size_t row = (row0 + r < n) ? row0 + r : row0;
-            rows[r] = corpus + row * d;
-            acc[r] = 0.0f;
-        }
-#pragma unroll 4
-        for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
-            float rv[RT];
+    for (unsigned i = 0; i < STAGE_DEPTH - 1; ++i) {
+        stage_issue<VEC16>(corpus, n, d, nchunks, items, i, tiles);
+    }
+    float acc[STAGE_RT];
+    for (unsigned i = 0; i < items; ++i) {
+        topk_cp_async_wait<STAGE_DEPTH - 2>();
+        __syncthreads();
+        // The tile refilled here was consumed in the previous iteration,
+        // which every thread has finished (the barrier above).
+        stage_issue<VEC16>(corpus, n, d, nchunks, items, i + STAGE_DEPTH - 1, tiles);
+        const unsigned c = i % nchunks;
+        if (c == 0) {
 #pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                rv[r] = __ldg(rows[r] + dd);
-            }
-            const float qv = qsh[dd];
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                acc[r] = topk_step<METRIC>(qv, rv[r], acc[r]);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            float s = topk_butterfly(acc[r]);
-            size_t row = row0 + r;
-            if (lane == (unsigned)r && row < n) {
-                float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
-                emit_score(topk_finish<METRIC>(s, qn, rn), 0, (unsigned)row, n, scores, hist,
-                           coarse);
+            for (int r = 0; r < STAGE_RT; ++r) {
+                acc[r] = 0.0f;
             }
         }
+        const float* tile = tiles + (i % STAGE_DEPTH) * STAGE_TILE + warp * STAGE_RT * STAGE_CW;
+#pragma unroll
+        for (unsigned s = 0; s < STAGE_CW / TOPK_WARP; ++s) {
+            const unsigned col = c * STAGE_CW + TOPK_WARP * s + lane;
+            // Only real columns take a step.
+            if (col < d) {
+                const float qv = qsh[col];
+#pragma unroll
+                for (int r = 0; r < STAGE_RT; ++r) {
+                    acc[r] = topk_step<METRIC>(qv, tile[r * STAGE_CW + TOPK_WARP * s + lane],
+                                               acc[r]);
+                }
+            }
+        }
+        if (c == nchunks - 1) {
+            const size_t row0 =
+                ((size_t)blockIdx.x + (size_t)(i / nchunks) * gridDim.x) * STAGE_ROWS +
+                warp * STAGE_RT;
+#pragma unroll
+            for (int r = 0; r < STAGE_RT; ++r) {
+                const float s = topk_butterfly(acc[r]);
+                const size_t row = row0 + r;
+                if (lane == (unsigned)r && row < n) {
+                    const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
+                    scores[row] = topk_finish<METRIC>(s, qn, rn);
+                }
+            }
+        }
     }
-    flush_coarse(coarse, 0, 1, 1, hist);
-    // The last block to finish finds the threshold, which saves a launch:
-    // publish this block's counts, then take a ticket.
-    __threadfence();
-    unsigned* ticket = hist + TOPK_HIST_TICKET;
-    if (threadIdx.x == 0) {
-        is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!is_last || threadIdx.x >= TOPK_WARP) {
-        return;
-    }
-    __threadfence();
-    topk_find_threshold(hist, k, th);
-    if (threadIdx.x == 0) {
-        *ticket = 0u;
-    }
+    topk_cp_async_wait<0>();
 }
 
 // A tile of QT queries against RT rows per warp. The queries pass through
@@ -128,9 +144,8 @@ template <int METRIC, int QT, int RT>
 __device__ void score_batch(const float* __restrict__ corpus, const float* __restrict__ rnorm,
                             unsigned n, unsigned d, const float* __restrict__ queries,
                             unsigned nq, const float* __restrict__ qnorm,
-                            float* __restrict__ scores, unsigned* __restrict__ hist) {
+                            float* __restrict__ scores) {
     __shared__ float qs[QT][BATCH_CH];
-    __shared__ unsigned coarse[QT * TOPK_COARSE_BINS];
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
     const unsigned tiles = (nq + QT - 1) / QT;
@@ -149,9 +164,6 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
         }
     }
     const bool any_row = row0 < n;
-    for (unsigned i = threadIdx.x; i < QT * TOPK_COARSE_BINS; i += blockDim.x) {
-        coarse[i] = 0u;
-    }
     for (unsigned c0 = 0; c0 < d; c0 += BATCH_CH) {
         __syncthreads();
         for (unsigned i = threadIdx.x; i < QT * BATCH_CH; i += blockDim.x) {
@@ -197,12 +209,10 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
             const unsigned q = q0 + qi;
             if (lane == (unsigned)((r * QT + qi) & (TOPK_WARP - 1)) && row < n && q < nq) {
                 float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
-                emit_score(topk_finish<METRIC>(s, qn, rn), q, (unsigned)row, n, scores, hist,
-                           &coarse[qi * TOPK_COARSE_BINS]);
+                scores[(size_t)q * n + row] = topk_finish<METRIC>(s, qn, rn);
             }
         }
     }
-    flush_coarse(coarse, q0, nq, QT, hist);
 }
 
 // Canonical norms sqrt(canon_dot(x, x)) of n vectors of length d, a warp per
@@ -255,33 +265,35 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
     }
 }
 
-#define SINGLE_RT 4
 #define BATCH_QT 8
 #define BATCH_RT 4
 
-#define TOPK_SCORE_KERNELS(NAME, METRIC)                                                    \
-    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1_##NAME(         \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,      \
-        unsigned d, const float* __restrict__ query, const float* __restrict__ qnorm,       \
-        float* __restrict__ scores, unsigned* __restrict__ hist, unsigned k,                \
-        TopkThreshold* __restrict__ th) {                                                   \
-        score_single<METRIC, SINGLE_RT>(corpus, rnorm, n, d, query, qnorm, scores, hist, k, \
-                                        th);                                                \
-    }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_scoreb_##NAME(         \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,      \
-        unsigned d, const float* __restrict__ queries, unsigned nq,                        \
-        const float* __restrict__ qnorm, float* __restrict__ scores,                        \
-        unsigned* __restrict__ hist) {                                                      \
-        score_batch<METRIC, BATCH_QT, BATCH_RT>(corpus, rnorm, n, d, queries, nq, qnorm,    \
-                                                scores, hist);                              \
-    }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_ids_##NAME(      \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,      \
-        const float* __restrict__ queries, const float* __restrict__ qnorm,                 \
-        const unsigned* __restrict__ ids, const unsigned* __restrict__ owner,               \
-        unsigned count, float* __restrict__ out) {                                          \
-        score_ids<METRIC>(corpus, rnorm, d, queries, qnorm, ids, owner, count, out);        \
+#define TOPK_SCORE_KERNELS(NAME, METRIC)                                                     \
+    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1_##NAME(          \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ query, const float* __restrict__ qnorm,        \
+        float* __restrict__ scores) {                                                        \
+        score_single<METRIC, true>(corpus, rnorm, n, d, query, qnorm, scores);               \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1u_##NAME(         \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ query, const float* __restrict__ qnorm,        \
+        float* __restrict__ scores) {                                                        \
+        score_single<METRIC, false>(corpus, rnorm, n, d, query, qnorm, scores);              \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_scoreb_##NAME(          \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
+        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
+        score_batch<METRIC, BATCH_QT, BATCH_RT>(corpus, rnorm, n, d, queries, nq, qnorm,     \
+                                                scores);                                     \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_ids_##NAME(       \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,       \
+        const float* __restrict__ queries, const float* __restrict__ qnorm,                  \
+        const unsigned* __restrict__ ids, const unsigned* __restrict__ owner,                \
+        unsigned count, float* __restrict__ out) {                                           \
+        score_ids<METRIC>(corpus, rnorm, d, queries, qnorm, ids, owner, count, out);         \
     }
 
 TOPK_SCORE_KERNELS(dot, TOPK_DOT)

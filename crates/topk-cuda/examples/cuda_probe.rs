@@ -1,7 +1,8 @@
 //! `cuda_probe`: quick latency probe of the GPU engine over the DESIGN.md §6
 //! configurations, one JSON line per measurement on stdout.
 //!
-//! Usage: `cuda_probe [--quick] [--trials T]`. Rows are seeded Gaussian,
+//! Usage: `cuda_probe [--quick] [--trials T] [--fuse-rows R]` (R sets
+//! `CudaOptions::fuse_rows`). Rows are seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
 //! the scalar definition (index and score bits) for its largest K.
 
@@ -86,6 +87,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(50);
+    let fuse_rows: usize = args
+        .iter()
+        .position(|a| a == "--fuse-rows")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(topk_cuda::DEFAULT_FUSE_ROWS);
+    let opts = CudaOptions {
+        fuse_rows,
+        ..CudaOptions::default()
+    };
     let info = device_info(0)?;
     let bw = measure_d2d_bandwidth(0, 1 << 30)?;
     println!(
@@ -109,8 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &d in ds {
             let corpus = gaussian_rows(n, d, 42);
             let query = gaussian_rows(1, d, 7);
-            let gpu =
-                CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, CudaOptions::default())?;
+            let gpu = CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, opts.clone())?;
             let dq = gpu.upload_query(&query)?;
             let expect = reference(&corpus, d, &query, cpu_k);
             let floor_ms = (n * d * 4) as f64 / bw * 1e3;
@@ -142,7 +152,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (dm, dmin, dmax) = stats(td);
                 println!(
                     "{}",
-                    serde_json::json!({"kind": "single", "n": n, "d": d, "k": k, "metric": "dot",
+                    serde_json::json!({"kind": "single", "fuse_rows": fuse_rows, "n": n, "d": d, "k": k, "metric": "dot",
                         "trials": trials, "host_median_ms": hm, "host_min_ms": hmin, "host_max_ms": hmax,
                         "device_median_ms": dm, "device_min_ms": dmin, "device_max_ms": dmax,
                         "floor_ms": floor_ms, "host_minus_floor_us": (hm - floor_ms) * 1e3,

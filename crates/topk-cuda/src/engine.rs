@@ -22,7 +22,9 @@ use topk_core::order::rank_key;
 use topk_core::{validate, Metric, Neighbor};
 
 use crate::error::{CudaError, DriverResult};
-use crate::launch::{self, DPtr, Kernels, CAND_CAP, HIST_STRIDE, STATUS_OK, STATUS_OVERFLOW};
+use crate::launch::{
+    self, DPtr, Kernels, AREA_STRIDE, CAND_CAP, MAYBE_CAP, STATUS_OK, STATUS_OVERFLOW,
+};
 use crate::ptx;
 use crate::{CudaOptions, DeviceInfo};
 
@@ -40,12 +42,15 @@ impl DevNeighbor {
     }
 }
 
-/// A query's threshold bin and candidate count (`TopkThreshold`).
+/// A query's level-1 threshold bin and the rows above and in it
+/// (`TopkThreshold`).
 #[derive(Clone, Copy, Debug, Default, rustacuda_derive::DeviceCopy)]
 #[repr(C)]
 pub(crate) struct DevThreshold {
     bucket: u32,
-    count: u32,
+    above: u32,
+    in_bucket: u32,
+    pad: u32,
 }
 
 /// The primary context, shared by the engine and every object holding
@@ -134,11 +139,10 @@ struct Slot {
     queries: DeviceBuffer<f32>,
     qnorm: DeviceBuffer<f32>,
     scores: DeviceBuffer<f32>,
-    hist: DeviceBuffer<u32>,
+    area: DeviceBuffer<u32>,
     th: DeviceBuffer<DevThreshold>,
     cand: DeviceBuffer<u64>,
-    cand_count: DeviceBuffer<u32>,
-    done: DeviceBuffer<u32>,
+    maybe: DeviceBuffer<u64>,
     out: DeviceBuffer<DevNeighbor>,
     ids: DeviceBuffer<u32>,
     owner: DeviceBuffer<u32>,
@@ -156,10 +160,10 @@ fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> 
     chunk * d * 4
         + chunk * 4
         + chunk * n * 4
-        + chunk * HIST_STRIDE * 4
-        + chunk * 8
+        + chunk * AREA_STRIDE * 4
+        + chunk * 16
         + chunk * CAND_CAP * 8
-        + chunk * 8
+        + chunk * MAYBE_CAP * 8
         + chunk * (max_k + 1) * 8
         + gather * 12
 }
@@ -177,11 +181,10 @@ impl Slot {
             queries: alloc("query staging", chunk * d)?,
             qnorm: alloc("query norms", chunk)?,
             scores: alloc("score buffer", chunk * n)?,
-            hist: alloc("score histograms", chunk * HIST_STRIDE)?,
+            area: alloc("selection areas", chunk * AREA_STRIDE)?,
             th: alloc("thresholds", chunk)?,
             cand: alloc("candidate keys", chunk * CAND_CAP)?,
-            cand_count: alloc("candidate counters", chunk)?,
-            done: alloc("block tickets", chunk)?,
+            maybe: alloc("threshold-bin keys", chunk * MAYBE_CAP)?,
             out: alloc("results", chunk * (max_k + 1))?,
             ids: alloc("gather ids", gather)?,
             owner: alloc("gather owners", gather)?,
@@ -197,9 +200,7 @@ impl Slot {
         let s = slot.stream.as_inner();
         // SAFETY: each range is exactly the buffer it names.
         unsafe {
-            launch::zero32(s, ptr(&slot.hist), slot.hist.len())?;
-            launch::zero32(s, ptr(&slot.cand_count), slot.cand_count.len())?;
-            launch::zero32(s, ptr(&slot.done), slot.done.len())?;
+            launch::zero32(s, ptr(&slot.area), slot.area.len())?;
         }
         slot.stream.synchronize().op("cuStreamSynchronize")?;
         Ok(slot)
@@ -288,7 +289,7 @@ impl Engine {
                 reason: e.to_string(),
             })?;
         let kernels = Kernels::load(&score_module, &select_module, info.multiprocessors)?;
-        let single_grid = kernels.single_query_grid(metric, d)?;
+        let single_grid = kernels.prepare_single(metric, d)?;
         let corpus = DeviceBuffer::from_slice(flat).map_err(|e| match e {
             cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
                 what: "corpus",
@@ -381,6 +382,19 @@ impl Engine {
     /// the slot's stream). Selection runs on the device when `k` fits the
     /// result buffers; otherwise only the scores are produced.
     fn enqueue(&self, slot: &Slot, queries: DPtr, nq: usize, k: usize) -> Result<(), CudaError> {
+        self.enqueue_marked(slot, queries, nq, k, &mut |_| Ok(()))
+    }
+
+    /// [`Self::enqueue`], calling `mark` with a stage name after the launch
+    /// that ends each stage (for [`Self::stage_times`]).
+    fn enqueue_marked(
+        &self,
+        slot: &Slot,
+        queries: DPtr,
+        nq: usize,
+        k: usize,
+        mark: &mut dyn FnMut(&'static str) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
         let s = slot.stream.as_inner();
         let (n, d) = (self.n as u32, self.d as u32);
         // SAFETY: every buffer was sized at construction for `chunk` queries
@@ -391,7 +405,7 @@ impl Engine {
                 self.kernels
                     .norms(s, queries, nq as u32, d, ptr(&slot.qnorm))?;
             }
-            let fused = self.kernels.score(
+            self.kernels.score(
                 s,
                 self.metric,
                 ptr(&self.corpus),
@@ -402,38 +416,51 @@ impl Engine {
                 nq as u32,
                 ptr(&slot.qnorm),
                 ptr(&slot.scores),
-                ptr(&slot.hist),
-                k as u32,
-                ptr(&slot.th),
                 self.single_grid,
             )?;
-            if k <= self.opts.max_k {
-                if !fused {
-                    self.kernels.threshold(
-                        s,
-                        ptr(&slot.hist),
-                        nq as u32,
-                        k as u32,
-                        ptr(&slot.th),
-                    )?;
-                }
+            mark("score")?;
+            if k > self.opts.max_k {
+                // The host selects from the scores.
+                return Ok(());
+            }
+            let (nq, k) = (nq as u32, k as u32);
+            if self.n <= self.opts.fuse_rows {
+                self.kernels.select_small(
+                    s,
+                    ptr(&slot.scores),
+                    n,
+                    nq,
+                    ptr(&slot.area),
+                    ptr(&slot.cand),
+                    ptr(&slot.maybe),
+                    k,
+                    ptr(&slot.out),
+                )?;
+            } else {
+                self.kernels.hist(
+                    s,
+                    ptr(&slot.scores),
+                    n,
+                    nq,
+                    ptr(&slot.area),
+                    k,
+                    ptr(&slot.th),
+                )?;
+                mark("threshold")?;
                 self.kernels.gather(
                     s,
                     ptr(&slot.scores),
                     n,
-                    nq as u32,
-                    ptr(&slot.hist),
+                    nq,
+                    ptr(&slot.area),
                     ptr(&slot.th),
                     ptr(&slot.cand),
-                    ptr(&slot.cand_count),
-                    ptr(&slot.done),
-                    k as u32,
+                    ptr(&slot.maybe),
+                    k,
                     ptr(&slot.out),
                 )?;
-            } else {
-                // The histogram must be clean for the next search.
-                launch::zero32(s, ptr(&slot.hist), nq * HIST_STRIDE)?;
             }
+            mark("select")?;
         }
         Ok(())
     }
@@ -595,7 +622,9 @@ impl Engine {
     }
 
     /// Device time of each stage of one host query, from events recorded
-    /// between the stages (a diagnostic for tuning; the search itself records none).
+    /// between the stages (a diagnostic for tuning; the search itself records
+    /// none). A query selected by one block (`fuse_rows`) has no
+    /// `threshold` stage.
     pub(crate) fn stage_times(
         &self,
         query: &[f32],
@@ -607,13 +636,16 @@ impl Engine {
         let slot = &mut *slot;
         slot.q_host.as_mut_slice()[..self.d].copy_from_slice(query);
         let s = slot.stream.as_inner();
-        let mut events = Vec::with_capacity(6);
-        for _ in 0..6 {
-            events.push(Event::new(EventFlags::DEFAULT).op("cuEventCreate")?);
-        }
-        let (n, d) = (self.n as u32, self.d as u32);
-        events[0].record(&slot.stream).op("cuEventRecord")?;
-        // SAFETY: as in `search_host` and `enqueue`: buffers sized at construction.
+        let start = Event::new(EventFlags::DEFAULT).op("cuEventCreate")?;
+        let mut marks: Vec<(&'static str, Event)> = Vec::with_capacity(4);
+        let mut record = |name: &'static str, stream: &Stream| -> Result<(), CudaError> {
+            let ev = Event::new(EventFlags::DEFAULT).op("cuEventCreate")?;
+            ev.record(stream).op("cuEventRecord")?;
+            marks.push((name, ev));
+            Ok(())
+        };
+        start.record(&slot.stream).op("cuEventRecord")?;
+        // SAFETY: q_host (pinned) and queries both hold at least d floats.
         unsafe {
             launch::h2d(
                 s,
@@ -621,64 +653,27 @@ impl Engine {
                 slot.q_host.as_slice().as_ptr() as *const c_void,
                 self.d * 4,
             )?;
-            events[1].record(&slot.stream).op("cuEventRecord")?;
-            if self.metric == Metric::Cosine {
-                self.kernels
-                    .norms(s, ptr(&slot.queries), 1, d, ptr(&slot.qnorm))?;
-            }
-            let fused = self.kernels.score(
-                s,
-                self.metric,
-                ptr(&self.corpus),
-                ptr(&self.rnorm),
-                n,
-                d,
-                ptr(&slot.queries),
-                1,
-                ptr(&slot.qnorm),
-                ptr(&slot.scores),
-                ptr(&slot.hist),
-                k as u32,
-                ptr(&slot.th),
-                self.single_grid,
-            )?;
-            events[2].record(&slot.stream).op("cuEventRecord")?;
-            // With the threshold fused into scoring this stage is empty.
-            if !fused {
-                self.kernels
-                    .threshold(s, ptr(&slot.hist), 1, k as u32, ptr(&slot.th))?;
-            }
-            events[3].record(&slot.stream).op("cuEventRecord")?;
-            self.kernels.gather(
-                s,
-                ptr(&slot.scores),
-                n,
-                1,
-                ptr(&slot.hist),
-                ptr(&slot.th),
-                ptr(&slot.cand),
-                ptr(&slot.cand_count),
-                ptr(&slot.done),
-                k as u32,
-                ptr(&slot.out),
-            )?;
-            events[4].record(&slot.stream).op("cuEventRecord")?;
+        }
+        record("h2d", &slot.stream)?;
+        let qptr = ptr(&slot.queries);
+        self.enqueue_marked(slot, qptr, 1, k, &mut |name| record(name, &slot.stream))?;
+        // SAFETY: out_host holds at least k + 1 entries.
+        unsafe {
             launch::d2h(
                 s,
                 slot.out_host.as_mut_slice().as_mut_ptr() as *mut c_void,
                 ptr(&slot.out),
                 (k + 1) * std::mem::size_of::<DevNeighbor>(),
             )?;
-            events[5].record(&slot.stream).op("cuEventRecord")?;
         }
+        record("d2h", &slot.stream)?;
         slot.stream.synchronize().op("cuStreamSynchronize")?;
-        let names = ["h2d", "score", "threshold", "gather_select", "d2h"];
-        let mut out = Vec::with_capacity(names.len());
-        for (i, name) in names.iter().enumerate() {
-            let ms = events[i + 1]
-                .elapsed_time_f32(&events[i])
-                .op("cuEventElapsedTime")?;
+        let mut out = Vec::with_capacity(marks.len());
+        let mut prev = &start;
+        for (name, ev) in &marks {
+            let ms = ev.elapsed_time_f32(prev).op("cuEventElapsedTime")?;
             out.push((*name, ms));
+            prev = ev;
         }
         Ok(out)
     }

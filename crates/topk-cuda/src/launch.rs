@@ -15,26 +15,41 @@ pub(crate) type DPtr = cu::CUdeviceptr;
 
 /// Threads per block of the scoring kernels (8 warps).
 const SCORE_THREADS: u32 = 256;
-/// Rows a warp scores at once in the single-query kernel (`SINGLE_RT`).
-const SINGLE_ROWS_PER_WARP: u32 = 4;
+/// Rows a block of the single-query kernel stages at once (`STAGE_ROWS`).
+const STAGE_ROWS: u32 = 32;
+/// Shared-memory bytes of the single-query kernel's row tiles
+/// (`STAGE_DEPTH × STAGE_ROWS × STAGE_CW` floats).
+const STAGE_TILE_BYTES: usize = 3 * 32 * 128 * 4;
 /// Queries per tile of the batch kernel (`BATCH_QT`).
 pub(crate) const BATCH_QT: u32 = 8;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
 const BATCH_ROWS_PER_WARP: u32 = 4;
-/// Largest D whose query fits the single-query kernel's shared memory (48 KiB).
-pub(crate) const SINGLE_MAX_DIM: usize = 12 * 1024;
-/// One warp per query (`THRESH_THREADS`).
-const THRESH_THREADS: u32 = 32;
-const GATHER_THREADS: u32 = 1024;
+/// Largest D whose query the single-query kernel stages in shared memory
+/// beside its tiles; a larger D runs through the batch kernel.
+pub(crate) const SINGLE_MAX_DIM: usize = 16 * 1024;
+/// Rows whose ordered bits `topk_select_small` keeps in shared memory
+/// (`TOPK_STASH_ROWS`).
+const STASH_ROWS: u32 = 16384;
+/// Threads of the selection kernels (`TOPK_SEL_THREADS`).
+const SEL_THREADS: u32 = 1024;
 /// Largest candidate set the device sorts (`TOPK_CAND_CAP`).
 pub(crate) const CAND_CAP: usize = 4096;
-/// 32-bit words of each query's histogram area (`TOPK_HIST_STRIDE`): 65,536
-/// fine bins, 256 coarse bins, the fused kernel's ticket and padding.
-pub(crate) const HIST_STRIDE: usize = (1 << 16) + 256 + 4;
+/// Rows of the level-1 threshold bin kept per query for refinement
+/// (`TOPK_MAYBE_CAP`).
+pub(crate) const MAYBE_CAP: usize = 16384;
+/// 32-bit words of each query's selection area (`TOPK_AREA_STRIDE`): the
+/// 4,096-bin level-1 histogram, then four counters.
+pub(crate) const AREA_STRIDE: usize = 4096 + 4;
 /// Header status of a result row: selection finished on the device.
 pub(crate) const STATUS_OK: u32 = 0;
 /// Header status: too many tied candidates; the host finishes the query.
 pub(crate) const STATUS_OVERFLOW: u32 = 1;
+
+/// Dynamic shared memory of the single-query kernel for dimension `d`: the
+/// query (padded to 16 bytes), then the row tiles.
+pub(crate) fn single_smem(d: usize) -> usize {
+    d.next_multiple_of(4) * 4 + STAGE_TILE_BYTES
+}
 
 /// Turns a raw driver status into a typed error naming the operation.
 pub(crate) fn check(op: &'static str, status: cu::CUresult) -> Result<(), CudaError> {
@@ -71,11 +86,15 @@ pub(crate) fn free_memory() -> Result<usize, CudaError> {
 
 /// Function handles of the loaded modules.
 pub(crate) struct Kernels {
+    /// Single query, D % 4 == 0 (16-byte copies).
     score1: [cu::CUfunction; 3],
+    /// Single query, any D (4-byte copies).
+    score1u: [cu::CUfunction; 3],
     scoreb: [cu::CUfunction; 3],
     ids: [cu::CUfunction; 3],
     norms: cu::CUfunction,
-    threshold: cu::CUfunction,
+    select_small: cu::CUfunction,
+    hist: cu::CUfunction,
     gather: cu::CUfunction,
     sm_count: u32,
 }
@@ -108,11 +127,25 @@ fn function(module: &Module, name: &'static str) -> Result<cu::CUfunction, CudaE
 impl Kernels {
     /// Looks up every kernel of the two modules.
     pub(crate) fn load(score: &Module, select: &Module, sm_count: u32) -> Result<Self, CudaError> {
+        let select_small = function(select, "topk_select_small")?;
+        // SAFETY: the function handle is live; the attribute takes a byte count.
+        check("cuFuncSetAttribute", unsafe {
+            cu::cuFuncSetAttribute(
+                select_small,
+                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                (STASH_ROWS * 4) as i32,
+            )
+        })?;
         Ok(Kernels {
             score1: [
                 function(score, "topk_score1_dot")?,
                 function(score, "topk_score1_cosine")?,
                 function(score, "topk_score1_l2")?,
+            ],
+            score1u: [
+                function(score, "topk_score1u_dot")?,
+                function(score, "topk_score1u_cosine")?,
+                function(score, "topk_score1u_l2")?,
             ],
             scoreb: [
                 function(score, "topk_scoreb_dot")?,
@@ -125,7 +158,8 @@ impl Kernels {
                 function(score, "topk_score_ids_l2")?,
             ],
             norms: function(score, "topk_norms")?,
-            threshold: function(select, "topk_threshold")?,
+            select_small,
+            hist: function(select, "topk_hist")?,
             gather: function(select, "topk_gather")?,
             sm_count: sm_count.max(1),
         })
@@ -165,17 +199,39 @@ impl Kernels {
         check(op, status)
     }
 
-    /// Blocks of the single-query scoring kernel that fit on the whole device
-    /// at once for dimension `d`: the grid that strides over the rows in one
-    /// balanced wave (a second, partial wave would leave SMs idle at the end).
-    pub(crate) fn single_query_grid(&self, metric: Metric, d: usize) -> Result<u32, CudaError> {
+    /// The single-query kernel of `metric` for dimension `d`.
+    fn single_kernel(&self, metric: Metric, d: usize) -> cu::CUfunction {
+        if d % 4 == 0 {
+            self.score1[metric_slot(metric)]
+        } else {
+            self.score1u[metric_slot(metric)]
+        }
+    }
+
+    /// Lets the single-query kernel for `d` use the shared memory it needs
+    /// (above the default 48 KiB) and returns how many of its blocks fit on
+    /// the whole device at once: the grid that strides over the row groups in
+    /// one balanced wave.
+    pub(crate) fn prepare_single(&self, metric: Metric, d: usize) -> Result<u32, CudaError> {
+        if d > SINGLE_MAX_DIM {
+            return Ok(1);
+        }
+        let f = self.single_kernel(metric, d);
+        let smem = single_smem(d);
+        // SAFETY: the function handle is live; the attribute takes a byte count.
+        check("cuFuncSetAttribute", unsafe {
+            cu::cuFuncSetAttribute(
+                f,
+                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+        })?;
         let mut per_sm: i32 = 0;
-        let smem = if d <= SINGLE_MAX_DIM { d * 4 } else { 0 };
         // SAFETY: `per_sm` is valid for one write; the function handle is live.
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
             cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut per_sm,
-                self.score1[metric_slot(metric)],
+                f,
                 SCORE_THREADS as i32,
                 smem,
             )
@@ -218,15 +274,13 @@ impl Kernels {
         }
     }
 
-    /// Scores `nq` queries against the corpus into `scores` (nq × n) and
-    /// counts them in `hist` (nq × HIST_STRIDE, zero on entry). Returns true
-    /// when the launch also found the threshold for `k` into `th` (a single
-    /// query: its last block does it); otherwise [`Self::threshold`] must run.
+    /// Scores `nq` queries against the corpus into `scores` (nq × n): the
+    /// staged single-query kernel for one query with D <= SINGLE_MAX_DIM,
+    /// the batch kernel otherwise.
     ///
     /// # Safety
     /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `queries`
-    /// nq × d, `qnorm` nq (cosine), `scores` nq × n, `hist` nq × HIST_STRIDE,
-    /// `th` nq thresholds; 1 <= k <= n.
+    /// nq × d, `qnorm` nq (cosine), `scores` nq × n.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn score(
         &self,
@@ -240,18 +294,13 @@ impl Kernels {
         nq: u32,
         qnorm: DPtr,
         scores: DPtr,
-        hist: DPtr,
-        k: u32,
-        th: DPtr,
         single_grid: u32,
-    ) -> Result<bool, CudaError> {
+    ) -> Result<(), CudaError> {
         let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
-        let (mut queries, mut nq, mut qnorm, mut scores, mut hist) =
-            (queries, nq, qnorm, scores, hist);
-        let (mut k, mut th) = (k, th);
+        let (mut queries, mut nq, mut qnorm, mut scores) = (queries, nq, qnorm, scores);
         let warps = SCORE_THREADS / 32;
         if nq == 1 && (d as usize) <= SINGLE_MAX_DIM {
-            let groups = n.div_ceil(warps * SINGLE_ROWS_PER_WARP);
+            let groups = n.div_ceil(STAGE_ROWS);
             let blocks = groups.clamp(1, single_grid.max(1));
             let mut args = [
                 &mut corpus as *mut _ as *mut c_void,
@@ -261,24 +310,21 @@ impl Kernels {
                 &mut queries as *mut _ as *mut c_void,
                 &mut qnorm as *mut _ as *mut c_void,
                 &mut scores as *mut _ as *mut c_void,
-                &mut hist as *mut _ as *mut c_void,
-                &mut k as *mut _ as *mut c_void,
-                &mut th as *mut _ as *mut c_void,
             ];
-            // SAFETY: the parameter list of topk_score1_*; buffers per the contract;
-            // the query (d floats) fits the dynamic shared memory asked for.
+            // SAFETY: the parameter list of topk_score1*_*; buffers per the
+            // contract; the dynamic shared memory is the size the kernel
+            // was prepared for (prepare_single) for this d.
             unsafe {
                 Self::launch(
                     "topk_score1",
-                    self.score1[metric_slot(metric)],
+                    self.single_kernel(metric, d as usize),
                     (blocks, 1),
                     SCORE_THREADS,
-                    d * 4,
+                    single_smem(d as usize) as u32,
                     stream,
                     &mut args,
-                )?;
+                )
             }
-            Ok(true)
         } else {
             let tiles = nq.div_ceil(BATCH_QT);
             let row_blocks = n.div_ceil(warps * BATCH_ROWS_PER_WARP);
@@ -298,7 +344,6 @@ impl Kernels {
                 &mut nq as *mut _ as *mut c_void,
                 &mut qnorm as *mut _ as *mut c_void,
                 &mut scores as *mut _ as *mut c_void,
-                &mut hist as *mut _ as *mut c_void,
             ];
             // SAFETY: the parameter list of topk_scoreb_*; buffers per the contract.
             unsafe {
@@ -310,38 +355,100 @@ impl Kernels {
                     0,
                     stream,
                     &mut args,
-                )?;
+                )
             }
-            Ok(false)
         }
     }
 
-    /// Finds each query's threshold bin and zeroes its coarse histogram.
+    /// Blocks per query of the grid-wide selection passes over `n` scores.
+    fn select_blocks(&self, n: u32, nq: u32) -> u32 {
+        let per_query = n.div_ceil(SEL_THREADS * 16);
+        let cap = (self.sm_count / nq.max(1)).max(1);
+        per_query.clamp(1, cap)
+    }
+
+    /// The whole selection of each of `nq` queries in one block: its best
+    /// `k` into `out` (one row of k + 1 entries per query: header, then
+    /// results), leaving the query areas at zero.
     ///
     /// # Safety
-    /// `hist` holds nq × HIST_STRIDE counts summing to at least `k` per query;
-    /// `th` has room for nq thresholds.
-    pub(crate) unsafe fn threshold(
+    /// `scores` holds nq × n floats, `area` nq × AREA_STRIDE zeroed words,
+    /// `cand` nq × CAND_CAP keys, `maybe` nq × MAYBE_CAP keys, `out`
+    /// nq × (k + 1) entries; 1 <= k <= min(n, CAND_CAP / 2).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn select_small(
         &self,
         stream: cu::CUstream,
-        hist: DPtr,
+        scores: DPtr,
+        n: u32,
         nq: u32,
+        area: DPtr,
+        cand: DPtr,
+        maybe: DPtr,
+        k: u32,
+        out: DPtr,
+    ) -> Result<(), CudaError> {
+        let (mut scores, mut n, mut area, mut cand, mut maybe) = (scores, n, area, cand, maybe);
+        let (mut k, mut out) = (k, out);
+        let mut stride = k + 1;
+        let mut args = [
+            &mut scores as *mut _ as *mut c_void,
+            &mut n as *mut _ as *mut c_void,
+            &mut area as *mut _ as *mut c_void,
+            &mut cand as *mut _ as *mut c_void,
+            &mut maybe as *mut _ as *mut c_void,
+            &mut k as *mut _ as *mut c_void,
+            &mut out as *mut _ as *mut c_void,
+            &mut stride as *mut _ as *mut c_void,
+        ];
+        let dynamic = if n <= STASH_ROWS { n * 4 } else { 0 };
+        // SAFETY: the parameter list of topk_select_small; buffers per the
+        // contract; the stash fits the shared memory allowed at load.
+        unsafe {
+            Self::launch(
+                "topk_select_small",
+                self.select_small,
+                (1, nq),
+                SEL_THREADS,
+                dynamic,
+                stream,
+                &mut args,
+            )
+        }
+    }
+
+    /// Counts each query's scores in its level-1 histogram and finds its
+    /// threshold for `k` into `th`, leaving the histogram at zero.
+    ///
+    /// # Safety
+    /// `scores` holds nq × n floats, `area` nq × AREA_STRIDE zeroed words,
+    /// `th` room for nq thresholds; 1 <= k <= n.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn hist(
+        &self,
+        stream: cu::CUstream,
+        scores: DPtr,
+        n: u32,
+        nq: u32,
+        area: DPtr,
         k: u32,
         th: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut hist, mut k, mut th) = (hist, k, th);
+        let (mut scores, mut n, mut area, mut k, mut th) = (scores, n, area, k, th);
         let mut args = [
-            &mut hist as *mut _ as *mut c_void,
+            &mut scores as *mut _ as *mut c_void,
+            &mut n as *mut _ as *mut c_void,
+            &mut area as *mut _ as *mut c_void,
             &mut k as *mut _ as *mut c_void,
             &mut th as *mut _ as *mut c_void,
         ];
-        // SAFETY: the parameter list of topk_threshold; buffers per the contract.
+        // SAFETY: the parameter list of topk_hist; buffers per the contract.
         unsafe {
             Self::launch(
-                "topk_threshold",
-                self.threshold,
-                (nq, 1),
-                THRESH_THREADS,
+                "topk_hist",
+                self.hist,
+                (self.select_blocks(n, nq), nq),
+                SEL_THREADS,
                 0,
                 stream,
                 &mut args,
@@ -351,11 +458,13 @@ impl Kernels {
 
     /// Gathers the candidates of each query and selects its best `k` into `out`
     /// (one row of `stride` = k + 1 entries per query: header, then results),
-    /// clearing the fine bins of each query's histogram on the way.
+    /// leaving each query's level-2 histogram and counters at zero.
     ///
     /// # Safety
-    /// `scores` holds nq × n floats, `hist` nq × HIST_STRIDE words, `th` nq thresholds, `cand` nq × CAND_CAP
-    /// keys, `cand_count` and `done` nq zeroed counters, `out` nq × stride entries.
+    /// `scores` holds nq × n floats, `area` nq × AREA_STRIDE words (counters
+    /// zero), `th` nq thresholds from [`Self::hist`], `cand` nq × CAND_CAP
+    /// keys, `maybe` nq × MAYBE_CAP keys, `out` nq × (k + 1) entries;
+    /// k <= CAND_CAP / 2.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn gather(
         &self,
@@ -363,28 +472,23 @@ impl Kernels {
         scores: DPtr,
         n: u32,
         nq: u32,
-        hist: DPtr,
+        area: DPtr,
         th: DPtr,
         cand: DPtr,
-        cand_count: DPtr,
-        done: DPtr,
+        maybe: DPtr,
         k: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut scores, mut n, mut hist, mut th, mut cand) = (scores, n, hist, th, cand);
-        let (mut cand_count, mut done, mut k, mut out) = (cand_count, done, k, out);
+        let (mut scores, mut n, mut area, mut th, mut cand) = (scores, n, area, th, cand);
+        let (mut maybe, mut k, mut out) = (maybe, k, out);
         let mut stride = k + 1;
-        let per_query = n.div_ceil(GATHER_THREADS * 4);
-        let cap = ((self.sm_count * 4) / nq.max(1)).max(1);
-        let blocks = per_query.clamp(1, cap);
         let mut args = [
             &mut scores as *mut _ as *mut c_void,
             &mut n as *mut _ as *mut c_void,
-            &mut hist as *mut _ as *mut c_void,
+            &mut area as *mut _ as *mut c_void,
             &mut th as *mut _ as *mut c_void,
             &mut cand as *mut _ as *mut c_void,
-            &mut cand_count as *mut _ as *mut c_void,
-            &mut done as *mut _ as *mut c_void,
+            &mut maybe as *mut _ as *mut c_void,
             &mut k as *mut _ as *mut c_void,
             &mut out as *mut _ as *mut c_void,
             &mut stride as *mut _ as *mut c_void,
@@ -394,8 +498,8 @@ impl Kernels {
             Self::launch(
                 "topk_gather",
                 self.gather,
-                (blocks, nq),
-                GATHER_THREADS,
+                (self.select_blocks(n, nq), nq),
+                SEL_THREADS,
                 0,
                 stream,
                 &mut args,

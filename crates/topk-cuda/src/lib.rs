@@ -103,6 +103,11 @@ pub struct CudaOptions {
     pub max_gather: usize,
     /// Concurrent searches (streams and scratch slots), at least 1.
     pub streams: usize,
+    /// Corpora of at most this many rows select each query in one block
+    /// (one launch after scoring); larger ones use two grid-wide launches
+    /// (histogram and threshold, then gather and sort). 0 always uses the
+    /// grid-wide path.
+    pub fuse_rows: usize,
 }
 
 impl Default for CudaOptions {
@@ -113,9 +118,14 @@ impl Default for CudaOptions {
             max_batch: 256,
             max_gather: 65_536,
             streams: 2,
+            fuse_rows: DEFAULT_FUSE_ROWS,
         }
     }
 }
+
+/// Default of [`CudaOptions::fuse_rows`]: where one block reading every score
+/// twice still costs less than a second launch.
+pub const DEFAULT_FUSE_ROWS: usize = 16_384;
 
 /// Largest `max_k`: half the device's candidate buffer, so that K plus the
 /// rows tied at the threshold bin still fit.

@@ -104,6 +104,15 @@ fn engine(data: &[f32], d: usize, metric: Metric, opts: CudaOptions) -> (CudaRet
     (gpu, oracle)
 }
 
+/// Options that finish a single query inside the scoring launch (`fused`)
+/// or always through the separate gather launch.
+fn fuse_opts(fused: bool) -> CudaOptions {
+    CudaOptions {
+        fuse_rows: if fused { usize::MAX } else { 0 },
+        ..CudaOptions::default()
+    }
+}
+
 #[test]
 fn bitwise_equal_to_the_oracle_on_tied_corpora() {
     if gpu_or_skip().is_none() {
@@ -120,13 +129,15 @@ fn bitwise_equal_to_the_oracle_on_tied_corpora() {
         0u8..5,
         0usize..3,
         prop_oneof![1usize..10, 1usize..420],
+        any::<bool>(),
     );
     runner
-        .run(&strategy, |(seed, n, d, kind, m, k)| {
+        .run(&strategy, |(seed, n, d, kind, m, k, fused)| {
             let metric = Metric::ALL[m];
             let data = corpus(seed, n, d, kind);
-            let (gpu, oracle) = engine(&data, d, metric, CudaOptions::default());
-            let ctx = format!("seed {seed} n {n} d {d} kind {kind} metric {metric} k {k}");
+            let (gpu, oracle) = engine(&data, d, metric, fuse_opts(fused));
+            let ctx =
+                format!("seed {seed} n {n} d {d} kind {kind} metric {metric} k {k} fused {fused}");
             // Host query, single.
             let q = query_like(seed, d, kind);
             let want = oracle.search(&q, k).expect("oracle search");
@@ -155,33 +166,63 @@ fn large_k_and_k_past_n_and_heavy_ties() {
     if gpu_or_skip().is_none() {
         return;
     }
-    for (kind, n, d) in [(1u8, 5000usize, 37usize), (0, 9000, 64), (2, 6000, 33)] {
-        for metric in Metric::ALL {
-            let data = corpus(kind as u64 + 11, n, d, kind);
-            let (gpu, oracle) = engine(&data, d, metric, CudaOptions::default());
-            let q = query_like(3, d, kind);
-            for k in [1, 100, 2047, 2048, 2049, 4100, n - 1, n, n + 5] {
-                let want = oracle.search(&q, k).expect("oracle");
-                let got = gpu.search(&q, k).expect("gpu");
+    for fused in [true, false] {
+        for (kind, n, d) in [(1u8, 5000usize, 37usize), (0, 9000, 64), (2, 6000, 33)] {
+            for metric in Metric::ALL {
+                let data = corpus(kind as u64 + 11, n, d, kind);
+                let (gpu, oracle) = engine(&data, d, metric, fuse_opts(fused));
+                let q = query_like(3, d, kind);
+                for k in [1, 100, 2047, 2048, 2049, 4100, n - 1, n, n + 5] {
+                    let want = oracle.search(&q, k).expect("oracle");
+                    let got = gpu.search(&q, k).expect("gpu");
+                    assert_same(
+                        &got,
+                        &want,
+                        &format!("kind {kind} n {n} d {d} {metric} k {k} fused {fused}"),
+                    );
+                }
+            }
+        }
+        // Every row identical: all N scores tie, far past the device's candidate cap.
+        let (n, d) = (10_000, 48);
+        let row: Vec<f32> = (0..d).map(|i| (i % 5) as f32 - 2.0).collect();
+        let data: Vec<f32> = row.iter().copied().cycle().take(n * d).collect();
+        let (gpu, oracle) = engine(&data, d, Metric::Dot, fuse_opts(fused));
+        for k in [1, 10, 1000] {
+            assert_same(
+                &gpu.search(&row, k).expect("gpu"),
+                &oracle.search(&row, k).expect("oracle"),
+                &format!("all-tied k {k} fused {fused}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn crowded_threshold_bin_is_refined_exactly() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    // 10,000 distinct scores inside one level-1 bin ([1, 1.125): same sign,
+    // exponent and top three mantissa bits), more than the candidate buffer
+    // holds, so the level-2 histogram must narrow them; 300 rows above the
+    // bin; a few exact ties inside it. D = 1 and query [1]: score = value.
+    let mut values: Vec<f32> = (0..10_000u32)
+        .map(|i| 1.0 + ((i * 7919) % 10_000) as f32 * (1.0 / 131_072.0))
+        .collect();
+    values.extend((0..300u32).map(|i| 2.0 + i as f32 / 1024.0));
+    values.extend([1.0 + 17.0 / 131_072.0; 5]);
+    for fused in [true, false] {
+        for metric in [Metric::Dot, Metric::L2] {
+            let (gpu, oracle) = engine(&values, 1, metric, fuse_opts(fused));
+            for k in [1, 100, 299, 300, 301, 1000, 2048, 4000] {
                 assert_same(
-                    &got,
-                    &want,
-                    &format!("kind {kind} n {n} d {d} {metric} k {k}"),
+                    &gpu.search(&[1.0], k).expect("gpu"),
+                    &oracle.search(&[1.0], k).expect("oracle"),
+                    &format!("crowded bin {metric} k {k} fused {fused}"),
                 );
             }
         }
-    }
-    // Every row identical: all N scores tie, far past the device's candidate cap.
-    let (n, d) = (10_000, 48);
-    let row: Vec<f32> = (0..d).map(|i| (i % 5) as f32 - 2.0).collect();
-    let data: Vec<f32> = row.iter().copied().cycle().take(n * d).collect();
-    let (gpu, oracle) = engine(&data, d, Metric::Dot, CudaOptions::default());
-    for k in [1, 10, 1000] {
-        assert_same(
-            &gpu.search(&row, k).expect("gpu"),
-            &oracle.search(&row, k).expect("oracle"),
-            &format!("all-tied k {k}"),
-        );
     }
 }
 
@@ -208,14 +249,14 @@ fn many_blocks_and_batches_past_one_chunk() {
         assert_same(&single, &want, &format!("single query {i}"));
     }
     // A dimension past the single-query kernel's shared-memory limit.
-    let (n2, d2) = (300, 13_000);
+    let (n2, d2) = (300, 17_001);
     let data2 = corpus(8, n2, d2, 0);
     let (gpu2, oracle2) = engine(&data2, d2, Metric::L2, CudaOptions::default());
     let q2 = query_like(9, d2, 0);
     assert_same(
         &gpu2.search(&q2, 17).expect("gpu"),
         &oracle2.search(&q2, 17).expect("oracle"),
-        "D = 13000",
+        "D = 17001",
     );
 }
 

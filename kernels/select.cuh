@@ -1,0 +1,414 @@
+// Block-level helpers of the exact top-k selection (DESIGN.md §3), used by
+// the kernels of select.cu. Every function here is run by a whole block of
+// TOPK_SEL_THREADS threads. These passes are short and latency-bound, so
+// they are written for few instructions per row: whole warps load several
+// rows at once, and only warps holding a candidate take the append path.
+//
+// The selection of one query, given its N scores:
+// 1. topk_hist_rows: a histogram of the top 12 ordered bits of every score
+//    (level 1), in shared memory, summed into the query area when several
+//    blocks share a query.
+// 2. topk_threshold_block: the level-1 bin `bucket` where the count from the
+//    best bin down reaches k. Rows above it (`above` < k) are in the answer.
+// 3. topk_gather_rows: rows above the bin are appended to `cand`, rows in the
+//    bin to `maybe`.
+// 4. topk_select_block: when the bin's rows do not all fit beside the
+//    candidates, a histogram of their next 12 bits (level 2) narrows them to
+//    those at or above its own threshold; the kept keys are ranked (by
+//    counting for small sets, by a bitonic network held in registers for
+//    larger ones) and the best k written out. Too many exact ties for the
+//    buffer set the overflow status, and the host finishes that query from
+//    the scores.
+#pragma once
+#include "common.cuh"
+
+// Rows each thread loads before using them: independent loads in flight.
+#define TOPK_ROWS_ILP 8
+// Largest candidate set ranked by counting rather than sorted.
+#define TOPK_RANK_MAX 256
+
+// Loads the ordered bits of rows base + threadIdx.x + j * step, for j in
+// [0, TOPK_ROWS_ILP); rows past the end read as 0 (the bits of NaN, below
+// every score). From `stash` (shared, indexed by row) when it is not null,
+// else from the scores through L2 (another launch wrote them).
+__device__ __forceinline__ void topk_load_bits(const float* __restrict__ sc,
+                                               const unsigned* stash, size_t n, size_t base,
+                                               unsigned step, unsigned* ob) {
+#pragma unroll
+    for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+        const size_t i = base + (size_t)j * step + threadIdx.x;
+        if (i >= n) {
+            ob[j] = 0u;
+        } else if (stash != nullptr) {
+            ob[j] = stash[i];
+        } else {
+            ob[j] = topk_ordered_bits(__ldcg(sc + i));
+        }
+    }
+}
+
+// Counts rows first + threadIdx.x + j * step (< n) in the level-1 histogram
+// `h` (shared memory, zeroed by the caller). With `keep` (shared, indexed by
+// row), also stores each row's ordered bits there for a second pass.
+__device__ __forceinline__ void topk_hist_rows(const float* __restrict__ sc, unsigned n,
+                                               unsigned first, unsigned step, unsigned* h,
+                                               unsigned* keep) {
+    for (size_t base = first; base < n; base += (size_t)step * TOPK_ROWS_ILP) {
+        unsigned ob[TOPK_ROWS_ILP];
+        topk_load_bits(sc, nullptr, n, base, step, ob);
+#pragma unroll
+        for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+            const size_t i = base + (size_t)j * step + threadIdx.x;
+            if (i < n) {
+                if (keep != nullptr) {
+                    keep[i] = ob[j];
+                }
+                atomicAdd(&h[ob[j] >> (32 - TOPK_L1_BITS)], 1u);
+            }
+        }
+    }
+}
+
+// Zeroes `words` words of shared memory at `p`; ends with the block synchronised.
+__device__ __forceinline__ void topk_zero_shared(unsigned* p, unsigned words) {
+    for (unsigned i = threadIdx.x; i < words; i += TOPK_SEL_THREADS) {
+        p[i] = 0u;
+    }
+    __syncthreads();
+}
+
+// Finds, in the 4,096-bin histogram `h`, the bin where the count from the best
+// bin down reaches k (1 <= k <= total), and zeroes the histogram. With GLOBAL
+// the bins are in global memory, filled by other blocks' atomics, and read
+// through L2. Every thread gets the result.
+template <bool GLOBAL>
+__device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned k) {
+    constexpr unsigned PER = TOPK_L1_BINS / TOPK_SEL_THREADS;
+    constexpr unsigned WARPS = TOPK_SEL_THREADS / TOPK_WARP;
+    __shared__ unsigned warp_sums[WARPS];
+    __shared__ TopkThreshold result;
+    const unsigned t = threadIdx.x;
+    const unsigned lane = t & (TOPK_WARP - 1);
+    const unsigned warp = t / TOPK_WARP;
+    // Thread t owns bins hi, hi - 1, ..., hi - PER + 1 (best first).
+    const unsigned hi = TOPK_L1_BINS - 1 - PER * t;
+    unsigned c[PER];
+    unsigned sum = 0;
+#pragma unroll
+    for (unsigned j = 0; j < PER; ++j) {
+        c[j] = GLOBAL ? __ldcg(h + hi - j) : h[hi - j];
+        sum += c[j];
+    }
+    const unsigned incl_warp = topk_warp_inclusive_scan(sum, lane);
+    if (lane == TOPK_WARP - 1) {
+        warp_sums[warp] = incl_warp;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const unsigned v = lane < WARPS ? warp_sums[lane] : 0u;
+        const unsigned incl = topk_warp_inclusive_scan(v, lane);
+        if (lane < WARPS) {
+            warp_sums[lane] = incl - v;
+        }
+    }
+    __syncthreads();
+    const unsigned incl = incl_warp + warp_sums[warp];
+    const unsigned before = incl - sum;
+    if (before < k && incl >= k) {
+        unsigned run = before;
+#pragma unroll
+        for (unsigned j = 0; j < PER; ++j) {
+            if (run < k && run + c[j] >= k) {
+                result.bucket = hi - j;
+                result.above = run;
+                result.in_bucket = c[j];
+                result.pad = 0u;
+            }
+            run += c[j];
+        }
+    }
+#pragma unroll
+    for (unsigned j = 0; j < PER; ++j) {
+        h[hi - j] = 0u;
+    }
+    __syncthreads();
+    return result;
+}
+
+// Appends rows first + threadIdx.x + j * step (< n) above the threshold bin
+// to `cand` and those in it to `maybe`, with one atomic per warp and list on
+// the counters of `area`. Bits come from `stash` when it is not null (see
+// topk_load_bits).
+__device__ __forceinline__ void topk_gather_rows(const float* __restrict__ sc,
+                                                 const unsigned* stash, unsigned n,
+                                                 TopkThreshold t, unsigned first, unsigned step,
+                                                 unsigned* __restrict__ area,
+                                                 unsigned long long* __restrict__ cand,
+                                                 unsigned long long* __restrict__ maybe) {
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const unsigned lanes_below = (1u << lane) - 1u;
+    for (size_t base = first; base < n; base += (size_t)step * TOPK_ROWS_ILP) {
+        unsigned ob[TOPK_ROWS_ILP];
+        topk_load_bits(sc, stash, n, base, step, ob);
+        // Most rounds hold no candidate: one vote skips them.
+        bool any = false;
+#pragma unroll
+        for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+            any |= (ob[j] >> (32 - TOPK_L1_BITS)) >= t.bucket;
+        }
+        if (!__any_sync(TOPK_FULL_MASK, any)) {
+            continue;
+        }
+#pragma unroll
+        for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+            const unsigned i = (unsigned)(base + (size_t)j * step) + threadIdx.x;
+            const unsigned b1 = ob[j] >> (32 - TOPK_L1_BITS);
+            const bool is_above = i < n && b1 > t.bucket;
+            const bool is_in = i < n && b1 == t.bucket;
+            const unsigned ma = __ballot_sync(TOPK_FULL_MASK, is_above);
+            const unsigned mb = __ballot_sync(TOPK_FULL_MASK, is_in);
+            if ((ma | mb) == 0u) {
+                continue;
+            }
+            const unsigned long long key =
+                ((unsigned long long)ob[j] << 32) | (unsigned long long)(0xffffffffu - i);
+            unsigned pa = 0;
+            unsigned pb = 0;
+            if (lane == 0) {
+                if (ma != 0u) {
+                    pa = atomicAdd(&area[TOPK_AREA_CTR + TOPK_CTR_CAND], (unsigned)__popc(ma));
+                }
+                if (mb != 0u) {
+                    pb = atomicAdd(&area[TOPK_AREA_CTR + TOPK_CTR_MAYBE], (unsigned)__popc(mb));
+                }
+            }
+            pa = __shfl_sync(TOPK_FULL_MASK, pa, 0) + __popc(ma & lanes_below);
+            pb = __shfl_sync(TOPK_FULL_MASK, pb, 0) + __popc(mb & lanes_below);
+            if (is_above && pa < TOPK_CAND_CAP) {
+                cand[pa] = key;
+            }
+            if (is_in && pb < TOPK_MAYBE_CAP) {
+                maybe[pb] = key;
+            }
+        }
+    }
+}
+
+// Writes result r (0-based rank) for key `key` into row[1 + r], the score
+// bits read back from `sc`.
+__device__ __forceinline__ void topk_emit(unsigned long long key, unsigned r,
+                                          const float* __restrict__ sc,
+                                          TopkNeighbor* __restrict__ row) {
+    const unsigned idx = topk_key_index(key);
+    row[1 + r].index = idx;
+    row[1 + r].score = __ldcg(sc + idx);
+}
+
+// Ranks the `count` (<= TOPK_RANK_MAX) distinct keys of `s` by counting, for
+// each, the keys larger than it, and writes those ranked below k.
+__device__ __forceinline__ void topk_rank_emit(const unsigned long long* s, unsigned count,
+                                               unsigned k, const float* __restrict__ sc,
+                                               TopkNeighbor* __restrict__ row) {
+    constexpr unsigned SLICES = TOPK_SEL_THREADS / TOPK_RANK_MAX;
+    __shared__ unsigned rank[TOPK_RANK_MAX];
+    const unsigned i = threadIdx.x % TOPK_RANK_MAX;
+    const unsigned slice = threadIdx.x / TOPK_RANK_MAX;
+    if (threadIdx.x < TOPK_RANK_MAX) {
+        rank[threadIdx.x] = 0u;
+    }
+    __syncthreads();
+    if (i < count) {
+        const unsigned long long key = s[i];
+        const unsigned per = (count + SLICES - 1) / SLICES;
+        const unsigned end = min(count, (slice + 1) * per);
+        unsigned above = 0;
+        for (unsigned j = slice * per; j < end; ++j) {
+            above += s[j] > key;
+        }
+        if (above != 0u) {
+            atomicAdd(&rank[i], above);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < count && rank[threadIdx.x] < k) {
+        topk_emit(s[threadIdx.x], rank[threadIdx.x], sc, row);
+    }
+}
+
+// One compare-exchange of a bitonic network on element e (value v, partner
+// value w): the pair's lower element keeps the larger key in a descending
+// run (e & size == 0), the smaller in an ascending one.
+__device__ __forceinline__ unsigned long long topk_bitonic_pick(unsigned long long v,
+                                                                unsigned long long w, unsigned e,
+                                                                unsigned stride, unsigned size) {
+    const bool keep_max = ((e & stride) == 0) == ((e & size) == 0);
+    return keep_max ? (v > w ? v : w) : (v < w ? v : w);
+}
+
+// Sorts the E * TOPK_SEL_THREADS keys of `s` (shared) largest first and writes
+// the best k. Thread t holds elements t*E .. t*E + E - 1 in registers:
+// compare distances below E stay in the thread, those below 32*E go through
+// warp shuffles, and only the rest through shared memory (stored
+// element-major across threads, so that a warp's accesses are consecutive).
+template <int E>
+__device__ __forceinline__ void topk_sort_emit(unsigned long long* s, unsigned k,
+                                               const float* __restrict__ sc,
+                                               TopkNeighbor* __restrict__ row) {
+    constexpr unsigned LEN = E * TOPK_SEL_THREADS;
+    const unsigned t = threadIdx.x;
+    unsigned long long v[E];
+#pragma unroll
+    for (int r = 0; r < E; ++r) {
+        v[r] = s[t * E + r];
+    }
+#pragma unroll
+    for (unsigned size = 2; size <= LEN; size <<= 1) {
+#pragma unroll
+        for (unsigned stride = size >> 1; stride > 0; stride >>= 1) {
+            if (stride < (unsigned)E) {
+#pragma unroll
+                for (int r = 0; r < E; ++r) {
+                    const unsigned p = r ^ stride;
+                    if ((unsigned)r < p) {
+                        const unsigned e = t * E + r;
+                        const unsigned long long a = v[r];
+                        const unsigned long long b = v[p];
+                        v[r] = topk_bitonic_pick(a, b, e, stride, size);
+                        v[p] = topk_bitonic_pick(b, a, e + stride, stride, size);
+                    }
+                }
+            } else if (stride < (unsigned)E * TOPK_WARP) {
+#pragma unroll
+                for (int r = 0; r < E; ++r) {
+                    const unsigned long long w =
+                        __shfl_xor_sync(TOPK_FULL_MASK, v[r], stride / E);
+                    v[r] = topk_bitonic_pick(v[r], w, t * E + r, stride, size);
+                }
+            } else {
+                __syncthreads();
+#pragma unroll
+                for (int r = 0; r < E; ++r) {
+                    s[r * TOPK_SEL_THREADS + t] = v[r];
+                }
+                __syncthreads();
+                const unsigned tp = t ^ (stride / E);
+#pragma unroll
+                for (int r = 0; r < E; ++r) {
+                    v[r] = topk_bitonic_pick(v[r], s[r * TOPK_SEL_THREADS + tp], t * E + r,
+                                             stride, size);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < E; ++r) {
+        const unsigned e = t * E + r;
+        if (e < k) {
+            topk_emit(v[r], e, sc, row);
+        }
+    }
+}
+
+// Run by the one block that finishes a query, once every gather_rows of the
+// query is visible to it: keeps the candidates and the threshold-bin rows
+// needed for the best k (k <= TOPK_CAND_CAP / 2), ranks them in `keys`
+// (shared, room for TOPK_CAND_CAP keys) and writes row[0] = status,
+// row[1..=k] = results, with the score bits read back from the scores so
+// -0.0 stays -0.0. Leaves the query area's list counters at zero.
+__device__ __noinline__ void topk_select_block(const float* __restrict__ sc, TopkThreshold t,
+                                               unsigned k, unsigned* __restrict__ area,
+                                               const unsigned long long* __restrict__ cand,
+                                               const unsigned long long* __restrict__ maybe,
+                                               unsigned long long* keys,
+                                               TopkNeighbor* __restrict__ row) {
+    __shared__ unsigned fill;
+    const unsigned above = t.above;
+    const unsigned in_bin = t.in_bucket;
+    bool ok = in_bin <= TOPK_MAYBE_CAP;
+    // Rows of the bin are kept when their level-2 bin is >= min_b2.
+    unsigned min_b2 = 0;
+    unsigned kept = in_bin;
+    if (ok && above + in_bin > TOPK_CAND_CAP) {
+        // Level 2, built here (rarely needed) in the sort buffer.
+        unsigned* h2 = reinterpret_cast<unsigned*>(keys);
+        topk_zero_shared(h2, TOPK_L2_BINS);
+        for (unsigned i = threadIdx.x; i < in_bin; i += TOPK_SEL_THREADS) {
+            const unsigned ob = (unsigned)(__ldcg(maybe + i) >> 32);
+            atomicAdd(&h2[(ob >> (32 - TOPK_L1_BITS - TOPK_L2_BITS)) & (TOPK_L2_BINS - 1)], 1u);
+        }
+        __syncthreads();
+        const TopkThreshold t2 = topk_threshold_block<false>(h2, k - above);
+        min_b2 = t2.bucket;
+        kept = t2.above + t2.in_bucket;
+        ok = above + kept <= TOPK_CAND_CAP;
+    }
+    if (threadIdx.x == 0) {
+        area[TOPK_AREA_CTR + TOPK_CTR_CAND] = 0u;
+        area[TOPK_AREA_CTR + TOPK_CTR_MAYBE] = 0u;
+        fill = above;
+    }
+    if (!ok) {
+        if (threadIdx.x == 0) {
+            row[0].index = TOPK_STATUS_OVERFLOW;
+            row[0].score = 0.0f;
+        }
+        return;
+    }
+    const unsigned count = above + kept;
+    for (unsigned i = threadIdx.x; i < above; i += TOPK_SEL_THREADS) {
+        keys[i] = __ldcg(cand + i);
+    }
+    __syncthreads();
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    // Whole warps iterate together: one atomic per warp for its kept keys.
+    for (unsigned base = 0; base < in_bin; base += TOPK_SEL_THREADS) {
+        const unsigned i = base + threadIdx.x;
+        unsigned long long key = 0;
+        bool keep = false;
+        if (i < in_bin) {
+            key = __ldcg(maybe + i);
+            const unsigned b2 = ((unsigned)(key >> 32) >> (32 - TOPK_L1_BITS - TOPK_L2_BITS)) &
+                                (TOPK_L2_BINS - 1);
+            keep = b2 >= min_b2;
+        }
+        const unsigned m = __ballot_sync(TOPK_FULL_MASK, keep);
+        unsigned pos = 0;
+        if (lane == 0 && m != 0u) {
+            pos = atomicAdd(&fill, (unsigned)__popc(m));
+        }
+        pos = __shfl_sync(TOPK_FULL_MASK, pos, 0) + __popc(m & ((1u << lane) - 1u));
+        if (keep) {
+            keys[pos] = key;
+        }
+    }
+    if (count <= TOPK_RANK_MAX) {
+        __syncthreads();
+        topk_rank_emit(keys, count, k, sc, row);
+    } else {
+        unsigned len = TOPK_SEL_THREADS;
+        while (len < count) {
+            len <<= 1;
+        }
+        // Every real key is >= 1 (the index complement of a u32 row < N is
+        // nonzero), so zero padding sorts last.
+        for (unsigned i = count + threadIdx.x; i < len; i += TOPK_SEL_THREADS) {
+            keys[i] = 0ull;
+        }
+        __syncthreads();
+        switch (len / TOPK_SEL_THREADS) {
+        case 1:
+            topk_sort_emit<1>(keys, k, sc, row);
+            break;
+        case 2:
+            topk_sort_emit<2>(keys, k, sc, row);
+            break;
+        default:
+            topk_sort_emit<TOPK_CAND_CAP / TOPK_SEL_THREADS>(keys, k, sc, row);
+            break;
+        }
+    }
+    if (threadIdx.x == 0) {
+        row[0].index = TOPK_STATUS_OK;
+        row[0].score = 0.0f;
+    }
+}
