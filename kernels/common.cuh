@@ -19,12 +19,17 @@
 #define TOPK_L2_BINS (1u << TOPK_L2_BITS)
 #define TOPK_AREA_CTR TOPK_L1_BINS
 // Counters: blocks of the histogram pass done, blocks of the gather done,
-// candidates appended, threshold-bin rows appended.
+// candidates appended, threshold-bin rows appended, blocks arrived at the
+// grid barrier of the one-launch search and that barrier's generation.
 #define TOPK_CTR_HIST 0
 #define TOPK_CTR_GATHER 1
 #define TOPK_CTR_CAND 2
 #define TOPK_CTR_MAYBE 3
-#define TOPK_AREA_STRIDE (TOPK_AREA_CTR + 4)
+#define TOPK_CTR_BAR 4
+#define TOPK_CTR_GEN 5
+// Literal, so that the host's mirror of it can be checked against this file.
+#define TOPK_AREA_STRIDE 4104
+static_assert(TOPK_AREA_STRIDE == TOPK_AREA_CTR + 8, "area layout");
 
 // Largest candidate set the on-device exact selection sorts in shared memory.
 #define TOPK_CAND_CAP 4096
@@ -113,6 +118,17 @@ __device__ __forceinline__ float topk_step(float q, float r, float p) {
     } else {
         return __fmaf_rn(q, r, p);
     }
+}
+
+// Canonical norm sqrt(canon_dot(v, v)) of a vector of length d, computed by
+// one whole warp (lane j walks d = j, j+32, ...; then the butterfly).
+__device__ __forceinline__ float topk_warp_norm(const float* v, unsigned d, unsigned lane) {
+    float p = 0.0f;
+    for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
+        const float a = v[dd];
+        p = __fmaf_rn(a, a, p);
+    }
+    return __fsqrt_rn(topk_butterfly(p));
 }
 
 // Inclusive prefix sum over the lanes of a warp.

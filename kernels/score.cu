@@ -8,16 +8,13 @@
 // a few tiles deep, so that enough bytes are in flight to keep HBM busy
 // without holding them in registers.
 #include "common.cuh"
+#include "select.cuh"
 
 #define SCORE_WARPS 8
 #define SCORE_THREADS (SCORE_WARPS * TOPK_WARP)
 
-// Rows per warp, columns per tile and tiles in flight of the staged kernel.
-#define STAGE_RT 4
-#define STAGE_ROWS (SCORE_WARPS * STAGE_RT)
+// Columns per staged tile.
 #define STAGE_CW 128
-#define STAGE_DEPTH 3
-#define STAGE_TILE (STAGE_ROWS * STAGE_CW)
 
 __device__ __forceinline__ void topk_cp_async16(void* smem, const void* gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -35,22 +32,31 @@ __device__ __forceinline__ void topk_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Rows of a staged tile are WARPS * RT consecutive corpus rows (warp w owns
+// RT of them) by STAGE_CW columns; DEPTH tiles are in flight.
+template <int WARPS, int RT, int DEPTH>
+struct Stage {
+    static constexpr unsigned THREADS = WARPS * TOPK_WARP;
+    static constexpr unsigned ROWS = WARPS * RT;
+    static constexpr unsigned TILE = ROWS * STAGE_CW;
+};
+
 // Starts the copy of work item `i` of this block (row group i / nchunks of
 // the block's grid stride, column chunk i % nchunks) into its tile; commits a
 // group even when there is no item, so group counting stays uniform.
-template <bool VEC16>
+template <class ST, bool VEC16, int DEPTH>
 __device__ __forceinline__ void stage_issue(const float* __restrict__ corpus, unsigned n,
                                             unsigned d, unsigned nchunks, unsigned items,
                                             unsigned i, float* tiles) {
     if (i < items) {
         const size_t g = blockIdx.x + (size_t)(i / nchunks) * gridDim.x;
         const unsigned c0 = (i % nchunks) * STAGE_CW;
-        float* tile = tiles + (i % STAGE_DEPTH) * STAGE_TILE;
+        float* tile = tiles + (i % DEPTH) * ST::TILE;
         constexpr unsigned W = VEC16 ? 4 : 1;
-        for (unsigned idx = threadIdx.x; idx < STAGE_TILE / W; idx += SCORE_THREADS) {
+        for (unsigned idx = threadIdx.x; idx < ST::TILE / W; idx += ST::THREADS) {
             const unsigned r = idx / (STAGE_CW / W);
             const unsigned col = (idx % (STAGE_CW / W)) * W;
-            const size_t row = g * STAGE_ROWS + r;
+            const size_t row = g * ST::ROWS + r;
             if (row < n && c0 + col < d) {
                 if (VEC16) {
                     topk_cp_async16(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
@@ -63,45 +69,41 @@ __device__ __forceinline__ void stage_issue(const float* __restrict__ corpus, un
     topk_cp_async_commit();
 }
 
-// One query, staged whole in shared memory, against every row. Dynamic shared
-// memory: the query (D floats, padded to 16 bytes), then STAGE_DEPTH tiles.
-template <int METRIC, bool VEC16>
-__device__ void score_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
-                             unsigned n, unsigned d, const float* __restrict__ query,
-                             const float* __restrict__ qnorm, float* __restrict__ scores) {
-    extern __shared__ float4 topk_dyn_smem[];
-    float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
-    float* tiles = qsh + ((d + 3u) & ~3u);
-    for (unsigned i = threadIdx.x; i < d; i += SCORE_THREADS) {
-        qsh[i] = query[i];
-    }
-    const float qn = (METRIC == TOPK_COSINE) ? *qnorm : 0.0f;
+// Scores every row against the query `qsh` (shared, already loaded) with the
+// block's grid-stride share of row groups staged through `tiles` (shared,
+// DEPTH tiles). qn is the query norm (cosine). Ends with every copy done.
+template <int METRIC, bool VEC16, int WARPS, int RT, int DEPTH>
+__device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
+                                            const float* __restrict__ rnorm, unsigned n,
+                                            unsigned d, const float* qsh, float qn,
+                                            float* __restrict__ scores, float* tiles) {
+    using ST = Stage<WARPS, RT, DEPTH>;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
     const unsigned nchunks = (d + STAGE_CW - 1) / STAGE_CW;
-    const unsigned ngroups = (n + STAGE_ROWS - 1) / STAGE_ROWS;
+    const unsigned ngroups = (n + ST::ROWS - 1) / ST::ROWS;
     const unsigned my_groups =
         blockIdx.x < ngroups ? (ngroups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     const unsigned items = my_groups * nchunks;
 #pragma unroll
-    for (unsigned i = 0; i < STAGE_DEPTH - 1; ++i) {
-        stage_issue<VEC16>(corpus, n, d, nchunks, items, i, tiles);
+    for (unsigned i = 0; i < DEPTH - 1; ++i) {
+        stage_issue<ST, VEC16, DEPTH>(corpus, n, d, nchunks, items, i, tiles);
     }
-    float acc[STAGE_RT];
+    float acc[RT];
     for (unsigned i = 0; i < items; ++i) {
-        topk_cp_async_wait<STAGE_DEPTH - 2>();
+        topk_cp_async_wait<DEPTH - 2>();
         __syncthreads();
         // The tile refilled here was consumed in the previous iteration,
         // which every thread has finished (the barrier above).
-        stage_issue<VEC16>(corpus, n, d, nchunks, items, i + STAGE_DEPTH - 1, tiles);
+        stage_issue<ST, VEC16, DEPTH>(corpus, n, d, nchunks, items, i + DEPTH - 1, tiles);
         const unsigned c = i % nchunks;
         if (c == 0) {
 #pragma unroll
-            for (int r = 0; r < STAGE_RT; ++r) {
+            for (int r = 0; r < RT; ++r) {
                 acc[r] = 0.0f;
             }
         }
-        const float* tile = tiles + (i % STAGE_DEPTH) * STAGE_TILE + warp * STAGE_RT * STAGE_CW;
+        const float* tile = tiles + (i % DEPTH) * ST::TILE + warp * RT * STAGE_CW;
 #pragma unroll
         for (unsigned s = 0; s < STAGE_CW / TOPK_WARP; ++s) {
             const unsigned col = c * STAGE_CW + TOPK_WARP * s + lane;
@@ -109,7 +111,7 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
             if (col < d) {
                 const float qv = qsh[col];
 #pragma unroll
-                for (int r = 0; r < STAGE_RT; ++r) {
+                for (int r = 0; r < RT; ++r) {
                     acc[r] = topk_step<METRIC>(qv, tile[r * STAGE_CW + TOPK_WARP * s + lane],
                                                acc[r]);
                 }
@@ -117,10 +119,9 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
         }
         if (c == nchunks - 1) {
             const size_t row0 =
-                ((size_t)blockIdx.x + (size_t)(i / nchunks) * gridDim.x) * STAGE_ROWS +
-                warp * STAGE_RT;
+                ((size_t)blockIdx.x + (size_t)(i / nchunks) * gridDim.x) * ST::ROWS + warp * RT;
 #pragma unroll
-            for (int r = 0; r < STAGE_RT; ++r) {
+            for (int r = 0; r < RT; ++r) {
                 const float s = topk_butterfly(acc[r]);
                 const size_t row = row0 + r;
                 if (lane == (unsigned)r && row < n) {
@@ -131,6 +132,94 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
         }
     }
     topk_cp_async_wait<0>();
+}
+
+// Loads the query into shared memory `qsh`; for cosine returns its canonical
+// norm, computed by warp 0 and shared through `qn_sh`. Ends synchronised.
+template <int METRIC>
+__device__ __forceinline__ float load_query(const float* __restrict__ query, unsigned d,
+                                            float* qsh, float* qn_sh) {
+    for (unsigned i = threadIdx.x; i < d; i += blockDim.x) {
+        qsh[i] = query[i];
+    }
+    __syncthreads();
+    if (METRIC == TOPK_COSINE) {
+        if (threadIdx.x < TOPK_WARP) {
+            const float nq = topk_warp_norm(qsh, d, threadIdx.x);
+            if (threadIdx.x == 0) {
+                *qn_sh = nq;
+            }
+        }
+        __syncthreads();
+        return *qn_sh;
+    }
+    return 0.0f;
+}
+
+// The separate scoring kernel of one query: 8 warps, 4 rows each, 3 tiles.
+#define SINGLE_WARPS 8
+#define SINGLE_RT 4
+#define SINGLE_DEPTH 3
+
+// One query against every row. Dynamic shared memory: the query (D floats,
+// padded to 16 bytes), then the tiles.
+template <int METRIC, bool VEC16>
+__device__ void score_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+                             unsigned n, unsigned d, const float* __restrict__ query,
+                             float* __restrict__ scores) {
+    extern __shared__ float4 topk_dyn_smem[];
+    __shared__ float qn_sh;
+    float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
+    float* tiles = qsh + ((d + 3u) & ~3u);
+    const float qn = load_query<METRIC>(query, d, qsh, &qn_sh);
+    stage_score<METRIC, VEC16, SINGLE_WARPS, SINGLE_RT, SINGLE_DEPTH>(corpus, rnorm, n, d, qsh,
+                                                                     qn, scores, tiles);
+}
+
+// The one-launch search of one query (a cooperative launch: every block is
+// resident, so blocks can wait for each other): 32 warps, 2 rows each, 4
+// tiles. Scores every row, then between grid barriers counts the level-1
+// histogram, finds the threshold (each block for itself), gathers the
+// candidates, and the last block to finish selects into `out`. Dynamic shared
+// memory as score_single; the tiles are reused by the selection.
+#define SEARCH_WARPS 32
+#define SEARCH_RT 2
+#define SEARCH_DEPTH 4
+
+template <int METRIC, bool VEC16>
+__device__ void search_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+                              unsigned n, unsigned d, const float* __restrict__ query,
+                              float* __restrict__ scores, unsigned* __restrict__ area, unsigned k,
+                              unsigned long long* __restrict__ cand,
+                              unsigned long long* __restrict__ maybe,
+                              TopkNeighbor* __restrict__ out) {
+    extern __shared__ float4 topk_dyn_smem[];
+    __shared__ float qn_sh;
+    float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
+    float* tiles = qsh + ((d + 3u) & ~3u);
+    const float qn = load_query<METRIC>(query, d, qsh, &qn_sh);
+    stage_score<METRIC, VEC16, SEARCH_WARPS, SEARCH_RT, SEARCH_DEPTH>(corpus, rnorm, n, d, qsh,
+                                                                     qn, scores, tiles);
+    topk_grid_sync(area);
+    unsigned* h = reinterpret_cast<unsigned*>(tiles);
+    topk_zero_shared(h, TOPK_L1_BINS);
+    topk_hist_rows(scores, n, blockIdx.x * TOPK_SEL_THREADS, gridDim.x * TOPK_SEL_THREADS, h,
+                   nullptr);
+    __syncthreads();
+    topk_flush_hist(h, area);
+    topk_grid_sync(area);
+    const TopkThreshold t = topk_threshold_block<true, false>(area, k);
+    topk_gather_rows(scores, nullptr, n, t, blockIdx.x * TOPK_SEL_THREADS,
+                     gridDim.x * TOPK_SEL_THREADS, area, cand, maybe);
+    if (!topk_last_block(&area[TOPK_AREA_CTR + TOPK_CTR_GATHER], gridDim.x)) {
+        return;
+    }
+    // Every block has read the histogram: clear it for the next search.
+    for (unsigned i = threadIdx.x; i < TOPK_L1_BINS; i += TOPK_SEL_THREADS) {
+        area[i] = 0u;
+    }
+    topk_select_block(scores, t, k, area, cand, maybe,
+                      reinterpret_cast<unsigned long long*>(tiles), out);
 }
 
 // A tile of QT queries against RT rows per warp. The queries pass through
@@ -223,15 +312,9 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
     const size_t warps = (size_t)gridDim.x * SCORE_WARPS;
     for (size_t row = (size_t)blockIdx.x * SCORE_WARPS + threadIdx.x / TOPK_WARP; row < n;
          row += warps) {
-        const float* v = x + row * d;
-        float p = 0.0f;
-        for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
-            float a = v[dd];
-            p = __fmaf_rn(a, a, p);
-        }
-        p = topk_butterfly(p);
+        const float nv = topk_warp_norm(x + row * d, d, lane);
         if (lane == 0) {
-            out[row] = __fsqrt_rn(p);
+            out[row] = nv;
         }
     }
 }
@@ -271,15 +354,29 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
 #define TOPK_SCORE_KERNELS(NAME, METRIC)                                                     \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1_##NAME(          \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ query, const float* __restrict__ qnorm,        \
-        float* __restrict__ scores) {                                                        \
-        score_single<METRIC, true>(corpus, rnorm, n, d, query, qnorm, scores);               \
+        unsigned d, const float* __restrict__ query, float* __restrict__ scores) {           \
+        score_single<METRIC, true>(corpus, rnorm, n, d, query, scores);                      \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1u_##NAME(         \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ query, const float* __restrict__ qnorm,        \
-        float* __restrict__ scores) {                                                        \
-        score_single<METRIC, false>(corpus, rnorm, n, d, query, qnorm, scores);              \
+        unsigned d, const float* __restrict__ query, float* __restrict__ scores) {           \
+        score_single<METRIC, false>(corpus, rnorm, n, d, query, scores);                     \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS) topk_search1_##NAME(      \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ query, float* __restrict__ scores,             \
+        unsigned* __restrict__ area, unsigned k, unsigned long long* __restrict__ cand,      \
+        unsigned long long* __restrict__ maybe, TopkNeighbor* __restrict__ out) {            \
+        search_single<METRIC, true>(corpus, rnorm, n, d, query, scores, area, k, cand,      \
+                                    maybe, out);                                             \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS) topk_search1u_##NAME(     \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ query, float* __restrict__ scores,             \
+        unsigned* __restrict__ area, unsigned k, unsigned long long* __restrict__ cand,      \
+        unsigned long long* __restrict__ maybe, TopkNeighbor* __restrict__ out) {            \
+        search_single<METRIC, false>(corpus, rnorm, n, d, query, scores, area, k, cand,     \
+                                     maybe, out);                                            \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_scoreb_##NAME(          \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \

@@ -42,31 +42,15 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     topk_hist(const float* __restrict__ scores, unsigned n, unsigned* __restrict__ area,
               unsigned k, TopkThreshold* __restrict__ th) {
     __shared__ unsigned h[TOPK_L1_BINS];
-    __shared__ bool is_last;
     const unsigned q = blockIdx.y;
     unsigned* qa = area + (size_t)q * TOPK_AREA_STRIDE;
     topk_zero_shared(h, TOPK_L1_BINS);
     topk_hist_rows(scores + (size_t)q * n, n, blockIdx.x * TOPK_SEL_THREADS,
                    gridDim.x * TOPK_SEL_THREADS, h, nullptr);
     __syncthreads();
-    for (unsigned i = threadIdx.x; i < TOPK_L1_BINS; i += TOPK_SEL_THREADS) {
-        if (h[i] != 0u) {
-            atomicAdd(&qa[i], h[i]);
-        }
-    }
-    // Publish this block's counts before taking a ticket.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        is_last = atomicAdd(&qa[TOPK_AREA_CTR + TOPK_CTR_HIST], 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!is_last) {
+    topk_flush_hist(h, qa);
+    if (!topk_last_block(&qa[TOPK_AREA_CTR + TOPK_CTR_HIST], gridDim.x)) {
         return;
-    }
-    __threadfence();
-    if (threadIdx.x == 0) {
-        qa[TOPK_AREA_CTR + TOPK_CTR_HIST] = 0u;
     }
     const TopkThreshold t = topk_threshold_block<true>(qa, k);
     if (threadIdx.x == 0) {
@@ -84,7 +68,6 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
                 unsigned long long* __restrict__ maybe, unsigned k,
                 TopkNeighbor* __restrict__ out, unsigned stride) {
     __shared__ unsigned long long keys[TOPK_CAND_CAP];
-    __shared__ bool is_last;
     const unsigned q = blockIdx.y;
     const float* sc = scores + (size_t)q * n;
     const TopkThreshold t = th[q];
@@ -93,19 +76,8 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     unsigned long long* qm = maybe + (size_t)q * TOPK_MAYBE_CAP;
     topk_gather_rows(sc, nullptr, n, t, blockIdx.x * TOPK_SEL_THREADS,
                      gridDim.x * TOPK_SEL_THREADS, qa, qc, qm);
-    // Publish this block's appends before taking a ticket.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        is_last = atomicAdd(&qa[TOPK_AREA_CTR + TOPK_CTR_GATHER], 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!is_last) {
+    if (!topk_last_block(&qa[TOPK_AREA_CTR + TOPK_CTR_GATHER], gridDim.x)) {
         return;
-    }
-    __threadfence();
-    if (threadIdx.x == 0) {
-        qa[TOPK_AREA_CTR + TOPK_CTR_GATHER] = 0u;
     }
     topk_select_block(sc, t, k, qa, qc, qm, keys, out + (size_t)q * stride);
 }

@@ -69,6 +69,61 @@ __device__ __forceinline__ void topk_hist_rows(const float* __restrict__ sc, uns
     }
 }
 
+// Adds a block's shared level-1 histogram `h` to the query area's (global).
+__device__ __forceinline__ void topk_flush_hist(const unsigned* h, unsigned* __restrict__ area) {
+    for (unsigned i = threadIdx.x; i < TOPK_L1_BINS; i += TOPK_SEL_THREADS) {
+        if (h[i] != 0u) {
+            atomicAdd(&area[i], h[i]);
+        }
+    }
+}
+
+// Makes this block's writes visible to every block, then takes a ticket on
+// `counter`: true in the one block that arrives last, which also resets the
+// counter for the next search. Ends with the block synchronised.
+__device__ __forceinline__ bool topk_last_block(unsigned* counter, unsigned blocks) {
+    __shared__ bool is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        is_last = atomicAdd(counter, 1u) == blocks - 1;
+        if (is_last) {
+            *counter = 0u;
+        }
+    }
+    __syncthreads();
+    if (is_last) {
+        __threadfence();
+    }
+    return is_last;
+}
+
+// Grid-wide barrier of a cooperative launch (every block resident): arrive on
+// the area's counter; the last block to arrive bumps the generation the
+// others wait for. Writes before it are visible to every block after it.
+__device__ __forceinline__ void topk_grid_sync(unsigned* __restrict__ area) {
+    unsigned* count = area + TOPK_AREA_CTR + TOPK_CTR_BAR;
+    volatile unsigned* gen = area + TOPK_AREA_CTR + TOPK_CTR_GEN;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        // Read before arriving: the generation cannot move until this block
+        // has arrived.
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(count, 1u) == gridDim.x - 1) {
+            *count = 0u;
+            __threadfence();
+            atomicAdd(const_cast<unsigned*>(gen), 1u);
+        } else {
+            while (*gen == g) {
+                __nanosleep(64);
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // Zeroes `words` words of shared memory at `p`; ends with the block synchronised.
 __device__ __forceinline__ void topk_zero_shared(unsigned* p, unsigned words) {
     for (unsigned i = threadIdx.x; i < words; i += TOPK_SEL_THREADS) {
@@ -78,10 +133,10 @@ __device__ __forceinline__ void topk_zero_shared(unsigned* p, unsigned words) {
 }
 
 // Finds, in the 4,096-bin histogram `h`, the bin where the count from the best
-// bin down reaches k (1 <= k <= total), and zeroes the histogram. With GLOBAL
-// the bins are in global memory, filled by other blocks' atomics, and read
-// through L2. Every thread gets the result.
-template <bool GLOBAL>
+// bin down reaches k (1 <= k <= total), and with ZERO zeroes the histogram.
+// With GLOBAL the bins are in global memory, filled by other blocks' atomics,
+// and read through L2. Every thread gets the result.
+template <bool GLOBAL, bool ZERO = true>
 __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned k) {
     constexpr unsigned PER = TOPK_L1_BINS / TOPK_SEL_THREADS;
     constexpr unsigned WARPS = TOPK_SEL_THREADS / TOPK_WARP;
@@ -127,9 +182,11 @@ __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned
             run += c[j];
         }
     }
+    if (ZERO) {
 #pragma unroll
-    for (unsigned j = 0; j < PER; ++j) {
-        h[hi - j] = 0u;
+        for (unsigned j = 0; j < PER; ++j) {
+            h[hi - j] = 0u;
+        }
     }
     __syncthreads();
     return result;

@@ -218,6 +218,9 @@ pub(crate) struct Engine {
     kernels: Kernels,
     /// Resident blocks of the single-query scoring kernel for this D.
     single_grid: u32,
+    /// Resident blocks of the one-launch search kernel for this D, where the
+    /// device can run it.
+    search_grid: Option<u32>,
     corpus: DeviceBuffer<f32>,
     rnorm: DeviceBuffer<f32>,
     slots: Vec<Mutex<Slot>>,
@@ -290,6 +293,20 @@ impl Engine {
             })?;
         let kernels = Kernels::load(&score_module, &select_module, info.multiprocessors)?;
         let single_grid = kernels.prepare_single(metric, d)?;
+        let mut cooperative = 0i32;
+        // SAFETY: `cooperative` is valid for one i32 write; `dev` is a live device.
+        launch::check("cuDeviceGetAttribute", unsafe {
+            cust::sys::cuDeviceGetAttribute(
+                &mut cooperative,
+                cust::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+                dev.as_raw(),
+            )
+        })?;
+        let search_grid = if cooperative != 0 {
+            kernels.prepare_search(metric, d)?
+        } else {
+            None
+        };
         let corpus = DeviceBuffer::from_slice(flat).map_err(|e| match e {
             cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
                 what: "corpus",
@@ -335,6 +352,7 @@ impl Engine {
             info,
             kernels,
             single_grid,
+            search_grid,
             corpus,
             rnorm,
             slots,
@@ -401,7 +419,26 @@ impl Engine {
         // (nq <= chunk), N rows, D columns and max_k results (k <= max_k on
         // the device path); `queries` holds nq × d floats (checked by callers).
         unsafe {
-            if self.metric == Metric::Cosine {
+            let one_launch = self.n > self.opts.fuse_rows && self.n <= self.opts.single_launch_rows;
+            if let (1, true, true, Some(grid)) =
+                (nq, k <= self.opts.max_k, one_launch, self.search_grid)
+            {
+                self.kernels.search1(
+                    s,
+                    self.metric,
+                    ptr(&self.corpus),
+                    ptr(&self.rnorm),
+                    n,
+                    d,
+                    queries,
+                    ptr(&slot.scores),
+                    ptr(&slot.area),
+                    (k as u32, ptr(&slot.cand), ptr(&slot.maybe), ptr(&slot.out)),
+                    grid,
+                )?;
+                return mark("search");
+            }
+            if self.metric == Metric::Cosine && !launch::single_path(nq, self.d) {
                 self.kernels
                     .norms(s, queries, nq as u32, d, ptr(&slot.qnorm))?;
             }
@@ -623,8 +660,8 @@ impl Engine {
 
     /// Device time of each stage of one host query, from events recorded
     /// between the stages (a diagnostic for tuning; the search itself records
-    /// none). A query selected by one block (`fuse_rows`) has no
-    /// `threshold` stage.
+    /// none). A one-launch search has the single stage `search`; a query
+    /// selected by one block (`fuse_rows`) has no `threshold` stage.
     pub(crate) fn stage_times(
         &self,
         query: &[f32],

@@ -15,11 +15,19 @@ pub(crate) type DPtr = cu::CUdeviceptr;
 
 /// Threads per block of the scoring kernels (8 warps).
 const SCORE_THREADS: u32 = 256;
-/// Rows a block of the single-query kernel stages at once (`STAGE_ROWS`).
-const STAGE_ROWS: u32 = 32;
-/// Shared-memory bytes of the single-query kernel's row tiles
-/// (`STAGE_DEPTH × STAGE_ROWS × STAGE_CW` floats).
-const STAGE_TILE_BYTES: usize = 3 * 32 * 128 * 4;
+/// Rows a block of the single-query scoring kernel stages at once
+/// (`SINGLE_WARPS × SINGLE_RT`).
+const SINGLE_ROWS: u32 = 32;
+/// Shared-memory bytes of its row tiles (`SINGLE_DEPTH` tiles of
+/// `SINGLE_ROWS × STAGE_CW` floats).
+const SINGLE_TILE_BYTES: usize = 3 * 32 * 128 * 4;
+/// Threads of the one-launch search kernel (`TOPK_SEL_THREADS`).
+const SEARCH_THREADS: u32 = 1024;
+/// Rows a block of the one-launch search stages at once
+/// (`SEARCH_WARPS × SEARCH_RT`).
+const SEARCH_ROWS: u32 = 64;
+/// Shared-memory bytes of its row tiles (`SEARCH_DEPTH` tiles).
+const SEARCH_TILE_BYTES: usize = 4 * 64 * 128 * 4;
 /// Queries per tile of the batch kernel (`BATCH_QT`).
 pub(crate) const BATCH_QT: u32 = 8;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
@@ -38,17 +46,23 @@ pub(crate) const CAND_CAP: usize = 4096;
 /// (`TOPK_MAYBE_CAP`).
 pub(crate) const MAYBE_CAP: usize = 16384;
 /// 32-bit words of each query's selection area (`TOPK_AREA_STRIDE`): the
-/// 4,096-bin level-1 histogram, then four counters.
-pub(crate) const AREA_STRIDE: usize = 4096 + 4;
+/// 4,096-bin level-1 histogram, then eight counters.
+pub(crate) const AREA_STRIDE: usize = 4096 + 8;
 /// Header status of a result row: selection finished on the device.
 pub(crate) const STATUS_OK: u32 = 0;
 /// Header status: too many tied candidates; the host finishes the query.
 pub(crate) const STATUS_OVERFLOW: u32 = 1;
 
-/// Dynamic shared memory of the single-query kernel for dimension `d`: the
-/// query (padded to 16 bytes), then the row tiles.
-pub(crate) fn single_smem(d: usize) -> usize {
-    d.next_multiple_of(4) * 4 + STAGE_TILE_BYTES
+/// Dynamic shared memory of a staged kernel for dimension `d`: the query
+/// (padded to 16 bytes), then `tiles` bytes of row tiles.
+fn staged_smem(d: usize, tiles: usize) -> usize {
+    d.next_multiple_of(4) * 4 + tiles
+}
+
+/// Whether `nq` queries of dimension `d` take the single-query kernels
+/// (which compute a cosine query's norm themselves).
+pub(crate) fn single_path(nq: usize, d: usize) -> bool {
+    nq == 1 && d <= SINGLE_MAX_DIM
 }
 
 /// Turns a raw driver status into a typed error naming the operation.
@@ -90,6 +104,10 @@ pub(crate) struct Kernels {
     score1: [cu::CUfunction; 3],
     /// Single query, any D (4-byte copies).
     score1u: [cu::CUfunction; 3],
+    /// One-launch search of a single query, D % 4 == 0.
+    search1: [cu::CUfunction; 3],
+    /// One-launch search of a single query, any D.
+    search1u: [cu::CUfunction; 3],
     scoreb: [cu::CUfunction; 3],
     ids: [cu::CUfunction; 3],
     norms: cu::CUfunction,
@@ -147,6 +165,16 @@ impl Kernels {
                 function(score, "topk_score1u_cosine")?,
                 function(score, "topk_score1u_l2")?,
             ],
+            search1: [
+                function(score, "topk_search1_dot")?,
+                function(score, "topk_search1_cosine")?,
+                function(score, "topk_search1_l2")?,
+            ],
+            search1u: [
+                function(score, "topk_search1u_dot")?,
+                function(score, "topk_search1u_cosine")?,
+                function(score, "topk_search1u_l2")?,
+            ],
             scoreb: [
                 function(score, "topk_scoreb_dot")?,
                 function(score, "topk_scoreb_cosine")?,
@@ -199,7 +227,7 @@ impl Kernels {
         check(op, status)
     }
 
-    /// The single-query kernel of `metric` for dimension `d`.
+    /// The single-query scoring kernel of `metric` for dimension `d`.
     fn single_kernel(&self, metric: Metric, d: usize) -> cu::CUfunction {
         if d % 4 == 0 {
             self.score1[metric_slot(metric)]
@@ -208,16 +236,24 @@ impl Kernels {
         }
     }
 
-    /// Lets the single-query kernel for `d` use the shared memory it needs
-    /// (above the default 48 KiB) and returns how many of its blocks fit on
-    /// the whole device at once: the grid that strides over the row groups in
-    /// one balanced wave.
-    pub(crate) fn prepare_single(&self, metric: Metric, d: usize) -> Result<u32, CudaError> {
-        if d > SINGLE_MAX_DIM {
-            return Ok(1);
+    /// The one-launch search kernel of `metric` for dimension `d`.
+    fn search_kernel(&self, metric: Metric, d: usize) -> cu::CUfunction {
+        if d % 4 == 0 {
+            self.search1[metric_slot(metric)]
+        } else {
+            self.search1u[metric_slot(metric)]
         }
-        let f = self.single_kernel(metric, d);
-        let smem = single_smem(d);
+    }
+
+    /// Lets `f` use `smem` bytes of dynamic shared memory (above the default
+    /// 48 KiB) and returns how many of its blocks of `threads` fit on the
+    /// whole device at once.
+    fn prepare_staged(
+        &self,
+        f: cu::CUfunction,
+        threads: u32,
+        smem: usize,
+    ) -> Result<u32, CudaError> {
         // SAFETY: the function handle is live; the attribute takes a byte count.
         check("cuFuncSetAttribute", unsafe {
             cu::cuFuncSetAttribute(
@@ -229,14 +265,105 @@ impl Kernels {
         let mut per_sm: i32 = 0;
         // SAFETY: `per_sm` is valid for one write; the function handle is live.
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                &mut per_sm,
-                f,
-                SCORE_THREADS as i32,
-                smem,
-            )
+            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, threads as i32, smem)
         })?;
-        Ok((per_sm.max(1) as u32) * self.sm_count)
+        Ok(per_sm.max(0) as u32 * self.sm_count)
+    }
+
+    /// Prepares the single-query scoring kernel for `d` and returns its grid:
+    /// the blocks that fit on the device at once, which stride over the row
+    /// groups in one balanced wave.
+    pub(crate) fn prepare_single(&self, metric: Metric, d: usize) -> Result<u32, CudaError> {
+        if d > SINGLE_MAX_DIM {
+            return Ok(1);
+        }
+        let grid = self.prepare_staged(
+            self.single_kernel(metric, d),
+            SCORE_THREADS,
+            staged_smem(d, SINGLE_TILE_BYTES),
+        )?;
+        Ok(grid.max(1))
+    }
+
+    /// Prepares the one-launch search kernel for `d` and returns its largest
+    /// grid (every block resident, as a cooperative launch requires), or
+    /// `None` where it cannot run: D past the shared-memory limit, or no
+    /// block fits.
+    pub(crate) fn prepare_search(
+        &self,
+        metric: Metric,
+        d: usize,
+    ) -> Result<Option<u32>, CudaError> {
+        if d > SINGLE_MAX_DIM {
+            return Ok(None);
+        }
+        let grid = self.prepare_staged(
+            self.search_kernel(metric, d),
+            SEARCH_THREADS,
+            staged_smem(d, SEARCH_TILE_BYTES),
+        )?;
+        Ok((grid > 0).then_some(grid))
+    }
+
+    /// The whole search of one query in one cooperative launch: scores into
+    /// `scores`, then its best `k` into `out` (header + k results), leaving
+    /// the query area at zero (but for its barrier generation).
+    ///
+    /// # Safety
+    /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `query` d,
+    /// `scores` n, `area` AREA_STRIDE words, `cand` CAND_CAP keys, `maybe`
+    /// MAYBE_CAP keys, `out` k + 1 entries; 1 <= k <= min(n, CAND_CAP / 2);
+    /// `grid` from [`Self::prepare_search`] for this metric and d.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn search1(
+        &self,
+        stream: cu::CUstream,
+        metric: Metric,
+        corpus: DPtr,
+        rnorm: DPtr,
+        n: u32,
+        d: u32,
+        query: DPtr,
+        scores: DPtr,
+        area: DPtr,
+        sel: (u32, DPtr, DPtr, DPtr),
+        grid: u32,
+    ) -> Result<(), CudaError> {
+        let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
+        let (mut query, mut scores, mut area) = (query, scores, area);
+        let (mut k, mut cand, mut maybe, mut out) = sel;
+        let blocks = n.div_ceil(SEARCH_ROWS).clamp(1, grid.max(1));
+        let mut args = [
+            &mut corpus as *mut _ as *mut c_void,
+            &mut rnorm as *mut _ as *mut c_void,
+            &mut n as *mut _ as *mut c_void,
+            &mut d as *mut _ as *mut c_void,
+            &mut query as *mut _ as *mut c_void,
+            &mut scores as *mut _ as *mut c_void,
+            &mut area as *mut _ as *mut c_void,
+            &mut k as *mut _ as *mut c_void,
+            &mut cand as *mut _ as *mut c_void,
+            &mut maybe as *mut _ as *mut c_void,
+            &mut out as *mut _ as *mut c_void,
+        ];
+        // SAFETY: the parameter list of topk_search1*_*; buffers per the
+        // contract; the grid fits the device at once (prepare_search), as the
+        // kernel's barriers require, and the driver checks it again.
+        let status = unsafe {
+            cu::cuLaunchCooperativeKernel(
+                self.search_kernel(metric, d as usize),
+                blocks,
+                1,
+                1,
+                SEARCH_THREADS,
+                1,
+                1,
+                staged_smem(d as usize, SEARCH_TILE_BYTES) as u32,
+                stream,
+                args.as_mut_ptr(),
+            )
+        };
+        check("topk_search1", status)
     }
 
     /// Canonical norms of `n` vectors of length `d` at `x` into `out`.
@@ -275,12 +402,12 @@ impl Kernels {
     }
 
     /// Scores `nq` queries against the corpus into `scores` (nq × n): the
-    /// staged single-query kernel for one query with D <= SINGLE_MAX_DIM,
-    /// the batch kernel otherwise.
+    /// staged single-query kernel for one query with D <= SINGLE_MAX_DIM
+    /// ([`single_path`]), the batch kernel otherwise.
     ///
     /// # Safety
     /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `queries`
-    /// nq × d, `qnorm` nq (cosine), `scores` nq × n.
+    /// nq × d, `qnorm` nq norms (cosine, batch path), `scores` nq × n.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn score(
         &self,
@@ -299,8 +426,8 @@ impl Kernels {
         let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
         let (mut queries, mut nq, mut qnorm, mut scores) = (queries, nq, qnorm, scores);
         let warps = SCORE_THREADS / 32;
-        if nq == 1 && (d as usize) <= SINGLE_MAX_DIM {
-            let groups = n.div_ceil(STAGE_ROWS);
+        if single_path(nq as usize, d as usize) {
+            let groups = n.div_ceil(SINGLE_ROWS);
             let blocks = groups.clamp(1, single_grid.max(1));
             let mut args = [
                 &mut corpus as *mut _ as *mut c_void,
@@ -308,7 +435,6 @@ impl Kernels {
                 &mut n as *mut _ as *mut c_void,
                 &mut d as *mut _ as *mut c_void,
                 &mut queries as *mut _ as *mut c_void,
-                &mut qnorm as *mut _ as *mut c_void,
                 &mut scores as *mut _ as *mut c_void,
             ];
             // SAFETY: the parameter list of topk_score1*_*; buffers per the
@@ -320,7 +446,7 @@ impl Kernels {
                     self.single_kernel(metric, d as usize),
                     (blocks, 1),
                     SCORE_THREADS,
-                    single_smem(d as usize) as u32,
+                    staged_smem(d as usize, SINGLE_TILE_BYTES) as u32,
                     stream,
                     &mut args,
                 )
@@ -631,4 +757,38 @@ pub(crate) unsafe fn zero32(
 pub(crate) unsafe fn zero_sync(dst: DPtr, bytes: usize) -> Result<(), CudaError> {
     // SAFETY: forwarded from this function's contract.
     check("cuMemsetD8", unsafe { cu::cuMemsetD8_v2(dst, 0, bytes) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define NAME <integer>` in a kernel header.
+    fn define(src: &str, name: &str) -> usize {
+        src.lines()
+            .filter_map(|l| l.trim().strip_prefix("#define "))
+            .find_map(|rest| {
+                let mut parts = rest.split_whitespace();
+                (parts.next() == Some(name)).then(|| parts.next()).flatten()
+            })
+            .and_then(|v| v.trim_end_matches('u').parse().ok())
+            .unwrap_or_else(|| panic!("no integer #define {name} in kernels/common.cuh"))
+    }
+
+    #[test]
+    fn host_constants_mirror_the_kernel_headers() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/common.cuh");
+        let src = std::fs::read_to_string(path).expect("kernels/common.cuh");
+        assert_eq!(define(&src, "TOPK_AREA_STRIDE"), AREA_STRIDE);
+        assert_eq!(define(&src, "TOPK_CAND_CAP"), CAND_CAP);
+        assert_eq!(define(&src, "TOPK_MAYBE_CAP"), MAYBE_CAP);
+        assert_eq!(define(&src, "TOPK_STASH_ROWS"), STASH_ROWS as usize);
+        assert_eq!(define(&src, "TOPK_SEL_THREADS"), SEL_THREADS as usize);
+        assert_eq!(define(&src, "TOPK_SEL_THREADS"), SEARCH_THREADS as usize);
+        assert_eq!(define(&src, "TOPK_STATUS_OK"), STATUS_OK as usize);
+        assert_eq!(
+            define(&src, "TOPK_STATUS_OVERFLOW"),
+            STATUS_OVERFLOW as usize
+        );
+    }
 }

@@ -108,6 +108,11 @@ pub struct CudaOptions {
     /// (histogram and threshold, then gather and sort). 0 always uses the
     /// grid-wide path.
     pub fuse_rows: usize,
+    /// Corpora of more than `fuse_rows` and at most this many rows run a
+    /// single query with K <= `max_k` as one cooperative launch (scoring and
+    /// every selection pass, with grid barriers between them) where the
+    /// device supports it. 0 turns it off.
+    pub single_launch_rows: usize,
 }
 
 impl Default for CudaOptions {
@@ -119,6 +124,7 @@ impl Default for CudaOptions {
             max_gather: 65_536,
             streams: 2,
             fuse_rows: DEFAULT_FUSE_ROWS,
+            single_launch_rows: DEFAULT_SINGLE_LAUNCH_ROWS,
         }
     }
 }
@@ -126,6 +132,10 @@ impl Default for CudaOptions {
 /// Default of [`CudaOptions::fuse_rows`]: where one block reading every score
 /// twice still costs less than a second launch.
 pub const DEFAULT_FUSE_ROWS: usize = 16_384;
+
+/// Default of [`CudaOptions::single_launch_rows`]: above it the separate
+/// scoring kernel's deeper staging outweighs the launches saved.
+pub const DEFAULT_SINGLE_LAUNCH_ROWS: usize = 262_144;
 
 /// Largest `max_k`: half the device's candidate buffer, so that K plus the
 /// rows tied at the threshold bin still fit.

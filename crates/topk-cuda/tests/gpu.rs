@@ -104,11 +104,13 @@ fn engine(data: &[f32], d: usize, metric: Metric, opts: CudaOptions) -> (CudaRet
     (gpu, oracle)
 }
 
-/// Options that finish a single query inside the scoring launch (`fused`)
-/// or always through the separate gather launch.
-fn fuse_opts(fused: bool) -> CudaOptions {
+/// The three selection paths of a single query: 0 the one-launch search,
+/// 1 separate launches with one block selecting, 2 separate launches with
+/// the histogram and gather grids.
+fn path_opts(path: u8) -> CudaOptions {
     CudaOptions {
-        fuse_rows: if fused { usize::MAX } else { 0 },
+        single_launch_rows: if path == 0 { usize::MAX } else { 0 },
+        fuse_rows: if path == 1 { usize::MAX } else { 0 },
         ..CudaOptions::default()
     }
 }
@@ -129,15 +131,15 @@ fn bitwise_equal_to_the_oracle_on_tied_corpora() {
         0u8..5,
         0usize..3,
         prop_oneof![1usize..10, 1usize..420],
-        any::<bool>(),
+        0u8..3,
     );
     runner
-        .run(&strategy, |(seed, n, d, kind, m, k, fused)| {
+        .run(&strategy, |(seed, n, d, kind, m, k, path)| {
             let metric = Metric::ALL[m];
             let data = corpus(seed, n, d, kind);
-            let (gpu, oracle) = engine(&data, d, metric, fuse_opts(fused));
+            let (gpu, oracle) = engine(&data, d, metric, path_opts(path));
             let ctx =
-                format!("seed {seed} n {n} d {d} kind {kind} metric {metric} k {k} fused {fused}");
+                format!("seed {seed} n {n} d {d} kind {kind} metric {metric} k {k} path {path}");
             // Host query, single.
             let q = query_like(seed, d, kind);
             let want = oracle.search(&q, k).expect("oracle search");
@@ -166,11 +168,11 @@ fn large_k_and_k_past_n_and_heavy_ties() {
     if gpu_or_skip().is_none() {
         return;
     }
-    for fused in [true, false] {
+    for path in 0..3u8 {
         for (kind, n, d) in [(1u8, 5000usize, 37usize), (0, 9000, 64), (2, 6000, 33)] {
             for metric in Metric::ALL {
                 let data = corpus(kind as u64 + 11, n, d, kind);
-                let (gpu, oracle) = engine(&data, d, metric, fuse_opts(fused));
+                let (gpu, oracle) = engine(&data, d, metric, path_opts(path));
                 let q = query_like(3, d, kind);
                 for k in [1, 100, 2047, 2048, 2049, 4100, n - 1, n, n + 5] {
                     let want = oracle.search(&q, k).expect("oracle");
@@ -178,7 +180,7 @@ fn large_k_and_k_past_n_and_heavy_ties() {
                     assert_same(
                         &got,
                         &want,
-                        &format!("kind {kind} n {n} d {d} {metric} k {k} fused {fused}"),
+                        &format!("kind {kind} n {n} d {d} {metric} k {k} path {path}"),
                     );
                 }
             }
@@ -187,12 +189,12 @@ fn large_k_and_k_past_n_and_heavy_ties() {
         let (n, d) = (10_000, 48);
         let row: Vec<f32> = (0..d).map(|i| (i % 5) as f32 - 2.0).collect();
         let data: Vec<f32> = row.iter().copied().cycle().take(n * d).collect();
-        let (gpu, oracle) = engine(&data, d, Metric::Dot, fuse_opts(fused));
+        let (gpu, oracle) = engine(&data, d, Metric::Dot, path_opts(path));
         for k in [1, 10, 1000] {
             assert_same(
                 &gpu.search(&row, k).expect("gpu"),
                 &oracle.search(&row, k).expect("oracle"),
-                &format!("all-tied k {k} fused {fused}"),
+                &format!("all-tied k {k} path {path}"),
             );
         }
     }
@@ -212,14 +214,14 @@ fn crowded_threshold_bin_is_refined_exactly() {
         .collect();
     values.extend((0..300u32).map(|i| 2.0 + i as f32 / 1024.0));
     values.extend([1.0 + 17.0 / 131_072.0; 5]);
-    for fused in [true, false] {
+    for path in 0..3u8 {
         for metric in [Metric::Dot, Metric::L2] {
-            let (gpu, oracle) = engine(&values, 1, metric, fuse_opts(fused));
+            let (gpu, oracle) = engine(&values, 1, metric, path_opts(path));
             for k in [1, 100, 299, 300, 301, 1000, 2048, 4000] {
                 assert_same(
                     &gpu.search(&[1.0], k).expect("gpu"),
                     &oracle.search(&[1.0], k).expect("oracle"),
-                    &format!("crowded bin {metric} k {k} fused {fused}"),
+                    &format!("crowded bin {metric} k {k} path {path}"),
                 );
             }
         }
