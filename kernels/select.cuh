@@ -15,8 +15,9 @@
 // 4. topk_select_block: when the bin's rows do not all fit beside the
 //    candidates, a histogram of their next 12 bits (level 2) narrows them to
 //    those at or above its own threshold; the kept keys are ranked (by
-//    counting for small sets, by a bitonic network held in registers for
-//    larger ones) and the best k written out. Too many exact ties for the
+//    counting for small sets, by buckets of their scores for larger ones, by
+//    a bitonic network held in registers when a bucket is crowded) and the
+//    best k written out. Too many exact ties for the
 //    buffer set the overflow status, and the host finishes that query from
 //    the scores.
 #pragma once
@@ -292,6 +293,114 @@ __device__ __forceinline__ void topk_rank_emit(const unsigned long long* s, unsi
     }
 }
 
+// Buckets and the largest bucket of topk_bucket_emit.
+#define TOPK_BUCKETS 512
+#define TOPK_BUCKET_MAX 256
+
+// Ranks the `count` distinct keys of `s` without sorting them all: keys are
+// spread into TOPK_BUCKETS equal-width buckets of their score bits between
+// the set's smallest and largest (best bucket first), a key's place is its
+// bucket's start plus the keys of its bucket that are larger, and those
+// placed below k are written. Returns false, having written nothing, when a
+// bucket holds more than TOPK_BUCKET_MAX keys (crowded or tied scores); the
+// caller then sorts.
+__device__ __noinline__ bool topk_bucket_emit(const unsigned long long* s, unsigned count,
+                                              unsigned k, const float* __restrict__ sc,
+                                              TopkNeighbor* __restrict__ row) {
+    __shared__ unsigned start[TOPK_BUCKETS + 1];
+    __shared__ unsigned cursor[TOPK_BUCKETS];
+    __shared__ unsigned short members[TOPK_CAND_CAP];
+    __shared__ unsigned lo;
+    __shared__ unsigned hi;
+    __shared__ bool crowded;
+    const unsigned t = threadIdx.x;
+    if (t == 0) {
+        lo = 0xffffffffu;
+        hi = 0u;
+        crowded = false;
+    }
+    for (unsigned b = t; b < TOPK_BUCKETS; b += TOPK_SEL_THREADS) {
+        start[b] = 0u;
+        cursor[b] = 0u;
+    }
+    __syncthreads();
+    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
+        const unsigned ob = (unsigned)(s[i] >> 32);
+        atomicMin(&lo, ob);
+        atomicMax(&hi, ob);
+    }
+    __syncthreads();
+    unsigned shift = 0;
+    while (((hi - lo) >> shift) >= TOPK_BUCKETS) {
+        ++shift;
+    }
+    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
+        const unsigned ob = (unsigned)(s[i] >> 32);
+        atomicAdd(&start[TOPK_BUCKETS - 1 - ((ob - lo) >> shift)], 1u);
+    }
+    __syncthreads();
+    // Exclusive scan of the bucket sizes (the first TOPK_BUCKETS threads).
+    constexpr unsigned SCAN_WARPS = TOPK_BUCKETS / TOPK_WARP;
+    __shared__ unsigned warp_sums[SCAN_WARPS];
+    const unsigned lane = t & (TOPK_WARP - 1);
+    const unsigned warp = t / TOPK_WARP;
+    unsigned size = 0;
+    unsigned incl = 0;
+    if (t < TOPK_BUCKETS) {
+        size = start[t];
+        if (size > TOPK_BUCKET_MAX) {
+            crowded = true;
+        }
+    }
+    if (warp < SCAN_WARPS) {
+        incl = topk_warp_inclusive_scan(size, lane);
+        if (lane == TOPK_WARP - 1) {
+            warp_sums[warp] = incl;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const unsigned v = lane < SCAN_WARPS ? warp_sums[lane] : 0u;
+        const unsigned w = topk_warp_inclusive_scan(v, lane);
+        if (lane < SCAN_WARPS) {
+            warp_sums[lane] = w - v;
+        }
+    }
+    __syncthreads();
+    if (crowded) {
+        return false;
+    }
+    if (t < TOPK_BUCKETS) {
+        start[t] = incl - size + warp_sums[warp];
+    }
+    if (t == 0) {
+        start[TOPK_BUCKETS] = count;
+    }
+    __syncthreads();
+    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
+        const unsigned ob = (unsigned)(s[i] >> 32);
+        const unsigned b = TOPK_BUCKETS - 1 - ((ob - lo) >> shift);
+        members[start[b] + atomicAdd(&cursor[b], 1u)] = (unsigned short)i;
+    }
+    __syncthreads();
+    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
+        const unsigned long long key = s[i];
+        const unsigned b = TOPK_BUCKETS - 1 - (((unsigned)(key >> 32) - lo) >> shift);
+        const unsigned first = start[b];
+        if (first >= k) {
+            continue;
+        }
+        unsigned place = first;
+        for (unsigned j = first; j < start[b + 1]; ++j) {
+            place += s[members[j]] > key;
+        }
+        if (place < k) {
+            topk_emit(key, place, sc, row);
+        }
+    }
+    return true;
+}
+
 // One compare-exchange of a bitonic network on element e (value v, partner
 // value w): the pair's lower element keeps the larger key in a descending
 // run (e & size == 0), the smaller in an ascending one.
@@ -438,10 +547,10 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
             keys[pos] = key;
         }
     }
+    __syncthreads();
     if (count <= TOPK_RANK_MAX) {
-        __syncthreads();
         topk_rank_emit(keys, count, k, sc, row);
-    } else {
+    } else if (!topk_bucket_emit(keys, count, k, sc, row)) {
         unsigned len = TOPK_SEL_THREADS;
         while (len < count) {
             len <<= 1;
