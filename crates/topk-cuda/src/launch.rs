@@ -132,6 +132,17 @@ fn metric_slot(m: Metric) -> usize {
     }
 }
 
+/// The kernels of one family for each metric, in `metric_slot` order.
+macro_rules! family {
+    ($module:expr, $prefix:literal) => {
+        [
+            function($module, concat!($prefix, "_dot"))?,
+            function($module, concat!($prefix, "_cosine"))?,
+            function($module, concat!($prefix, "_l2"))?,
+        ]
+    };
+}
+
 fn function(module: &Module, name: &'static str) -> Result<cu::CUfunction, CudaError> {
     module
         .get_function(name)
@@ -155,36 +166,12 @@ impl Kernels {
             )
         })?;
         Ok(Kernels {
-            score1: [
-                function(score, "topk_score1_dot")?,
-                function(score, "topk_score1_cosine")?,
-                function(score, "topk_score1_l2")?,
-            ],
-            score1u: [
-                function(score, "topk_score1u_dot")?,
-                function(score, "topk_score1u_cosine")?,
-                function(score, "topk_score1u_l2")?,
-            ],
-            search1: [
-                function(score, "topk_search1_dot")?,
-                function(score, "topk_search1_cosine")?,
-                function(score, "topk_search1_l2")?,
-            ],
-            search1u: [
-                function(score, "topk_search1u_dot")?,
-                function(score, "topk_search1u_cosine")?,
-                function(score, "topk_search1u_l2")?,
-            ],
-            scoreb: [
-                function(score, "topk_scoreb_dot")?,
-                function(score, "topk_scoreb_cosine")?,
-                function(score, "topk_scoreb_l2")?,
-            ],
-            ids: [
-                function(score, "topk_score_ids_dot")?,
-                function(score, "topk_score_ids_cosine")?,
-                function(score, "topk_score_ids_l2")?,
-            ],
+            score1: family!(score, "topk_score1"),
+            score1u: family!(score, "topk_score1u"),
+            search1: family!(score, "topk_search1"),
+            search1u: family!(score, "topk_search1u"),
+            scoreb: family!(score, "topk_scoreb"),
+            ids: family!(score, "topk_score_ids"),
             norms: function(score, "topk_norms")?,
             select_small,
             hist: function(select, "topk_hist")?,
@@ -773,6 +760,35 @@ mod tests {
             })
             .and_then(|v| v.trim_end_matches('u').parse().ok())
             .unwrap_or_else(|| panic!("no integer #define {name} in kernels/common.cuh"))
+    }
+
+    #[test]
+    fn every_kernel_the_host_loads_is_an_entry_of_the_ptx() {
+        let families = [
+            "topk_score1",
+            "topk_score1u",
+            "topk_search1",
+            "topk_search1u",
+            "topk_scoreb",
+            "topk_score_ids",
+        ];
+        let mut names: Vec<String> = families
+            .iter()
+            .flat_map(|f| ["dot", "cosine", "l2"].map(|m| format!("{f}_{m}")))
+            .collect();
+        names.push("topk_norms".into());
+        for name in &names {
+            assert!(
+                crate::ptx::SCORE_PTX.contains(&format!(".entry {name}(")),
+                "{name} missing from score.ptx"
+            );
+        }
+        for name in ["topk_select_small", "topk_hist", "topk_gather"] {
+            assert!(
+                crate::ptx::SELECT_PTX.contains(&format!(".entry {name}(")),
+                "{name} missing from select.ptx"
+            );
+        }
     }
 
     #[test]
