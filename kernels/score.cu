@@ -351,33 +351,32 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
 #define BATCH_QT 8
 #define BATCH_RT 4
 
-#define TOPK_SCORE_KERNELS(NAME, METRIC)                                                     \
-    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1_##NAME(          \
+// The staged single-query scoring kernel of one metric, for 16-byte copies
+// (D % 4 == 0, SUFFIX empty) or 4-byte copies (SUFFIX u).
+#define TOPK_SCORE1_KERNEL(NAME, METRIC, SUFFIX, VEC16)                                      \
+    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1##SUFFIX##_##NAME( \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
         unsigned d, const float* __restrict__ query, float* __restrict__ scores) {           \
-        score_single<METRIC, true>(corpus, rnorm, n, d, query, scores);                      \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1u_##NAME(         \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ query, float* __restrict__ scores) {           \
-        score_single<METRIC, false>(corpus, rnorm, n, d, query, scores);                     \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS) topk_search1_##NAME(      \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ query, float* __restrict__ scores,             \
-        unsigned* __restrict__ area, unsigned k, unsigned long long* __restrict__ cand,      \
-        unsigned long long* __restrict__ maybe, TopkNeighbor* __restrict__ out) {            \
-        search_single<METRIC, true>(corpus, rnorm, n, d, query, scores, area, k, cand,      \
-                                    maybe, out);                                             \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS) topk_search1u_##NAME(     \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ query, float* __restrict__ scores,             \
-        unsigned* __restrict__ area, unsigned k, unsigned long long* __restrict__ cand,      \
-        unsigned long long* __restrict__ maybe, TopkNeighbor* __restrict__ out) {            \
-        search_single<METRIC, false>(corpus, rnorm, n, d, query, scores, area, k, cand,     \
+        score_single<METRIC, VEC16>(corpus, rnorm, n, d, query, scores);                     \
+    }
+
+// The one-launch search kernel of one metric, copies as TOPK_SCORE1_KERNEL.
+#define TOPK_SEARCH1_KERNEL(NAME, METRIC, SUFFIX, VEC16)                                     \
+    extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)                           \
+        topk_search1##SUFFIX##_##NAME(                                                       \
+            const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,   \
+            unsigned d, const float* __restrict__ query, float* __restrict__ scores,         \
+            unsigned* __restrict__ area, unsigned k, unsigned long long* __restrict__ cand,  \
+            unsigned long long* __restrict__ maybe, TopkNeighbor* __restrict__ out) {        \
+        search_single<METRIC, VEC16>(corpus, rnorm, n, d, query, scores, area, k, cand,     \
                                      maybe, out);                                            \
-    }                                                                                        \
+    }
+
+#define TOPK_SCORE_KERNELS(NAME, METRIC)                                                     \
+    TOPK_SCORE1_KERNEL(NAME, METRIC, , true)                                                 \
+    TOPK_SCORE1_KERNEL(NAME, METRIC, u, false)                                               \
+    TOPK_SEARCH1_KERNEL(NAME, METRIC, , true)                                                \
+    TOPK_SEARCH1_KERNEL(NAME, METRIC, u, false)                                              \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_scoreb_##NAME(          \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
         unsigned d, const float* __restrict__ queries, unsigned nq,                         \
