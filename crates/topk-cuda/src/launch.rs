@@ -98,6 +98,16 @@ pub(crate) fn free_memory() -> Result<usize, CudaError> {
     }
 }
 
+/// Declares a mutable copy of each named value and `$args`, the array of
+/// pointers to them that `cuLaunchKernel` takes, in the order named (the
+/// kernel's parameter order).
+macro_rules! kernel_args {
+    ($args:ident = [$($v:ident),* $(,)?]) => {
+        $(let mut $v = $v;)*
+        let mut $args = [$(&mut $v as *mut _ as *mut c_void),*];
+    };
+}
+
 /// Function handles of the loaded modules.
 pub(crate) struct Kernels {
     /// Single query, D % 4 == 0 (16-byte copies).
@@ -316,23 +326,9 @@ impl Kernels {
         sel: (u32, DPtr, DPtr, DPtr),
         grid: u32,
     ) -> Result<(), CudaError> {
-        let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
-        let (mut query, mut scores, mut area) = (query, scores, area);
-        let (mut k, mut cand, mut maybe, mut out) = sel;
+        let (k, cand, maybe, out) = sel;
         let blocks = n.div_ceil(SEARCH_ROWS).clamp(1, grid.max(1));
-        let mut args = [
-            &mut corpus as *mut _ as *mut c_void,
-            &mut rnorm as *mut _ as *mut c_void,
-            &mut n as *mut _ as *mut c_void,
-            &mut d as *mut _ as *mut c_void,
-            &mut query as *mut _ as *mut c_void,
-            &mut scores as *mut _ as *mut c_void,
-            &mut area as *mut _ as *mut c_void,
-            &mut k as *mut _ as *mut c_void,
-            &mut cand as *mut _ as *mut c_void,
-            &mut maybe as *mut _ as *mut c_void,
-            &mut out as *mut _ as *mut c_void,
-        ];
+        kernel_args!(args = [corpus, rnorm, n, d, query, scores, area, k, cand, maybe, out]);
         // SAFETY: the parameter list of topk_search1*_*; buffers per the
         // contract; the grid fits the device at once (prepare_search), as the
         // kernel's barriers require, and the driver checks it again.
@@ -365,15 +361,9 @@ impl Kernels {
         d: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut x, mut n, mut d, mut out) = (x, n, d, out);
         let warps_per_block = SCORE_THREADS / 32;
         let blocks = n.div_ceil(warps_per_block).clamp(1, self.sm_count * 16);
-        let mut args = [
-            &mut x as *mut _ as *mut c_void,
-            &mut n as *mut _ as *mut c_void,
-            &mut d as *mut _ as *mut c_void,
-            &mut out as *mut _ as *mut c_void,
-        ];
+        kernel_args!(args = [x, n, d, out]);
         // SAFETY: the parameter list of topk_norms; sizes from the caller's contract.
         unsafe {
             Self::launch(
@@ -410,20 +400,11 @@ impl Kernels {
         scores: DPtr,
         single_grid: u32,
     ) -> Result<(), CudaError> {
-        let (mut corpus, mut rnorm, mut n, mut d) = (corpus, rnorm, n, d);
-        let (mut queries, mut nq, mut qnorm, mut scores) = (queries, nq, qnorm, scores);
         let warps = SCORE_THREADS / 32;
         if single_path(nq as usize, d as usize) {
             let groups = n.div_ceil(SINGLE_ROWS);
             let blocks = groups.clamp(1, single_grid.max(1));
-            let mut args = [
-                &mut corpus as *mut _ as *mut c_void,
-                &mut rnorm as *mut _ as *mut c_void,
-                &mut n as *mut _ as *mut c_void,
-                &mut d as *mut _ as *mut c_void,
-                &mut queries as *mut _ as *mut c_void,
-                &mut scores as *mut _ as *mut c_void,
-            ];
+            kernel_args!(args = [corpus, rnorm, n, d, queries, scores]);
             // SAFETY: the parameter list of topk_score1*_*; buffers per the
             // contract; the dynamic shared memory is the size the kernel
             // was prepared for (prepare_single) for this d.
@@ -448,16 +429,7 @@ impl Kernels {
                     value: row_blocks as usize * tiles as usize,
                     reason: "the batch grid exceeds 2^32 blocks; use a smaller max_batch",
                 })?;
-            let mut args = [
-                &mut corpus as *mut _ as *mut c_void,
-                &mut rnorm as *mut _ as *mut c_void,
-                &mut n as *mut _ as *mut c_void,
-                &mut d as *mut _ as *mut c_void,
-                &mut queries as *mut _ as *mut c_void,
-                &mut nq as *mut _ as *mut c_void,
-                &mut qnorm as *mut _ as *mut c_void,
-                &mut scores as *mut _ as *mut c_void,
-            ];
+            kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
             // SAFETY: the parameter list of topk_scoreb_*; buffers per the contract.
             unsafe {
                 Self::launch(
@@ -501,19 +473,8 @@ impl Kernels {
         k: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut scores, mut n, mut area, mut cand, mut maybe) = (scores, n, area, cand, maybe);
-        let (mut k, mut out) = (k, out);
-        let mut stride = k + 1;
-        let mut args = [
-            &mut scores as *mut _ as *mut c_void,
-            &mut n as *mut _ as *mut c_void,
-            &mut area as *mut _ as *mut c_void,
-            &mut cand as *mut _ as *mut c_void,
-            &mut maybe as *mut _ as *mut c_void,
-            &mut k as *mut _ as *mut c_void,
-            &mut out as *mut _ as *mut c_void,
-            &mut stride as *mut _ as *mut c_void,
-        ];
+        let stride = k + 1;
+        kernel_args!(args = [scores, n, area, cand, maybe, k, out, stride]);
         let dynamic = if n <= STASH_ROWS { n * 4 } else { 0 };
         // SAFETY: the parameter list of topk_select_small; buffers per the
         // contract; the stash fits the shared memory allowed at load.
@@ -547,14 +508,7 @@ impl Kernels {
         k: u32,
         th: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut scores, mut n, mut area, mut k, mut th) = (scores, n, area, k, th);
-        let mut args = [
-            &mut scores as *mut _ as *mut c_void,
-            &mut n as *mut _ as *mut c_void,
-            &mut area as *mut _ as *mut c_void,
-            &mut k as *mut _ as *mut c_void,
-            &mut th as *mut _ as *mut c_void,
-        ];
+        kernel_args!(args = [scores, n, area, k, th]);
         // SAFETY: the parameter list of topk_hist; buffers per the contract.
         unsafe {
             Self::launch(
@@ -592,20 +546,8 @@ impl Kernels {
         k: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut scores, mut n, mut area, mut th, mut cand) = (scores, n, area, th, cand);
-        let (mut maybe, mut k, mut out) = (maybe, k, out);
-        let mut stride = k + 1;
-        let mut args = [
-            &mut scores as *mut _ as *mut c_void,
-            &mut n as *mut _ as *mut c_void,
-            &mut area as *mut _ as *mut c_void,
-            &mut th as *mut _ as *mut c_void,
-            &mut cand as *mut _ as *mut c_void,
-            &mut maybe as *mut _ as *mut c_void,
-            &mut k as *mut _ as *mut c_void,
-            &mut out as *mut _ as *mut c_void,
-            &mut stride as *mut _ as *mut c_void,
-        ];
+        let stride = k + 1;
+        kernel_args!(args = [scores, n, area, th, cand, maybe, k, out, stride]);
         // SAFETY: the parameter list of topk_gather; buffers per the contract.
         unsafe {
             Self::launch(
@@ -641,22 +583,9 @@ impl Kernels {
         count: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
-        let (mut corpus, mut rnorm, mut d, mut queries, mut qnorm) =
-            (corpus, rnorm, d, queries, qnorm);
-        let (mut ids, mut owner, mut count, mut out) = (ids, owner, count, out);
         let warps = SCORE_THREADS / 32;
         let blocks = count.div_ceil(warps).clamp(1, self.sm_count * 16);
-        let mut args = [
-            &mut corpus as *mut _ as *mut c_void,
-            &mut rnorm as *mut _ as *mut c_void,
-            &mut d as *mut _ as *mut c_void,
-            &mut queries as *mut _ as *mut c_void,
-            &mut qnorm as *mut _ as *mut c_void,
-            &mut ids as *mut _ as *mut c_void,
-            &mut owner as *mut _ as *mut c_void,
-            &mut count as *mut _ as *mut c_void,
-            &mut out as *mut _ as *mut c_void,
-        ];
+        kernel_args!(args = [corpus, rnorm, d, queries, qnorm, ids, owner, count, out]);
         // SAFETY: the parameter list of topk_score_ids_*; buffers per the contract.
         unsafe {
             Self::launch(
