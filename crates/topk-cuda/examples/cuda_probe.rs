@@ -78,21 +78,17 @@ fn stats(mut t: Vec<f64>) -> (f64, f64, f64) {
     (t[t.len() / 2], t[0], t[t.len() - 1])
 }
 
+/// The number after `flag` on the command line, if any.
+fn flag_value(args: &[String], flag: &str) -> Option<usize> {
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1)?.parse().ok()
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let trials: usize = args
-        .iter()
-        .position(|a| a == "--trials")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(50);
-    let fuse_rows: usize = args
-        .iter()
-        .position(|a| a == "--fuse-rows")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(topk_cuda::DEFAULT_FUSE_ROWS);
+    let trials: usize = flag_value(&args, "--trials").unwrap_or(50);
+    let fuse_rows: usize = flag_value(&args, "--fuse-rows").unwrap_or(topk_cuda::DEFAULT_FUSE_ROWS);
     let opts = CudaOptions {
         fuse_rows,
         ..CudaOptions::default()
