@@ -504,18 +504,42 @@ impl Engine {
 
     /// Copies the `nq × (k + 1)` result rows back and waits for the stream.
     fn fetch_results(&self, slot: &mut Slot, nq: usize, k: usize) -> Result<(), CudaError> {
+        Self::copy_results(slot, nq, k)?;
+        slot.stream.synchronize().op("cuStreamSynchronize")
+    }
+
+    /// Queues the copy of the `nq × (k + 1)` result rows to the pinned host
+    /// buffer; the host reads them after synchronising the stream.
+    fn copy_results(slot: &mut Slot, nq: usize, k: usize) -> Result<(), CudaError> {
         let entries = nq * (k + 1);
-        // SAFETY: out_host holds chunk × (max_k + 1) >= entries elements; the
-        // stream is synchronised before the host reads them.
+        // SAFETY: out_host holds chunk × (max_k + 1) >= entries elements (nq
+        // <= chunk, k <= max_k); callers synchronise before reading them.
         unsafe {
             launch::d2h(
                 slot.stream.as_inner(),
                 slot.out_host.as_mut_ptr() as *mut c_void,
                 ptr(&slot.out),
                 entries * std::mem::size_of::<DevNeighbor>(),
+            )
+        }
+    }
+
+    /// Copies `queries` (at most `chunk` rows of D) through the pinned
+    /// staging buffer to the slot's device query buffer, on its stream, and
+    /// returns that buffer's address.
+    fn stage_queries(slot: &mut Slot, queries: &[f32]) -> Result<DPtr, CudaError> {
+        slot.q_host.as_mut_slice()[..queries.len()].copy_from_slice(queries);
+        // SAFETY: q_host (pinned) and queries both hold chunk × d >= the
+        // copied floats; the stream is ordered before q_host is rewritten.
+        unsafe {
+            launch::h2d(
+                slot.stream.as_inner(),
+                ptr(&slot.queries),
+                slot.q_host.as_ptr() as *const c_void,
+                queries.len() * 4,
             )?;
         }
-        slot.stream.synchronize().op("cuStreamSynchronize")
+        Ok(ptr(&slot.queries))
     }
 
     /// Reads query `qi`'s results into `out`, finishing it on the host from its
@@ -602,18 +626,7 @@ impl Engine {
         validate::query(query, self.d)?;
         let k = validate::k(k, self.n)?;
         let mut slot = self.slot()?;
-        slot.q_host.as_mut_slice()[..self.d].copy_from_slice(query);
-        let s = slot.stream.as_inner();
-        // SAFETY: q_host (pinned) and queries both hold at least d floats.
-        unsafe {
-            launch::h2d(
-                s,
-                ptr(&slot.queries),
-                slot.q_host.as_ptr() as *const c_void,
-                self.d * 4,
-            )?;
-        }
-        let qptr = ptr(&slot.queries);
+        let qptr = Self::stage_queries(&mut slot, query)?;
         self.finish_one(&mut slot, qptr, k, out)
     }
 
@@ -671,8 +684,6 @@ impl Engine {
         let k = validate::k(k, self.n)?.min(self.opts.max_k);
         let mut slot = self.slot()?;
         let slot = &mut *slot;
-        slot.q_host.as_mut_slice()[..self.d].copy_from_slice(query);
-        let s = slot.stream.as_inner();
         let start = Event::new(EventFlags::DEFAULT).op("cuEventCreate")?;
         let mut marks: Vec<(&'static str, Event)> = Vec::with_capacity(4);
         let mut record = |name: &'static str, stream: &Stream| -> Result<(), CudaError> {
@@ -682,27 +693,10 @@ impl Engine {
             Ok(())
         };
         start.record(&slot.stream).op("cuEventRecord")?;
-        // SAFETY: q_host (pinned) and queries both hold at least d floats.
-        unsafe {
-            launch::h2d(
-                s,
-                ptr(&slot.queries),
-                slot.q_host.as_slice().as_ptr() as *const c_void,
-                self.d * 4,
-            )?;
-        }
+        let qptr = Self::stage_queries(slot, query)?;
         record("h2d", &slot.stream)?;
-        let qptr = ptr(&slot.queries);
         self.enqueue_marked(slot, qptr, 1, k, &mut |name| record(name, &slot.stream))?;
-        // SAFETY: out_host holds at least k + 1 entries.
-        unsafe {
-            launch::d2h(
-                s,
-                slot.out_host.as_mut_slice().as_mut_ptr() as *mut c_void,
-                ptr(&slot.out),
-                (k + 1) * std::mem::size_of::<DevNeighbor>(),
-            )?;
-        }
+        Self::copy_results(slot, 1, k)?;
         record("d2h", &slot.stream)?;
         slot.stream.synchronize().op("cuStreamSynchronize")?;
         let mut out = Vec::with_capacity(marks.len());
@@ -728,17 +722,7 @@ impl Engine {
         let mut slot = self.slot()?;
         for (c, chunk) in queries.chunks(self.chunk * d).enumerate() {
             let cq = chunk.len() / d;
-            slot.q_host.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: q_host and queries hold chunk × d >= cq × d floats.
-            unsafe {
-                launch::h2d(
-                    slot.stream.as_inner(),
-                    ptr(&slot.queries),
-                    slot.q_host.as_ptr() as *const c_void,
-                    chunk.len() * 4,
-                )?;
-            }
-            let qptr = ptr(&slot.queries);
+            let qptr = Self::stage_queries(&mut slot, chunk)?;
             self.enqueue(&slot, qptr, cq, k)?;
             if k <= self.opts.max_k {
                 self.fetch_results(&mut slot, cq, k)?;
@@ -823,7 +807,7 @@ impl Engine {
         }
         let mut slot = self.slot()?;
         let slot = &mut *slot;
-        slot.q_host.as_mut_slice()[..queries.len()].copy_from_slice(queries);
+        let qptr = Self::stage_queries(slot, queries)?;
         slot.ids_host.as_mut_slice()[..ids.len()].copy_from_slice(ids);
         let owner = &mut slot.owner_host.as_mut_slice()[..ids.len()];
         for (q, w) in offsets.windows(2).enumerate() {
@@ -835,12 +819,6 @@ impl Engine {
         // (checked against the capacities above); ids are < n; the stream is
         // synchronised before `id_scores_host` is read.
         unsafe {
-            launch::h2d(
-                s,
-                ptr(&slot.queries),
-                slot.q_host.as_ptr() as *const c_void,
-                queries.len() * 4,
-            )?;
             launch::h2d(
                 s,
                 ptr(&slot.ids),
@@ -855,7 +833,7 @@ impl Engine {
             )?;
             if self.metric == Metric::Cosine {
                 self.kernels
-                    .norms(s, ptr(&slot.queries), nq as u32, d as u32, ptr(&slot.qnorm))?;
+                    .norms(s, qptr, nq as u32, d as u32, ptr(&slot.qnorm))?;
             }
             self.kernels.score_ids(
                 s,
@@ -863,7 +841,7 @@ impl Engine {
                 ptr(&self.corpus),
                 ptr(&self.rnorm),
                 d as u32,
-                ptr(&slot.queries),
+                qptr,
                 ptr(&slot.qnorm),
                 ptr(&slot.ids),
                 ptr(&slot.owner),
