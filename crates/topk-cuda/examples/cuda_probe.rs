@@ -1,8 +1,9 @@
 //! `cuda_probe`: quick latency probe of the GPU engine over the DESIGN.md §6
 //! configurations, one JSON line per measurement on stdout.
 //!
-//! Usage: `cuda_probe [--quick] [--trials T] [--fuse-rows R]` (R sets
-//! `CudaOptions::fuse_rows`). Rows are seeded Gaussian,
+//! Usage: `cuda_probe [--quick] [--trials T] [--fuse-rows R]
+//! [--single-launch-rows S]` (R and S set `CudaOptions::fuse_rows` and
+//! `CudaOptions::single_launch_rows`). Rows are seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
 //! the scalar definition (index and score bits) for its largest K.
 
@@ -89,8 +90,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let quick = args.iter().any(|a| a == "--quick");
     let trials: usize = flag_value(&args, "--trials").unwrap_or(50);
     let fuse_rows: usize = flag_value(&args, "--fuse-rows").unwrap_or(topk_cuda::DEFAULT_FUSE_ROWS);
+    let single_launch_rows: usize =
+        flag_value(&args, "--single-launch-rows").unwrap_or(topk_cuda::DEFAULT_SINGLE_LAUNCH_ROWS);
     let opts = CudaOptions {
         fuse_rows,
+        single_launch_rows,
         ..CudaOptions::default()
     };
     let info = device_info(0)?;
@@ -148,7 +152,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (dm, dmin, dmax) = stats(td);
                 println!(
                     "{}",
-                    serde_json::json!({"kind": "single", "fuse_rows": fuse_rows, "n": n, "d": d, "k": k, "metric": "dot",
+                    serde_json::json!({"kind": "single", "fuse_rows": fuse_rows,
+                        "single_launch_rows": single_launch_rows, "n": n, "d": d, "k": k, "metric": "dot",
                         "trials": trials, "host_median_ms": hm, "host_min_ms": hmin, "host_max_ms": hmax,
                         "device_median_ms": dm, "device_min_ms": dmin, "device_max_ms": dmax,
                         "floor_ms": floor_ms, "host_minus_floor_us": (hm - floor_ms) * 1e3,

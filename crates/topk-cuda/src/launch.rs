@@ -23,11 +23,12 @@ const SINGLE_ROWS: u32 = 32;
 const SINGLE_TILE_BYTES: usize = 3 * 32 * 128 * 4;
 /// Threads of the one-launch search kernel (`TOPK_SEL_THREADS`).
 const SEARCH_THREADS: u32 = 1024;
-/// Rows a block of the one-launch search stages at once
-/// (`SEARCH_WARPS × SEARCH_RT`).
-const SEARCH_ROWS: u32 = 64;
-/// Shared-memory bytes of its row tiles (`SEARCH_DEPTH` tiles).
-const SEARCH_TILE_BYTES: usize = 4 * 64 * 128 * 4;
+/// Rows a block of the one-launch search streams at once: each of its
+/// `SEARCH_WARPS` warps owns `SEARCH_RT` rows.
+const SEARCH_ROWS: u32 = 32 * 4;
+/// Shared-memory bytes of its level-1 histogram (`TOPK_L1_BINS` words) and
+/// row tiles (per warp `SEARCH_DEPTH` tiles of `SEARCH_RT × STAGE_CW` floats).
+const SEARCH_HIST_TILE_BYTES: usize = 4096 * 4 + 32 * 3 * 4 * 128 * 4;
 /// Queries per tile of the batch kernel (`BATCH_QT`).
 pub(crate) const BATCH_QT: u32 = 8;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
@@ -46,8 +47,9 @@ pub(crate) const CAND_CAP: usize = 4096;
 /// (`TOPK_MAYBE_CAP`).
 pub(crate) const MAYBE_CAP: usize = 16384;
 /// 32-bit words of each query's selection area (`TOPK_AREA_STRIDE`): the
-/// 4,096-bin level-1 histogram, then eight counters.
-pub(crate) const AREA_STRIDE: usize = 4096 + 8;
+/// 4,096-bin level-1 histogram, then sixteen words of counters and the
+/// threshold the one-launch search publishes.
+pub(crate) const AREA_STRIDE: usize = 4096 + 16;
 /// Header status of a result row: selection finished on the device.
 pub(crate) const STATUS_OK: u32 = 0;
 /// Header status: too many tied candidates; the host finishes the query.
@@ -96,6 +98,32 @@ pub(crate) fn free_memory() -> Result<usize, CudaError> {
             reason: format!("{status:?}"),
         })
     }
+}
+
+/// Whether a block of `f` with `dynamic` bytes of dynamic shared memory fits
+/// the current device's opt-in shared-memory limit per block.
+fn fits_shared(f: cu::CUfunction, dynamic: usize) -> Result<bool, CudaError> {
+    let mut dev: cu::CUdevice = 0;
+    // SAFETY: `dev` is valid for one write; a context is current.
+    check("cuCtxGetDevice", unsafe { cu::cuCtxGetDevice(&mut dev) })?;
+    let (mut limit, mut fixed) = (0i32, 0i32);
+    // SAFETY: `limit` is valid for one i32 write; `dev` is a live device.
+    check("cuDeviceGetAttribute", unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut limit,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            dev,
+        )
+    })?;
+    // SAFETY: `fixed` is valid for one i32 write; the function handle is live.
+    check("cuFuncGetAttribute", unsafe {
+        cu::cuFuncGetAttribute(
+            &mut fixed,
+            cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            f,
+        )
+    })?;
+    Ok(fixed.max(0) as usize + dynamic <= limit.max(0) as usize)
 }
 
 /// Declares a mutable copy of each named value and `$args`, the array of
@@ -291,14 +319,12 @@ impl Kernels {
         metric: Metric,
         d: usize,
     ) -> Result<Option<u32>, CudaError> {
-        if d > SINGLE_MAX_DIM {
+        let f = self.search_kernel(metric, d);
+        let smem = staged_smem(d, SEARCH_HIST_TILE_BYTES);
+        if d > SINGLE_MAX_DIM || !fits_shared(f, smem)? {
             return Ok(None);
         }
-        let grid = self.prepare_staged(
-            self.search_kernel(metric, d),
-            SEARCH_THREADS,
-            staged_smem(d, SEARCH_TILE_BYTES),
-        )?;
+        let grid = self.prepare_staged(f, SEARCH_THREADS, smem)?;
         Ok((grid > 0).then_some(grid))
     }
 
@@ -341,7 +367,7 @@ impl Kernels {
                 SEARCH_THREADS,
                 1,
                 1,
-                staged_smem(d as usize, SEARCH_TILE_BYTES) as u32,
+                staged_smem(d as usize, SEARCH_HIST_TILE_BYTES) as u32,
                 stream,
                 args.as_mut_ptr(),
             )

@@ -260,6 +260,17 @@ fn many_blocks_and_batches_past_one_chunk() {
         &oracle2.search(&q2, 17).expect("oracle"),
         "D = 17001",
     );
+    // A dimension past the one-launch kernel's shared memory (query,
+    // histogram and tiles), asked for that path: the separate kernels run.
+    let (n3, d3) = (3000, 6000);
+    let data3 = corpus(10, n3, d3, 0);
+    let (gpu3, oracle3) = engine(&data3, d3, Metric::Dot, path_opts(0));
+    let q3 = query_like(11, d3, 0);
+    assert_same(
+        &gpu3.search(&q3, 40).expect("gpu"),
+        &oracle3.search(&q3, 40).expect("oracle"),
+        "D = 6000",
+    );
 }
 
 #[test]
