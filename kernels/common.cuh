@@ -20,18 +20,16 @@
 #define TOPK_AREA_CTR TOPK_L1_BINS
 // Counters: blocks of the histogram pass done, blocks of the gather done,
 // candidates appended, threshold-bin rows appended, blocks arrived at the
-// grid barrier of the one-launch search and that barrier's generation; then
-// the threshold that barrier publishes (bucket, above, in_bucket).
+// grid barrier of the one-launch search and that barrier's generation.
 #define TOPK_CTR_HIST 0
 #define TOPK_CTR_GATHER 1
 #define TOPK_CTR_CAND 2
 #define TOPK_CTR_MAYBE 3
 #define TOPK_CTR_BAR 4
 #define TOPK_CTR_GEN 5
-#define TOPK_CTR_TH 8
 // Literal, so that the host's mirror of it can be checked against this file.
-#define TOPK_AREA_STRIDE 4112
-static_assert(TOPK_AREA_STRIDE == TOPK_AREA_CTR + 16, "area layout");
+#define TOPK_AREA_STRIDE 4104
+static_assert(TOPK_AREA_STRIDE == TOPK_AREA_CTR + 8, "area layout");
 
 // Largest candidate set the on-device exact selection sorts in shared memory.
 #define TOPK_CAND_CAP 4096

@@ -32,83 +32,70 @@ __device__ __forceinline__ void topk_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Copies columns c0 .. c0 + STAGE_CW of rows row0 .. row0 + ROWS (those < n,
-// columns < d) into `tile` (ROWS x STAGE_CW floats), the copies spread over
-// THREADS threads of which this is `tid`.
-template <bool VEC16, unsigned ROWS, unsigned THREADS>
-__device__ __forceinline__ void stage_copy(const float* __restrict__ corpus, unsigned n,
-                                           unsigned d, size_t row0, unsigned c0, float* tile,
-                                           unsigned tid) {
-    constexpr unsigned W = VEC16 ? 4 : 1;
-#pragma unroll
-    for (unsigned idx = tid; idx < ROWS * STAGE_CW / W; idx += THREADS) {
-        const unsigned r = idx / (STAGE_CW / W);
-        const unsigned col = (idx % (STAGE_CW / W)) * W;
-        const size_t row = row0 + r;
-        if (row < n && c0 + col < d) {
-            if (VEC16) {
-                topk_cp_async16(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
-            } else {
-                topk_cp_async4(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
+// Rows of a staged tile are WARPS * RT consecutive corpus rows (warp w owns
+// RT of them) by STAGE_CW columns; DEPTH tiles are in flight.
+template <int WARPS, int RT, int DEPTH>
+struct Stage {
+    static constexpr unsigned THREADS = WARPS * TOPK_WARP;
+    static constexpr unsigned ROWS = WARPS * RT;
+    static constexpr unsigned TILE = ROWS * STAGE_CW;
+};
+
+// Starts the copy of work item `i` of this block (row group i / nchunks of
+// the block's grid stride, column chunk i % nchunks) into its tile; commits a
+// group even when there is no item, so group counting stays uniform.
+template <class ST, bool VEC16, int DEPTH>
+__device__ __forceinline__ void stage_issue(const float* __restrict__ corpus, unsigned n,
+                                            unsigned d, unsigned nchunks, unsigned items,
+                                            unsigned i, float* tiles) {
+    if (i < items) {
+        const size_t g = blockIdx.x + (size_t)(i / nchunks) * gridDim.x;
+        const unsigned c0 = (i % nchunks) * STAGE_CW;
+        float* tile = tiles + (i % DEPTH) * ST::TILE;
+        constexpr unsigned W = VEC16 ? 4 : 1;
+        for (unsigned idx = threadIdx.x; idx < ST::TILE / W; idx += ST::THREADS) {
+            const unsigned r = idx / (STAGE_CW / W);
+            const unsigned col = (idx % (STAGE_CW / W)) * W;
+            const size_t row = g * ST::ROWS + r;
+            if (row < n && c0 + col < d) {
+                if (VEC16) {
+                    topk_cp_async16(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
+                } else {
+                    topk_cp_async4(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
+                }
             }
         }
     }
+    topk_cp_async_commit();
 }
 
-// Scores every row against the query `qsh` (shared, already loaded); qn is
-// the query norm (cosine). Rows go in groups through DEPTH-deep rings of
-// STAGE_CW-column tiles in shared memory at `tiles`:
-// - PRIVATE: each warp streams its own groups of RT rows (a grid stride over
-//   every warp of the grid) through its own ring, with no block barrier;
-// - otherwise the block streams groups of WARPS * RT rows (a grid stride over
-//   the blocks) through one ring, warp w scoring rows w * RT ...
-// With `hist` (shared level-1 histogram, zeroed) every score is also counted
-// there. Ends with every copy done.
-template <int METRIC, bool VEC16, int WARPS, int RT, int DEPTH, bool PRIVATE>
+// Scores every row against the query `qsh` (shared, already loaded) with the
+// block's grid-stride share of row groups staged through `tiles` (shared,
+// DEPTH tiles). qn is the query norm (cosine). Ends with every copy done.
+template <int METRIC, bool VEC16, int WARPS, int RT, int DEPTH>
 __device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
                                             const float* __restrict__ rnorm, unsigned n,
                                             unsigned d, const float* qsh, float qn,
-                                            float* __restrict__ scores, float* tiles,
-                                            unsigned* hist) {
-    constexpr unsigned GROUP = PRIVATE ? RT : WARPS * RT;
-    constexpr unsigned COPIERS = PRIVATE ? TOPK_WARP : WARPS * TOPK_WARP;
-    constexpr unsigned TILE = GROUP * STAGE_CW;
+                                            float* __restrict__ scores, float* tiles) {
+    using ST = Stage<WARPS, RT, DEPTH>;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
-    const unsigned unit = PRIVATE ? blockIdx.x * WARPS + warp : blockIdx.x;
-    const unsigned units = PRIVATE ? gridDim.x * WARPS : gridDim.x;
-    const unsigned tid = PRIVATE ? lane : threadIdx.x;
-    float* ring = PRIVATE ? tiles + warp * DEPTH * TILE : tiles;
     const unsigned nchunks = (d + STAGE_CW - 1) / STAGE_CW;
-    const unsigned ngroups = (n + GROUP - 1) / GROUP;
-    const unsigned my_groups = unit < ngroups ? (ngroups - unit + units - 1) / units : 0;
+    const unsigned ngroups = (n + ST::ROWS - 1) / ST::ROWS;
+    const unsigned my_groups =
+        blockIdx.x < ngroups ? (ngroups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     const unsigned items = my_groups * nchunks;
-    // Starts the copy of item i (group i / nchunks of this unit's stride,
-    // chunk i % nchunks); commits a group even when there is no item, so
-    // group counting stays uniform.
-    auto issue = [&](unsigned i) {
-        if (i < items) {
-            const size_t g = unit + (size_t)(i / nchunks) * units;
-            stage_copy<VEC16, GROUP, COPIERS>(corpus, n, d, g * GROUP, (i % nchunks) * STAGE_CW,
-                                              ring + (i % DEPTH) * TILE, tid);
-        }
-        topk_cp_async_commit();
-    };
 #pragma unroll
     for (unsigned i = 0; i < DEPTH - 1; ++i) {
-        issue(i);
+        stage_issue<ST, VEC16, DEPTH>(corpus, n, d, nchunks, items, i, tiles);
     }
     float acc[RT];
     for (unsigned i = 0; i < items; ++i) {
         topk_cp_async_wait<DEPTH - 2>();
-        if (PRIVATE) {
-            __syncwarp();
-        } else {
-            __syncthreads();
-        }
+        __syncthreads();
         // The tile refilled here was consumed in the previous iteration,
-        // which every thread sharing it has finished (the barrier above).
-        issue(i + DEPTH - 1);
+        // which every thread has finished (the barrier above).
+        stage_issue<ST, VEC16, DEPTH>(corpus, n, d, nchunks, items, i + DEPTH - 1, tiles);
         const unsigned c = i % nchunks;
         if (c == 0) {
 #pragma unroll
@@ -116,8 +103,7 @@ __device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
                 acc[r] = 0.0f;
             }
         }
-        const unsigned sub = PRIVATE ? 0u : warp * RT;
-        const float* tile = ring + (i % DEPTH) * TILE + sub * STAGE_CW;
+        const float* tile = tiles + (i % DEPTH) * ST::TILE + warp * RT * STAGE_CW;
 #pragma unroll
         for (unsigned s = 0; s < STAGE_CW / TOPK_WARP; ++s) {
             const unsigned col = c * STAGE_CW + TOPK_WARP * s + lane;
@@ -132,18 +118,15 @@ __device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
             }
         }
         if (c == nchunks - 1) {
-            const size_t row0 = (unit + (size_t)(i / nchunks) * units) * GROUP + sub;
+            const size_t row0 =
+                ((size_t)blockIdx.x + (size_t)(i / nchunks) * gridDim.x) * ST::ROWS + warp * RT;
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 const float s = topk_butterfly(acc[r]);
                 const size_t row = row0 + r;
                 if (lane == (unsigned)r && row < n) {
                     const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
-                    const float v = topk_finish<METRIC>(s, qn, rn);
-                    scores[row] = v;
-                    if (hist != nullptr) {
-                        atomicAdd(&hist[topk_ordered_bits(v) >> (32 - TOPK_L1_BITS)], 1u);
-                    }
+                    scores[row] = topk_finish<METRIC>(s, qn, rn);
                 }
             }
         }
@@ -189,22 +172,19 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
     float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
     float* tiles = qsh + ((d + 3u) & ~3u);
     const float qn = load_query<METRIC>(query, d, qsh, &qn_sh);
-    stage_score<METRIC, VEC16, SINGLE_WARPS, SINGLE_RT, SINGLE_DEPTH, false>(
-        corpus, rnorm, n, d, qsh, qn, scores, tiles, nullptr);
+    stage_score<METRIC, VEC16, SINGLE_WARPS, SINGLE_RT, SINGLE_DEPTH>(corpus, rnorm, n, d, qsh,
+                                                                     qn, scores, tiles);
 }
 
 // The one-launch search of one query (a cooperative launch: every block is
-// resident, so blocks can wait for each other), one 1,024-thread block per
-// SM. Each warp streams its own rows (4 at a time, 3 tiles deep) and every
-// score is counted in the block's level-1 histogram as it is written; a
-// grid barrier hands every block the threshold of the summed histogram
-// (found by the last block to arrive), every block gathers its share of
-// candidates, and the last block to finish selects into `out`. Dynamic shared memory: the query (D floats,
-// padded to 16 bytes), the histogram (TOPK_L1_BINS words), then the tiles,
-// which the selection reuses (keys, then scratch).
+// resident, so blocks can wait for each other): 32 warps, 2 rows each, 4
+// tiles. Scores every row, then between grid barriers counts the level-1
+// histogram, finds the threshold (each block for itself), gathers the
+// candidates, and the last block to finish selects into `out`. Dynamic shared
+// memory as score_single; the tiles are reused by the selection.
 #define SEARCH_WARPS 32
-#define SEARCH_RT 4
-#define SEARCH_DEPTH 3
+#define SEARCH_RT 2
+#define SEARCH_DEPTH 4
 
 template <int METRIC, bool VEC16>
 __device__ void search_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
@@ -216,27 +196,30 @@ __device__ void search_single(const float* __restrict__ corpus, const float* __r
     extern __shared__ float4 topk_dyn_smem[];
     __shared__ float qn_sh;
     float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
-    unsigned* h = reinterpret_cast<unsigned*>(qsh + ((d + 3u) & ~3u));
-    float* tiles = reinterpret_cast<float*>(h + TOPK_L1_BINS);
-    topk_zero_shared(h, TOPK_L1_BINS);
+    float* tiles = qsh + ((d + 3u) & ~3u);
     const float qn = load_query<METRIC>(query, d, qsh, &qn_sh);
-    stage_score<METRIC, VEC16, SEARCH_WARPS, SEARCH_RT, SEARCH_DEPTH, true>(
-        corpus, rnorm, n, d, qsh, qn, scores, tiles, h);
+    stage_score<METRIC, VEC16, SEARCH_WARPS, SEARCH_RT, SEARCH_DEPTH>(corpus, rnorm, n, d, qsh,
+                                                                     qn, scores, tiles);
+    topk_grid_sync(area);
+    unsigned* h = reinterpret_cast<unsigned*>(tiles);
+    topk_zero_shared(h, TOPK_L1_BINS);
+    topk_hist_rows(scores, n, blockIdx.x * TOPK_SEL_THREADS, gridDim.x * TOPK_SEL_THREADS, h,
+                   nullptr);
     __syncthreads();
     topk_flush_hist(h, area);
-    const TopkThreshold t = topk_grid_threshold(area, k);
+    topk_grid_sync(area);
+    const TopkThreshold t = topk_threshold_block<true, false>(area, k);
     topk_gather_rows(scores, nullptr, n, t, blockIdx.x * TOPK_SEL_THREADS,
                      gridDim.x * TOPK_SEL_THREADS, area, cand, maybe);
     if (!topk_last_block(&area[TOPK_AREA_CTR + TOPK_CTR_GATHER], gridDim.x)) {
         return;
     }
-    // Every block has read the threshold: clear it for the next search.
-    if (threadIdx.x < 3) {
-        area[TOPK_AREA_CTR + TOPK_CTR_TH + threadIdx.x] = 0u;
+    // Every block has read the histogram: clear it for the next search.
+    for (unsigned i = threadIdx.x; i < TOPK_L1_BINS; i += TOPK_SEL_THREADS) {
+        area[i] = 0u;
     }
-    unsigned long long* keys = reinterpret_cast<unsigned long long*>(tiles);
-    topk_select_block(scores, t, k, area, cand, maybe, keys,
-                      reinterpret_cast<unsigned*>(keys + TOPK_CAND_CAP), out);
+    topk_select_block(scores, t, k, area, cand, maybe,
+                      reinterpret_cast<unsigned long long*>(tiles), out);
 }
 
 // A tile of QT queries against RT rows per warp. The queries pass through
@@ -379,7 +362,7 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
 
 // The one-launch search kernel of one metric, copies as TOPK_SCORE1_KERNEL.
 #define TOPK_SEARCH1_KERNEL(NAME, METRIC, SUFFIX, VEC16)                                     \
-    extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS, 1)                        \
+    extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)                           \
         topk_search1##SUFFIX##_##NAME(                                                       \
             const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,   \
             unsigned d, const float* __restrict__ query, float* __restrict__ scores,         \

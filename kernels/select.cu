@@ -17,7 +17,6 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
                       TopkNeighbor* __restrict__ out, unsigned stride) {
     // The level-1 histogram lives in the sort buffer until the sort needs it.
     __shared__ unsigned long long keys[TOPK_CAND_CAP];
-    __shared__ unsigned scratch[TOPK_SCRATCH_WORDS];
     extern __shared__ unsigned topk_stash[];
     unsigned* stash = n <= TOPK_STASH_ROWS ? topk_stash : nullptr;
     unsigned* h = reinterpret_cast<unsigned*>(keys);
@@ -33,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     topk_gather_rows(sc, stash, n, t, 0, TOPK_SEL_THREADS, qa, qc, qm);
     // The block's own global appends are visible to it after the barrier.
     __syncthreads();
-    topk_select_block(sc, t, k, qa, qc, qm, keys, scratch, out + (size_t)q * stride);
+    topk_select_block(sc, t, k, qa, qc, qm, keys, out + (size_t)q * stride);
 }
 
 // grid: (blocks per query, queries). Each block counts a grid-stride share of
@@ -69,7 +68,6 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
                 unsigned long long* __restrict__ maybe, unsigned k,
                 TopkNeighbor* __restrict__ out, unsigned stride) {
     __shared__ unsigned long long keys[TOPK_CAND_CAP];
-    __shared__ unsigned scratch[TOPK_SCRATCH_WORDS];
     const unsigned q = blockIdx.y;
     const float* sc = scores + (size_t)q * n;
     const TopkThreshold t = th[q];
@@ -81,5 +79,5 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     if (!topk_last_block(&qa[TOPK_AREA_CTR + TOPK_CTR_GATHER], gridDim.x)) {
         return;
     }
-    topk_select_block(sc, t, k, qa, qc, qm, keys, scratch, out + (size_t)q * stride);
+    topk_select_block(sc, t, k, qa, qc, qm, keys, out + (size_t)q * stride);
 }

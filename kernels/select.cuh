@@ -99,6 +99,32 @@ __device__ __forceinline__ bool topk_last_block(unsigned* counter, unsigned bloc
     return is_last;
 }
 
+// Grid-wide barrier of a cooperative launch (every block resident): arrive on
+// the area's counter; the last block to arrive bumps the generation the
+// others wait for. Writes before it are visible to every block after it.
+__device__ __forceinline__ void topk_grid_sync(unsigned* __restrict__ area) {
+    unsigned* count = area + TOPK_AREA_CTR + TOPK_CTR_BAR;
+    volatile unsigned* gen = area + TOPK_AREA_CTR + TOPK_CTR_GEN;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        // Read before arriving: the generation cannot move until this block
+        // has arrived.
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(count, 1u) == gridDim.x - 1) {
+            *count = 0u;
+            __threadfence();
+            atomicAdd(const_cast<unsigned*>(gen), 1u);
+        } else {
+            while (*gen == g) {
+                __nanosleep(64);
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // Zeroes `words` words of shared memory at `p`; ends with the block synchronised.
 __device__ __forceinline__ void topk_zero_shared(unsigned* p, unsigned words) {
     for (unsigned i = threadIdx.x; i < words; i += TOPK_SEL_THREADS) {
@@ -165,57 +191,6 @@ __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned
     }
     __syncthreads();
     return result;
-}
-
-// Grid-wide barrier of a cooperative launch (every block resident) that
-// hands every block the level-1 threshold of the histogram summed in `area`:
-// the last block to arrive finds it (and zeroes the histogram), publishes it
-// in the area and bumps the barrier generation the others wait for. Only one
-// block reads the histogram: when every block scanned it, the scans after a
-// long scoring pass cost up to 15 % of that pass on an H200 (lab, NOTES.md).
-// Writes before the barrier are visible to every block after it.
-__device__ __forceinline__ TopkThreshold topk_grid_threshold(unsigned* __restrict__ area,
-                                                             unsigned k) {
-    unsigned* count = area + TOPK_AREA_CTR + TOPK_CTR_BAR;
-    volatile unsigned* gen = area + TOPK_AREA_CTR + TOPK_CTR_GEN;
-    unsigned* th = area + TOPK_AREA_CTR + TOPK_CTR_TH;
-    __shared__ bool is_last;
-    __syncthreads();
-    unsigned g = 0;
-    if (threadIdx.x == 0) {
-        // Read before arriving: the generation cannot move until this block
-        // has arrived.
-        g = *gen;
-        __threadfence();
-        is_last = atomicAdd(count, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (is_last) {
-        __threadfence();
-        const TopkThreshold t = topk_threshold_block<true, true>(area, k);
-        if (threadIdx.x == 0) {
-            th[0] = t.bucket;
-            th[1] = t.above;
-            th[2] = t.in_bucket;
-            *count = 0u;
-            __threadfence();
-            atomicAdd(const_cast<unsigned*>(gen), 1u);
-        }
-        return t;
-    }
-    if (threadIdx.x == 0) {
-        while (*gen == g) {
-            __nanosleep(64);
-        }
-        __threadfence();
-    }
-    __syncthreads();
-    TopkThreshold t;
-    t.bucket = __ldcg(th);
-    t.above = __ldcg(th + 1);
-    t.in_bucket = __ldcg(th + 2);
-    t.pad = 0u;
-    return t;
 }
 
 // Appends rows first + threadIdx.x + j * step (< n) above the threshold bin
@@ -321,10 +296,6 @@ __device__ __forceinline__ void topk_rank_emit(const unsigned long long* s, unsi
 // Buckets and the largest bucket of topk_bucket_emit.
 #define TOPK_BUCKETS 512
 #define TOPK_BUCKET_MAX 256
-// Shared words of its scratch: bucket starts (TOPK_BUCKETS + 1), cursors
-// (TOPK_BUCKETS), then members (TOPK_CAND_CAP 16-bit indices), rounded up to
-// 16 bytes.
-#define TOPK_SCRATCH_WORDS ((2 * TOPK_BUCKETS + 1 + TOPK_CAND_CAP / 2 + 3) & ~3)
 
 // Ranks the `count` distinct keys of `s` without sorting them all: keys are
 // spread into TOPK_BUCKETS equal-width buckets of their score bits between
@@ -332,14 +303,13 @@ __device__ __forceinline__ void topk_rank_emit(const unsigned long long* s, unsi
 // bucket's start plus the keys of its bucket that are larger, and those
 // placed below k are written. Returns false, having written nothing, when a
 // bucket holds more than TOPK_BUCKET_MAX keys (crowded or tied scores); the
-// caller then sorts. `scratch`: TOPK_SCRATCH_WORDS words of shared memory.
+// caller then sorts.
 __device__ __noinline__ bool topk_bucket_emit(const unsigned long long* s, unsigned count,
                                               unsigned k, const float* __restrict__ sc,
-                                              unsigned* scratch,
                                               TopkNeighbor* __restrict__ row) {
-    unsigned* start = scratch;
-    unsigned* cursor = start + TOPK_BUCKETS + 1;
-    unsigned short* members = reinterpret_cast<unsigned short*>(cursor + TOPK_BUCKETS);
+    __shared__ unsigned start[TOPK_BUCKETS + 1];
+    __shared__ unsigned cursor[TOPK_BUCKETS];
+    __shared__ unsigned short members[TOPK_CAND_CAP];
     __shared__ unsigned lo;
     __shared__ unsigned hi;
     __shared__ bool crowded;
@@ -508,15 +478,14 @@ __device__ __forceinline__ void topk_sort_emit(unsigned long long* s, unsigned k
 // Run by the one block that finishes a query, once every gather_rows of the
 // query is visible to it: keeps the candidates and the threshold-bin rows
 // needed for the best k (k <= TOPK_CAND_CAP / 2), ranks them in `keys`
-// (shared, room for TOPK_CAND_CAP keys; `scratch`, shared, holds
-// TOPK_SCRATCH_WORDS words for the bucket ranking) and writes row[0] = status,
+// (shared, room for TOPK_CAND_CAP keys) and writes row[0] = status,
 // row[1..=k] = results, with the score bits read back from the scores so
 // -0.0 stays -0.0. Leaves the query area's list counters at zero.
 __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, TopkThreshold t,
                                                unsigned k, unsigned* __restrict__ area,
                                                const unsigned long long* __restrict__ cand,
                                                const unsigned long long* __restrict__ maybe,
-                                               unsigned long long* keys, unsigned* scratch,
+                                               unsigned long long* keys,
                                                TopkNeighbor* __restrict__ row) {
     __shared__ unsigned fill;
     const unsigned above = t.above;
@@ -581,7 +550,7 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
     __syncthreads();
     if (count <= TOPK_RANK_MAX) {
         topk_rank_emit(keys, count, k, sc, row);
-    } else if (!topk_bucket_emit(keys, count, k, sc, scratch, row)) {
+    } else if (!topk_bucket_emit(keys, count, k, sc, row)) {
         unsigned len = TOPK_SEL_THREADS;
         while (len < count) {
             len <<= 1;

@@ -23,12 +23,11 @@ const SINGLE_ROWS: u32 = 32;
 const SINGLE_TILE_BYTES: usize = 3 * 32 * 128 * 4;
 /// Threads of the one-launch search kernel (`TOPK_SEL_THREADS`).
 const SEARCH_THREADS: u32 = 1024;
-/// Rows a block of the one-launch search streams at once: each of its
-/// `SEARCH_WARPS` warps owns `SEARCH_RT` rows.
-const SEARCH_ROWS: u32 = 32 * 4;
-/// Shared-memory bytes of its level-1 histogram (`TOPK_L1_BINS` words) and
-/// row tiles (per warp `SEARCH_DEPTH` tiles of `SEARCH_RT × STAGE_CW` floats).
-const SEARCH_HIST_TILE_BYTES: usize = 4096 * 4 + 32 * 3 * 4 * 128 * 4;
+/// Rows a block of the one-launch search stages at once
+/// (`SEARCH_WARPS × SEARCH_RT`).
+const SEARCH_ROWS: u32 = 64;
+/// Shared-memory bytes of its row tiles (`SEARCH_DEPTH` tiles).
+const SEARCH_TILE_BYTES: usize = 4 * 64 * 128 * 4;
 /// Queries per tile of the batch kernel (`BATCH_QT`).
 pub(crate) const BATCH_QT: u32 = 8;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
@@ -47,9 +46,8 @@ pub(crate) const CAND_CAP: usize = 4096;
 /// (`TOPK_MAYBE_CAP`).
 pub(crate) const MAYBE_CAP: usize = 16384;
 /// 32-bit words of each query's selection area (`TOPK_AREA_STRIDE`): the
-/// 4,096-bin level-1 histogram, then sixteen words of counters and the
-/// threshold the one-launch search publishes.
-pub(crate) const AREA_STRIDE: usize = 4096 + 16;
+/// 4,096-bin level-1 histogram, then eight counters.
+pub(crate) const AREA_STRIDE: usize = 4096 + 8;
 /// Header status of a result row: selection finished on the device.
 pub(crate) const STATUS_OK: u32 = 0;
 /// Header status: too many tied candidates; the host finishes the query.
@@ -320,7 +318,7 @@ impl Kernels {
         d: usize,
     ) -> Result<Option<u32>, CudaError> {
         let f = self.search_kernel(metric, d);
-        let smem = staged_smem(d, SEARCH_HIST_TILE_BYTES);
+        let smem = staged_smem(d, SEARCH_TILE_BYTES);
         if d > SINGLE_MAX_DIM || !fits_shared(f, smem)? {
             return Ok(None);
         }
@@ -367,7 +365,7 @@ impl Kernels {
                 SEARCH_THREADS,
                 1,
                 1,
-                staged_smem(d as usize, SEARCH_HIST_TILE_BYTES) as u32,
+                staged_smem(d as usize, SEARCH_TILE_BYTES) as u32,
                 stream,
                 args.as_mut_ptr(),
             )
@@ -642,6 +640,71 @@ pub(crate) unsafe fn h2d(
     check("cuMemcpyHtoDAsync", unsafe {
         cu::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)
     })
+}
+
+/// A captured sequence of stream work, instantiated: one launch replays it
+/// with the same parameters and buffers.
+pub(crate) struct Replay {
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
+}
+
+// SAFETY: graph handles are not bound to a thread; the engine uses each one
+// under its slot's mutex, with the context current.
+unsafe impl Send for Replay {}
+
+/// Starts capturing, from this thread, the work queued on `stream` (nothing
+/// queued runs until the capture is replayed).
+pub(crate) fn begin_capture(stream: cu::CUstream) -> Result<(), CudaError> {
+    // SAFETY: the stream handle is live.
+    check("cuStreamBeginCapture", unsafe {
+        cu::cuStreamBeginCapture_v2(
+            stream,
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+    })
+}
+
+/// Ends the capture begun on `stream` (always, so the stream is usable
+/// again) and instantiates what was captured.
+pub(crate) fn end_capture(stream: cu::CUstream) -> Result<Replay, CudaError> {
+    let mut graph: cu::CUgraph = std::ptr::null_mut();
+    // SAFETY: `graph` is valid for one write; the stream is capturing.
+    check("cuStreamEndCapture", unsafe {
+        cu::cuStreamEndCapture(stream, &mut graph)
+    })?;
+    let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: `exec` is valid for one write; `graph` was just captured.
+    let status = unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+    if let Err(e) = check("cuGraphInstantiate", status) {
+        // SAFETY: the graph is ours and instantiated nowhere.
+        unsafe { cu::cuGraphDestroy(graph) };
+        return Err(e);
+    }
+    Ok(Replay { graph, exec })
+}
+
+impl Replay {
+    /// Queues the whole captured sequence on `stream`.
+    pub(crate) fn launch(&self, stream: cu::CUstream) -> Result<(), CudaError> {
+        // SAFETY: the executable graph is live; its buffers belong to the
+        // slot that owns it and outlive it.
+        check("cuGraphLaunch", unsafe {
+            cu::cuGraphLaunch(self.exec, stream)
+        })
+    }
+}
+
+impl Drop for Replay {
+    fn drop(&mut self) {
+        // SAFETY: both handles are ours; the owner's context is current (the
+        // engine makes it so before its slots drop) and the stream that
+        // replayed them was synchronised.
+        unsafe {
+            cu::cuGraphExecDestroy(self.exec);
+            cu::cuGraphDestroy(self.graph);
+        }
+    }
 }
 
 /// Device → host copy of `bytes` on `stream`.

@@ -113,6 +113,11 @@ pub struct CudaOptions {
     /// every selection pass, with grid barriers between them) where the
     /// device supports it. 0 turns it off.
     pub single_launch_rows: usize,
+    /// Host queries with K <= `max_k` replay a CUDA graph of their whole
+    /// sequence (query copy, kernels, result copy), captured once per scratch
+    /// slot and K, instead of queueing each step: one launch per query.
+    /// Where the driver cannot capture the sequence, the steps are queued.
+    pub graphs: bool,
 }
 
 impl Default for CudaOptions {
@@ -125,6 +130,7 @@ impl Default for CudaOptions {
             streams: 2,
             fuse_rows: DEFAULT_FUSE_ROWS,
             single_launch_rows: DEFAULT_SINGLE_LAUNCH_ROWS,
+            graphs: true,
         }
     }
 }

@@ -111,6 +111,8 @@ fn path_opts(path: u8) -> CudaOptions {
     CudaOptions {
         single_launch_rows: if path == 0 { usize::MAX } else { 0 },
         fuse_rows: if path == 1 { usize::MAX } else { 0 },
+        // Path 1 queues each step of a host query; the others replay graphs.
+        graphs: path != 1,
         ..CudaOptions::default()
     }
 }
@@ -260,8 +262,8 @@ fn many_blocks_and_batches_past_one_chunk() {
         &oracle2.search(&q2, 17).expect("oracle"),
         "D = 17001",
     );
-    // A dimension past the one-launch kernel's shared memory (query,
-    // histogram and tiles), asked for that path: the separate kernels run.
+    // A wide dimension on the one-launch path where the device fits its
+    // shared memory (query and tiles), else on the separate kernels.
     let (n3, d3) = (3000, 6000);
     let data3 = corpus(10, n3, d3, 0);
     let (gpu3, oracle3) = engine(&data3, d3, Metric::Dot, path_opts(0));
