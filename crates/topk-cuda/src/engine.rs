@@ -23,7 +23,7 @@ use topk_core::{validate, Metric, Neighbor};
 
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{
-    self, DPtr, Kernels, AREA_STRIDE, CAND_CAP, MAYBE_CAP, STATUS_OK, STATUS_OVERFLOW,
+    self, DPtr, Kernels, Queue, AREA_STRIDE, CAND_CAP, MAYBE_CAP, STATUS_OK, STATUS_OVERFLOW,
 };
 use crate::ptx;
 use crate::{CudaOptions, DeviceInfo};
@@ -338,7 +338,7 @@ impl Engine {
             // SAFETY: corpus holds n × d floats and rnorm n.
             unsafe {
                 kernels.norms(
-                    slot.stream.as_inner(),
+                    Queue::Stream(slot.stream.as_inner()),
                     ptr(&corpus),
                     n as u32,
                     d as u32,
@@ -407,20 +407,22 @@ impl Engine {
     /// the slot's stream). Selection runs on the device when `k` fits the
     /// result buffers; otherwise only the scores are produced.
     fn enqueue(&self, slot: &Slot, queries: DPtr, nq: usize, k: usize) -> Result<(), CudaError> {
-        self.enqueue_marked(slot, queries, nq, k, &mut |_| Ok(()))
+        let s = Queue::Stream(slot.stream.as_inner());
+        self.enqueue_marked(slot, s, queries, nq, k, &mut |_| Ok(()))
     }
 
-    /// [`Self::enqueue`], calling `mark` with a stage name after the launch
-    /// that ends each stage (for [`Self::stage_times`]).
+    /// [`Self::enqueue`] on `s` (the slot's stream, or a graph being built
+    /// for it), calling `mark` with a stage name after the launch that ends
+    /// each stage (for [`Self::stage_times`]).
     fn enqueue_marked(
         &self,
         slot: &Slot,
+        s: Queue<'_>,
         queries: DPtr,
         nq: usize,
         k: usize,
         mark: &mut dyn FnMut(&'static str) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
-        let s = slot.stream.as_inner();
         let (n, d) = (self.n as u32, self.d as u32);
         // SAFETY: every buffer was sized at construction for `chunk` queries
         // (nq <= chunk), N rows, D columns and max_k results (k <= max_k on
@@ -511,19 +513,20 @@ impl Engine {
 
     /// Copies the `nq × (k + 1)` result rows back and waits for the stream.
     fn fetch_results(&self, slot: &mut Slot, nq: usize, k: usize) -> Result<(), CudaError> {
-        Self::copy_results(slot, nq, k)?;
+        let s = Queue::Stream(slot.stream.as_inner());
+        Self::copy_results(slot, s, nq, k)?;
         slot.stream.synchronize().op("cuStreamSynchronize")
     }
 
-    /// Queues the copy of the `nq × (k + 1)` result rows to the pinned host
-    /// buffer; the host reads them after synchronising the stream.
-    fn copy_results(slot: &mut Slot, nq: usize, k: usize) -> Result<(), CudaError> {
+    /// Queues on `s` the copy of the `nq × (k + 1)` result rows to the
+    /// pinned host buffer; the host reads them after synchronising the stream.
+    fn copy_results(slot: &mut Slot, s: Queue<'_>, nq: usize, k: usize) -> Result<(), CudaError> {
         let entries = nq * (k + 1);
         // SAFETY: out_host holds chunk × (max_k + 1) >= entries elements (nq
         // <= chunk, k <= max_k); callers synchronise before reading them.
         unsafe {
             launch::d2h(
-                slot.stream.as_inner(),
+                s,
                 slot.out_host.as_mut_ptr() as *mut c_void,
                 ptr(&slot.out),
                 entries * std::mem::size_of::<DevNeighbor>(),
@@ -540,7 +543,7 @@ impl Engine {
         // copied floats; the stream is ordered before q_host is rewritten.
         unsafe {
             launch::h2d(
-                slot.stream.as_inner(),
+                Queue::Stream(slot.stream.as_inner()),
                 ptr(&slot.queries),
                 slot.q_host.as_ptr() as *const c_void,
                 queries.len() * 4,
@@ -597,7 +600,7 @@ impl Engine {
         // n; the stream is synchronised before reading.
         unsafe {
             launch::d2h(
-                slot.stream.as_inner(),
+                Queue::Stream(slot.stream.as_inner()),
                 slot.scores_host.as_mut_ptr() as *mut c_void,
                 ptr(&slot.scores) + (qi * n * 4) as u64,
                 n * 4,
@@ -659,11 +662,12 @@ impl Engine {
             // The stream is idle (every search synchronises before returning).
             slot.replays.remove(0);
         }
-        let s = slot.stream.as_inner();
-        launch::begin_capture(s)?;
-        let queued = (|| {
+        let graph = launch::GraphBuild::new()?;
+        let s = Queue::Graph(&graph);
+        let built = (|| {
             // SAFETY: as in `stage_queries`: q_host (pinned) and the device
-            // query buffer hold chunk × d >= d floats.
+            // query buffer hold chunk × d >= d floats; both live as long as
+            // the slot that keeps the graph.
             unsafe {
                 launch::h2d(
                     s,
@@ -672,17 +676,13 @@ impl Engine {
                     self.d * 4,
                 )?;
             }
-            self.enqueue(slot, ptr(&slot.queries), 1, k)?;
-            Self::copy_results(slot, 1, k)
+            self.enqueue_marked(slot, s, ptr(&slot.queries), 1, k, &mut |_| Ok(()))?;
+            Self::copy_results(slot, s, 1, k)
         })();
-        let captured = launch::end_capture(s);
-        let replay = match (queued, captured) {
-            (Ok(()), Ok(r)) => Some(r),
-            (Err(e), _) | (Ok(()), Err(e)) => {
-                tracing::debug!(
-                    k,
-                    "host query sequence not captured ({e}); queueing its steps"
-                );
+        let replay = match built.and_then(|()| graph.finish()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::debug!(k, "host query graph not built ({e}); queueing its steps");
                 None
             }
         };
@@ -756,8 +756,10 @@ impl Engine {
         start.record(&slot.stream).op("cuEventRecord")?;
         let qptr = Self::stage_queries(slot, query)?;
         record("h2d", &slot.stream)?;
-        self.enqueue_marked(slot, qptr, 1, k, &mut |name| record(name, &slot.stream))?;
-        Self::copy_results(slot, 1, k)?;
+        let s = Queue::Stream(slot.stream.as_inner());
+        self.enqueue_marked(slot, s, qptr, 1, k, &mut |name| record(name, &slot.stream))?;
+        let s = Queue::Stream(slot.stream.as_inner());
+        Self::copy_results(slot, s, 1, k)?;
         record("d2h", &slot.stream)?;
         slot.stream.synchronize().op("cuStreamSynchronize")?;
         let mut out = Vec::with_capacity(marks.len());
@@ -874,7 +876,7 @@ impl Engine {
         for (q, w) in offsets.windows(2).enumerate() {
             owner[w[0]..w[1]].fill(q as u32);
         }
-        let s = slot.stream.as_inner();
+        let s = Queue::Stream(slot.stream.as_inner());
         let count = ids.len();
         // SAFETY: every staging buffer holds at least the copied lengths
         // (checked against the capacities above); ids are < n; the stream is

@@ -228,9 +228,14 @@ impl Kernels {
         grid: (u32, u32),
         block: u32,
         shared: u32,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         args: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
+        let stream = match q {
+            Queue::Stream(stream) => stream,
+            // SAFETY: forwarded from this function's contract.
+            Queue::Graph(g) => return unsafe { g.kernel(op, f, grid, block, shared, args, false) },
+        };
         // SAFETY: forwarded from this function's contract.
         let status = unsafe {
             cu::cuLaunchKernel(
@@ -338,7 +343,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn search1(
         &self,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         metric: Metric,
         corpus: DPtr,
         rnorm: DPtr,
@@ -353,19 +358,39 @@ impl Kernels {
         let (k, cand, maybe, out) = sel;
         let blocks = n.div_ceil(SEARCH_ROWS).clamp(1, grid.max(1));
         kernel_args!(args = [corpus, rnorm, n, d, query, scores, area, k, cand, maybe, out]);
+        let f = self.search_kernel(metric, d as usize);
+        let shared = staged_smem(d as usize, SEARCH_TILE_BYTES) as u32;
+        let stream = match q {
+            Queue::Stream(stream) => stream,
+            Queue::Graph(g) => {
+                // SAFETY: as for the launch below; a cooperative node keeps
+                // every block resident.
+                return unsafe {
+                    g.kernel(
+                        "topk_search1",
+                        f,
+                        (blocks, 1),
+                        SEARCH_THREADS,
+                        shared,
+                        &mut args,
+                        true,
+                    )
+                };
+            }
+        };
         // SAFETY: the parameter list of topk_search1*_*; buffers per the
         // contract; the grid fits the device at once (prepare_search), as the
         // kernel's barriers require, and the driver checks it again.
         let status = unsafe {
             cu::cuLaunchCooperativeKernel(
-                self.search_kernel(metric, d as usize),
+                f,
                 blocks,
                 1,
                 1,
                 SEARCH_THREADS,
                 1,
                 1,
-                staged_smem(d as usize, SEARCH_TILE_BYTES) as u32,
+                shared,
                 stream,
                 args.as_mut_ptr(),
             )
@@ -379,7 +404,7 @@ impl Kernels {
     /// `x` holds `n * d` floats and `out` room for `n`.
     pub(crate) unsafe fn norms(
         &self,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         x: DPtr,
         n: u32,
         d: u32,
@@ -396,7 +421,7 @@ impl Kernels {
                 (blocks, 1),
                 SCORE_THREADS,
                 0,
-                stream,
+                q,
                 &mut args,
             )
         }
@@ -412,7 +437,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn score(
         &self,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         metric: Metric,
         corpus: DPtr,
         rnorm: DPtr,
@@ -439,7 +464,7 @@ impl Kernels {
                     (blocks, 1),
                     SCORE_THREADS,
                     staged_smem(d as usize, SINGLE_TILE_BYTES) as u32,
-                    stream,
+                    q,
                     &mut args,
                 )
             }
@@ -462,7 +487,7 @@ impl Kernels {
                     (blocks, 1),
                     SCORE_THREADS,
                     0,
-                    stream,
+                    q,
                     &mut args,
                 )
             }
@@ -487,7 +512,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn select_small(
         &self,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         scores: DPtr,
         n: u32,
         nq: u32,
@@ -509,7 +534,7 @@ impl Kernels {
                 (1, nq),
                 SEL_THREADS,
                 dynamic,
-                stream,
+                q,
                 &mut args,
             )
         }
@@ -524,7 +549,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn hist(
         &self,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         scores: DPtr,
         n: u32,
         nq: u32,
@@ -541,7 +566,7 @@ impl Kernels {
                 (self.select_blocks(n, nq), nq),
                 SEL_THREADS,
                 0,
-                stream,
+                q,
                 &mut args,
             )
         }
@@ -559,7 +584,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn gather(
         &self,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         scores: DPtr,
         n: u32,
         nq: u32,
@@ -580,7 +605,7 @@ impl Kernels {
                 (self.select_blocks(n, nq), nq),
                 SEL_THREADS,
                 0,
-                stream,
+                q,
                 &mut args,
             )
         }
@@ -595,7 +620,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn score_ids(
         &self,
-        stream: cu::CUstream,
+        q: Queue<'_>,
         metric: Metric,
         corpus: DPtr,
         rnorm: DPtr,
@@ -618,32 +643,209 @@ impl Kernels {
                 (blocks, 1),
                 SCORE_THREADS,
                 0,
-                stream,
+                q,
                 &mut args,
             )
         }
     }
 }
 
-/// Host → device copy of `bytes` on `stream`.
+/// Host → device copy of `bytes` on `q`.
 ///
 /// # Safety
-/// `src` is valid for `bytes` reads (pinned for a truly asynchronous copy) and
-/// stays so until the stream reaches the copy; `dst` is valid for `bytes` writes.
+/// `src` is valid for `bytes` reads (pinned for a truly asynchronous copy;
+/// pinned in a graph) and stays so until the copy runs; `dst` is valid for
+/// `bytes` writes.
 pub(crate) unsafe fn h2d(
-    stream: cu::CUstream,
+    q: Queue<'_>,
     dst: DPtr,
     src: *const c_void,
     bytes: usize,
 ) -> Result<(), CudaError> {
-    // SAFETY: forwarded from this function's contract.
-    check("cuMemcpyHtoDAsync", unsafe {
-        cu::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)
-    })
+    match q {
+        // SAFETY: forwarded from this function's contract.
+        Queue::Stream(stream) => check("cuMemcpyHtoDAsync", unsafe {
+            cu::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)
+        }),
+        // SAFETY: forwarded from this function's contract.
+        Queue::Graph(g) => unsafe {
+            g.copy(Mem::Device(dst), Mem::Host(src as *mut c_void), bytes)
+        },
+    }
 }
 
-/// A captured sequence of stream work, instantiated: one launch replays it
-/// with the same parameters and buffers.
+/// Where launches and copies go: queued on a stream (they run in order), or
+/// appended to a graph under construction (they run, in the same order, each
+/// time the graph is replayed).
+#[derive(Clone, Copy)]
+pub(crate) enum Queue<'a> {
+    Stream(cu::CUstream),
+    Graph(&'a GraphBuild),
+}
+
+/// One end of a graph copy.
+enum Mem {
+    Host(*mut c_void),
+    Device(DPtr),
+}
+
+/// A graph being built as a chain: each node depends on the one before.
+/// Built node by node rather than captured from a stream, so that no other
+/// thread's CUDA calls can interfere while it is made.
+pub(crate) struct GraphBuild {
+    graph: cu::CUgraph,
+    ctx: cu::CUcontext,
+    last: std::cell::Cell<cu::CUgraphNode>,
+}
+
+impl GraphBuild {
+    /// An empty graph in the current context.
+    pub(crate) fn new() -> Result<Self, CudaError> {
+        let mut ctx: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is valid for one write.
+        check("cuCtxGetCurrent", unsafe { cu::cuCtxGetCurrent(&mut ctx) })?;
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        // SAFETY: `graph` is valid for one write.
+        check("cuGraphCreate", unsafe { cu::cuGraphCreate(&mut graph, 0) })?;
+        Ok(GraphBuild {
+            graph,
+            ctx,
+            last: std::cell::Cell::new(std::ptr::null_mut()),
+        })
+    }
+
+    /// The dependency list of the next node: the last one, if any.
+    fn deps(&self) -> (*const cu::CUgraphNode, usize) {
+        let last = self.last.as_ptr() as *const cu::CUgraphNode;
+        if self.last.get().is_null() {
+            (std::ptr::null(), 0)
+        } else {
+            (last, 1)
+        }
+    }
+
+    /// Appends a kernel node (a cooperative one with `cooperative`).
+    ///
+    /// # Safety
+    /// As [`Kernels::launch`]; the buffers stay valid while the graph lives.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel(
+        &self,
+        op: &'static str,
+        f: cu::CUfunction,
+        grid: (u32, u32),
+        block: u32,
+        shared: u32,
+        args: &mut [*mut c_void],
+        cooperative: bool,
+    ) -> Result<(), CudaError> {
+        let params = cu::CUDA_KERNEL_NODE_PARAMS {
+            func: f,
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            kernelParams: args.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+        };
+        let (deps, ndeps) = self.deps();
+        let mut node: cu::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: the driver copies the parameters (and the argument values
+        // they point at) into the node; `node` is valid for one write.
+        check(op, unsafe {
+            cu::cuGraphAddKernelNode(&mut node, self.graph, deps, ndeps, &params)
+        })?;
+        if cooperative {
+            // The attribute value is a union the driver reads as its own
+            // (larger, in newer headers) type: pass zeroed room for it with
+            // `cooperative` (its first member) set.
+            let mut value = [0u64; 8];
+            // SAFETY: `value` is 64 bytes, aligned for an i32 at its start.
+            unsafe { (value.as_mut_ptr() as *mut i32).write(1) };
+            // SAFETY: `node` was just added; `value` outlives the call.
+            check(op, unsafe {
+                cu::cuGraphKernelNodeSetAttribute(
+                    node,
+                    cu::CUkernelNodeAttrID::CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE,
+                    value.as_ptr() as *const cu::CUkernelNodeAttrValue,
+                )
+            })?;
+        }
+        self.last.set(node);
+        Ok(())
+    }
+
+    /// Appends a copy node of `bytes` from `src` to `dst`.
+    ///
+    /// # Safety
+    /// Both ranges are valid for `bytes` (host ones pinned) while the graph lives.
+    unsafe fn copy(&self, dst: Mem, src: Mem, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: CUDA_MEMCPY3D is plain data; all-zero is its "unset" value.
+        let mut p: cu::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+        match src {
+            Mem::Host(h) => {
+                p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
+                p.srcHost = h;
+            }
+            Mem::Device(d) => {
+                p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                p.srcDevice = d;
+            }
+        }
+        match dst {
+            Mem::Host(h) => {
+                p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
+                p.dstHost = h;
+            }
+            Mem::Device(d) => {
+                p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                p.dstDevice = d;
+            }
+        }
+        p.WidthInBytes = bytes;
+        p.Height = 1;
+        p.Depth = 1;
+        let (deps, ndeps) = self.deps();
+        let mut node: cu::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: `p` describes the two ranges of the contract; `node` is
+        // valid for one write.
+        check("cuGraphAddMemcpyNode", unsafe {
+            cu::cuGraphAddMemcpyNode(&mut node, self.graph, deps, ndeps, &p, self.ctx)
+        })?;
+        self.last.set(node);
+        Ok(())
+    }
+
+    /// Instantiates the graph for replay.
+    pub(crate) fn finish(self) -> Result<Replay, CudaError> {
+        let graph = self.graph;
+        // The Replay (or the error path) owns the graph from here on.
+        std::mem::forget(self);
+        let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `exec` is valid for one write; `graph` is complete.
+        let status = unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = check("cuGraphInstantiate", status) {
+            // SAFETY: the graph is ours and instantiated nowhere.
+            unsafe { cu::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Replay { graph, exec })
+    }
+}
+
+impl Drop for GraphBuild {
+    fn drop(&mut self) {
+        // SAFETY: the graph is ours (finish forgets self) and was never
+        // instantiated.
+        unsafe { cu::cuGraphDestroy(self.graph) };
+    }
+}
+
+/// A built sequence of launches and copies, instantiated: one launch replays
+/// it with the same parameters and buffers.
 pub(crate) struct Replay {
     graph: cu::CUgraph,
     exec: cu::CUgraphExec,
@@ -653,39 +855,8 @@ pub(crate) struct Replay {
 // under its slot's mutex, with the context current.
 unsafe impl Send for Replay {}
 
-/// Starts capturing, from this thread, the work queued on `stream` (nothing
-/// queued runs until the capture is replayed).
-pub(crate) fn begin_capture(stream: cu::CUstream) -> Result<(), CudaError> {
-    // SAFETY: the stream handle is live.
-    check("cuStreamBeginCapture", unsafe {
-        cu::cuStreamBeginCapture_v2(
-            stream,
-            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )
-    })
-}
-
-/// Ends the capture begun on `stream` (always, so the stream is usable
-/// again) and instantiates what was captured.
-pub(crate) fn end_capture(stream: cu::CUstream) -> Result<Replay, CudaError> {
-    let mut graph: cu::CUgraph = std::ptr::null_mut();
-    // SAFETY: `graph` is valid for one write; the stream is capturing.
-    check("cuStreamEndCapture", unsafe {
-        cu::cuStreamEndCapture(stream, &mut graph)
-    })?;
-    let mut exec: cu::CUgraphExec = std::ptr::null_mut();
-    // SAFETY: `exec` is valid for one write; `graph` was just captured.
-    let status = unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
-    if let Err(e) = check("cuGraphInstantiate", status) {
-        // SAFETY: the graph is ours and instantiated nowhere.
-        unsafe { cu::cuGraphDestroy(graph) };
-        return Err(e);
-    }
-    Ok(Replay { graph, exec })
-}
-
 impl Replay {
-    /// Queues the whole captured sequence on `stream`.
+    /// Queues the whole sequence on `stream`.
     pub(crate) fn launch(&self, stream: cu::CUstream) -> Result<(), CudaError> {
         // SAFETY: the executable graph is live; its buffers belong to the
         // slot that owns it and outlive it.
@@ -707,21 +878,25 @@ impl Drop for Replay {
     }
 }
 
-/// Device → host copy of `bytes` on `stream`.
+/// Device → host copy of `bytes` on `q`.
 ///
 /// # Safety
-/// `src` is valid for `bytes` reads; `dst` valid for `bytes` writes until the
-/// stream reaches the copy and nothing reads it before then.
+/// `src` is valid for `bytes` reads; `dst` (pinned in a graph) valid for
+/// `bytes` writes until the copy runs and nothing reads it before then.
 pub(crate) unsafe fn d2h(
-    stream: cu::CUstream,
+    q: Queue<'_>,
     dst: *mut c_void,
     src: DPtr,
     bytes: usize,
 ) -> Result<(), CudaError> {
-    // SAFETY: forwarded from this function's contract.
-    check("cuMemcpyDtoHAsync", unsafe {
-        cu::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream)
-    })
+    match q {
+        // SAFETY: forwarded from this function's contract.
+        Queue::Stream(stream) => check("cuMemcpyDtoHAsync", unsafe {
+            cu::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream)
+        }),
+        // SAFETY: forwarded from this function's contract.
+        Queue::Graph(g) => unsafe { g.copy(Mem::Host(dst), Mem::Device(src), bytes) },
+    }
 }
 
 /// Device → device copy of `bytes` on `stream`.

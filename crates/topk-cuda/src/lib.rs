@@ -114,9 +114,10 @@ pub struct CudaOptions {
     /// device supports it. 0 turns it off.
     pub single_launch_rows: usize,
     /// Host queries with K <= `max_k` replay a CUDA graph of their whole
-    /// sequence (query copy, kernels, result copy), captured once per scratch
-    /// slot and K, instead of queueing each step: one launch per query.
-    /// Where the driver cannot capture the sequence, the steps are queued.
+    /// sequence (query copy, kernels, result copy), built node by node once
+    /// per scratch slot and K (no stream capture, so other threads' CUDA
+    /// calls cannot interfere), instead of queueing each step: one launch
+    /// per query. Where the driver cannot build it, the steps are queued.
     pub graphs: bool,
 }
 

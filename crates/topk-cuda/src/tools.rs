@@ -12,7 +12,7 @@ use topk_core::{Neighbor, Retriever};
 
 use crate::engine::{self, Ctx, DevNeighbor, Engine, OwnedDevice};
 use crate::error::{CudaError, DriverResult};
-use crate::launch;
+use crate::launch::{self, Queue};
 use crate::{CudaRetriever, DeviceInfo};
 
 /// A query resident in device memory (see [`CudaRetriever::upload_query`]).
@@ -129,7 +129,7 @@ impl RoundTrip {
         // SAFETY: both hold d floats; synchronised before the host reads.
         unsafe {
             launch::d2h(
-                s,
+                Queue::Stream(s),
                 self.q_host.as_mut_slice().as_mut_ptr() as *mut c_void,
                 query.as_slice().as_device_ptr().as_raw(),
                 d * 4,
@@ -152,7 +152,7 @@ impl RoundTrip {
         // before res_host is written again.
         unsafe {
             launch::h2d(
-                s,
+                Queue::Stream(s),
                 self.res_dev.buf.as_device_ptr().as_raw(),
                 self.res_host.as_slice().as_ptr() as *const c_void,
                 m * std::mem::size_of::<DevNeighbor>(),
