@@ -153,12 +153,12 @@ struct Slot {
     ids_host: LockedBuffer<u32>,
     owner_host: LockedBuffer<u32>,
     id_scores_host: LockedBuffer<f32>,
-    /// Captured host-query sequences by K (`None`: the driver could not
-    /// capture it), at most `MAX_REPLAYS`, oldest first.
+    /// Built host-query graphs by K (`None`: the driver could not build
+    /// one), at most `MAX_REPLAYS`, oldest first.
     replays: Vec<(usize, Option<launch::Replay>)>,
 }
 
-/// Captured sequences kept per slot (one per K in use).
+/// Host-query graphs kept per slot (one per K in use).
 const MAX_REPLAYS: usize = 8;
 
 /// Device bytes one slot needs, for the up-front memory check.
@@ -650,10 +650,10 @@ impl Engine {
         self.finish_one(&mut slot, qptr, k, out)
     }
 
-    /// The slot's captured host-query sequence for `k` (query copy from the
-    /// pinned staging buffer, every kernel, result copy), capturing it on
-    /// first use. `None` where the driver could not capture it; the caller
-    /// then queues the steps itself.
+    /// The slot's host-query graph for `k` (query copy from the pinned
+    /// staging buffer, every kernel, result copy), built on first use.
+    /// `None` where the driver could not build it; the caller then queues
+    /// the steps itself.
     fn replay(&self, slot: &mut Slot, k: usize) -> Result<Option<usize>, CudaError> {
         if let Some(i) = slot.replays.iter().position(|(kk, _)| *kk == k) {
             return Ok(slot.replays[i].1.as_ref().map(|_| i));

@@ -689,6 +689,48 @@ enum Mem {
     Device(DPtr),
 }
 
+/// The parameters of a plain 1-D copy of `bytes` from `src` to `dst`
+/// (every field set: the memory-type fields are enums with no zero value).
+fn memcpy_params(dst: Mem, src: Mem, bytes: usize) -> cu::CUDA_MEMCPY3D {
+    let side = |m: Mem| match m {
+        Mem::Host(h) => (cu::CUmemorytype::CU_MEMORYTYPE_HOST, h, 0),
+        Mem::Device(d) => (
+            cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            std::ptr::null_mut(),
+            d,
+        ),
+    };
+    let (src_type, src_host, src_device) = side(src);
+    let (dst_type, dst_host, dst_device) = side(dst);
+    cu::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host as *const c_void,
+        srcDevice: src_device,
+        srcArray: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host,
+        dstDevice: dst_device,
+        dstArray: std::ptr::null_mut(),
+        reserved1: std::ptr::null_mut(),
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: bytes,
+        Height: 1,
+        Depth: 1,
+    }
+}
+
 /// A graph being built as a chain: each node depends on the one before.
 /// Built node by node rather than captured from a stream, so that no other
 /// thread's CUDA calls can interfere while it is made.
@@ -783,31 +825,7 @@ impl GraphBuild {
     /// # Safety
     /// Both ranges are valid for `bytes` (host ones pinned) while the graph lives.
     unsafe fn copy(&self, dst: Mem, src: Mem, bytes: usize) -> Result<(), CudaError> {
-        // SAFETY: CUDA_MEMCPY3D is plain data; all-zero is its "unset" value.
-        let mut p: cu::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-        match src {
-            Mem::Host(h) => {
-                p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
-                p.srcHost = h;
-            }
-            Mem::Device(d) => {
-                p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.srcDevice = d;
-            }
-        }
-        match dst {
-            Mem::Host(h) => {
-                p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
-                p.dstHost = h;
-            }
-            Mem::Device(d) => {
-                p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.dstDevice = d;
-            }
-        }
-        p.WidthInBytes = bytes;
-        p.Height = 1;
-        p.Depth = 1;
+        let p = memcpy_params(dst, src, bytes);
         let (deps, ndeps) = self.deps();
         let mut node: cu::CUgraphNode = std::ptr::null_mut();
         // SAFETY: `p` describes the two ranges of the contract; `node` is
@@ -999,5 +1017,23 @@ mod tests {
             define(&src, "TOPK_STATUS_OVERFLOW"),
             STATUS_OVERFLOW as usize
         );
+    }
+
+    #[test]
+    fn graph_copy_parameters_describe_a_plain_copy() {
+        let mut host = [0u8; 64];
+        let h = host.as_mut_ptr() as *mut c_void;
+        let up = memcpy_params(Mem::Device(0x1000), Mem::Host(h), 64);
+        assert_eq!(up.srcMemoryType, cu::CUmemorytype::CU_MEMORYTYPE_HOST);
+        assert_eq!(up.srcHost, h as *const c_void);
+        assert_eq!(up.dstMemoryType, cu::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!(up.dstDevice, 0x1000);
+        assert_eq!((up.WidthInBytes, up.Height, up.Depth), (64, 1, 1));
+        let down = memcpy_params(Mem::Host(h), Mem::Device(0x2000), 8);
+        assert_eq!(down.srcMemoryType, cu::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!(down.srcDevice, 0x2000);
+        assert_eq!(down.dstMemoryType, cu::CUmemorytype::CU_MEMORYTYPE_HOST);
+        assert_eq!(down.dstHost, h);
+        assert_eq!((down.WidthInBytes, down.Height, down.Depth), (8, 1, 1));
     }
 }
