@@ -638,7 +638,7 @@ impl Engine {
         let mut slot = self.slot()?;
         if self.opts.graphs && k <= self.opts.max_k {
             slot.q_host.as_mut_slice()[..query.len()].copy_from_slice(query);
-            if let Some(i) = self.replay(&mut slot, k)? {
+            if let Some(i) = self.replay(&mut slot, k) {
                 if let (_, Some(r)) = &slot.replays[i] {
                     r.launch(slot.stream.as_inner())?;
                     slot.stream.synchronize().op("cuStreamSynchronize")?;
@@ -650,36 +650,18 @@ impl Engine {
         self.finish_one(&mut slot, qptr, k, out)
     }
 
-    /// The slot's host-query graph for `k` (query copy from the pinned
-    /// staging buffer, every kernel, result copy), built on first use.
-    /// `None` where the driver could not build it; the caller then queues
-    /// the steps itself.
-    fn replay(&self, slot: &mut Slot, k: usize) -> Result<Option<usize>, CudaError> {
+    /// The slot's host-query graph for `k`, built on first use. `None`
+    /// where the driver could not build it (remembered, and logged at debug
+    /// level); the caller then queues the steps itself.
+    fn replay(&self, slot: &mut Slot, k: usize) -> Option<usize> {
         if let Some(i) = slot.replays.iter().position(|(kk, _)| *kk == k) {
-            return Ok(slot.replays[i].1.as_ref().map(|_| i));
+            return slot.replays[i].1.as_ref().map(|_| i);
         }
         if slot.replays.len() >= MAX_REPLAYS {
             // The stream is idle (every search synchronises before returning).
             slot.replays.remove(0);
         }
-        let graph = launch::GraphBuild::new()?;
-        let s = Queue::Graph(&graph);
-        let built = (|| {
-            // SAFETY: as in `stage_queries`: q_host (pinned) and the device
-            // query buffer hold chunk × d >= d floats; both live as long as
-            // the slot that keeps the graph.
-            unsafe {
-                launch::h2d(
-                    s,
-                    ptr(&slot.queries),
-                    slot.q_host.as_ptr() as *const c_void,
-                    self.d * 4,
-                )?;
-            }
-            self.enqueue_marked(slot, s, ptr(&slot.queries), 1, k, &mut |_| Ok(()))?;
-            Self::copy_results(slot, s, 1, k)
-        })();
-        let replay = match built.and_then(|()| graph.finish()) {
+        let replay = match self.build_host_graph(slot, k) {
             Ok(r) => Some(r),
             Err(e) => {
                 tracing::debug!(k, "host query graph not built ({e}); queueing its steps");
@@ -688,7 +670,28 @@ impl Engine {
         };
         let found = replay.is_some();
         slot.replays.push((k, replay));
-        Ok(found.then_some(slot.replays.len() - 1))
+        found.then_some(slot.replays.len() - 1)
+    }
+
+    /// One host query with `k` on `slot`'s buffers as a graph: the query
+    /// copy from the pinned staging buffer, every kernel, the result copy.
+    fn build_host_graph(&self, slot: &mut Slot, k: usize) -> Result<launch::Replay, CudaError> {
+        let graph = launch::GraphBuild::new()?;
+        let s = Queue::Graph(&graph);
+        // SAFETY: as in `stage_queries`: q_host (pinned) and the device query
+        // buffer hold chunk × d >= d floats; both live as long as the slot
+        // that keeps the graph.
+        unsafe {
+            launch::h2d(
+                s,
+                ptr(&slot.queries),
+                slot.q_host.as_ptr() as *const c_void,
+                self.d * 4,
+            )?;
+        }
+        self.enqueue_marked(slot, s, ptr(&slot.queries), 1, k, &mut |_| Ok(()))?;
+        Self::copy_results(slot, s, 1, k)?;
+        graph.finish()
     }
 
     fn finish_one(
