@@ -28,8 +28,8 @@
 //! | entry point | what it is for |
 //! | --- | --- |
 //! | [`CudaRetriever::new`] / [`CudaRetriever::from_rowmajor`] | upload a corpus once, allocate every buffer for the limits in [`CudaOptions`] |
-//! | [`Retriever::search_into`](topk_core::Retriever::search_into) | a host query, end to end (pinned H→D, score, select, D→H) |
-//! | [`Retriever::search_batch`](topk_core::Retriever::search_batch) | many queries per launch (row tiles reused across queries) |
+//! | [`Retriever::search_into`] | a host query, end to end (pinned H→D, score, select, D→H), replayed as one graph |
+//! | [`Retriever::search_batch`] | many queries per launch (row tiles reused across queries) |
 //! | [`CudaRetriever::upload_query`] + [`CudaRetriever::search_device`] | a query already on the device: no host round trip for it |
 //! | [`CudaRetriever::score_ids`] | canonical scores of listed rows (the HNSW crate's batched distances) |
 //! | [`RoundTrip`] | the benchmark's CPU round-trip baseline (device query → host search → results to the device) |
@@ -37,14 +37,21 @@
 //!
 //! # How a search runs
 //!
-//! 1. The scoring kernel gives each warp a group of rows; lane `j` walks
+//! 1. The scoring kernel stages corpus rows through shared memory with
+//!    `cp.async` and gives each warp a few rows; lane `j` walks
 //!    `d = j, j+32, …` with one `fmaf` per step and the warp butterfly reduces
-//!    the partials, exactly the canonical order. Each score also lands in a
-//!    65,536-bin histogram of its top 16 ordered bits (fused, no second pass).
-//! 2. One block scans that histogram for the bin where the count of better rows
-//!    reaches K. Rows at or above that bin are the candidates (about K of them).
-//! 3. A grid gathers the candidates' 64-bit keys; the last block to finish
-//!    sorts them in shared memory and writes the best K.
+//!    the partials, exactly the canonical order.
+//! 2. A histogram of the top 12 ordered bits of every score gives the bin of
+//!    the K-th best; the rows above it, and those in it (narrowed by a second
+//!    12-bit histogram when they are many), are gathered as 64-bit keys, and
+//!    one block ranks them (by counting, by score buckets or by a bitonic sort
+//!    in registers) and writes the best K with their exact score bits.
+//! 3. Which launches do this depends on N: one block selects for small
+//!    corpora ([`CudaOptions::fuse_rows`]), one cooperative launch scores and
+//!    selects for mid-size ones ([`CudaOptions::single_launch_rows`]), and
+//!    three launches serve larger ones.
+//! 4. A host query replays that whole sequence, copies included, as one CUDA
+//!    graph built per stream and K on first use ([`CudaOptions::graphs`]).
 //!
 //! K up to [`CudaOptions::max_k`] (default 2,048) selects on the device. A
 //! larger K, or a query with more than 4,096 tied candidates (say, a corpus of
