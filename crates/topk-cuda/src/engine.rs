@@ -638,39 +638,41 @@ impl Engine {
         let mut slot = self.slot()?;
         if self.opts.graphs && k <= self.opts.max_k {
             slot.q_host.as_mut_slice()[..query.len()].copy_from_slice(query);
-            if let Some(i) = self.replay(&mut slot, k) {
-                if let (_, Some(r)) = &slot.replays[i] {
-                    r.launch(slot.stream.as_inner())?;
-                    slot.stream.synchronize().op("cuStreamSynchronize")?;
-                    return self.collect(&mut slot, 0, k, out);
-                }
+            if self.replay(&mut slot, k)? {
+                slot.stream.synchronize().op("cuStreamSynchronize")?;
+                return self.collect(&mut slot, 0, k, out);
             }
         }
         let qptr = Self::stage_queries(&mut slot, query)?;
         self.finish_one(&mut slot, qptr, k, out)
     }
 
-    /// The slot's host-query graph for `k`, built on first use. `None`
-    /// where the driver could not build it (remembered, and logged at debug
-    /// level); the caller then queues the steps itself.
-    fn replay(&self, slot: &mut Slot, k: usize) -> Option<usize> {
-        if let Some(i) = slot.replays.iter().position(|(kk, _)| *kk == k) {
-            return slot.replays[i].1.as_ref().map(|_| i);
-        }
-        if slot.replays.len() >= MAX_REPLAYS {
-            // The stream is idle (every search synchronises before returning).
-            slot.replays.remove(0);
-        }
-        let replay = match self.build_host_graph(slot, k) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::debug!(k, "host query graph not built ({e}); queueing its steps");
-                None
+    /// Queues the slot's host-query graph for `k`, built on first use, and
+    /// returns true; false where the driver could not build it (remembered,
+    /// and logged at debug level): the caller then queues the steps itself.
+    fn replay(&self, slot: &mut Slot, k: usize) -> Result<bool, CudaError> {
+        let i = match slot.replays.iter().position(|(kk, _)| *kk == k) {
+            Some(i) => i,
+            None => {
+                if slot.replays.len() >= MAX_REPLAYS {
+                    // The stream is idle (every search synchronises before
+                    // returning).
+                    slot.replays.remove(0);
+                }
+                let replay = self
+                    .build_host_graph(slot, k)
+                    .map_err(|e| {
+                        tracing::debug!(k, "host query graph not built ({e}); queueing its steps")
+                    })
+                    .ok();
+                slot.replays.push((k, replay));
+                slot.replays.len() - 1
             }
         };
-        let found = replay.is_some();
-        slot.replays.push((k, replay));
-        found.then_some(slot.replays.len() - 1)
+        match &slot.replays[i].1 {
+            Some(r) => r.launch(slot.stream.as_inner()).map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// One host query with `k` on `slot`'s buffers as a graph: the query

@@ -231,26 +231,53 @@ impl Kernels {
         q: Queue<'_>,
         args: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Self::launch_as(op, f, grid, block, shared, q, args, false) }
+    }
+
+    /// [`Self::launch`], as a cooperative launch (every block resident at
+    /// once) with `cooperative`: on a stream or as a graph node alike.
+    ///
+    /// # Safety
+    /// As [`Self::launch`]; with `cooperative`, the grid fits the device at once.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_as(
+        op: &'static str,
+        f: cu::CUfunction,
+        grid: (u32, u32),
+        block: u32,
+        shared: u32,
+        q: Queue<'_>,
+        args: &mut [*mut c_void],
+        cooperative: bool,
+    ) -> Result<(), CudaError> {
         let stream = match q {
             Queue::Stream(stream) => stream,
-            // SAFETY: forwarded from this function's contract.
-            Queue::Graph(g) => return unsafe { g.kernel(op, f, grid, block, shared, args, false) },
+            Queue::Graph(g) => {
+                // SAFETY: forwarded from this function's contract.
+                return unsafe { g.kernel(op, f, grid, block, shared, args, cooperative) };
+            }
         };
+        let (gx, gy, p) = (grid.0, grid.1, args.as_mut_ptr());
         // SAFETY: forwarded from this function's contract.
         let status = unsafe {
-            cu::cuLaunchKernel(
-                f,
-                grid.0,
-                grid.1,
-                1,
-                block,
-                1,
-                1,
-                shared,
-                stream,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+            if cooperative {
+                cu::cuLaunchCooperativeKernel(f, gx, gy, 1, block, 1, 1, shared, stream, p)
+            } else {
+                cu::cuLaunchKernel(
+                    f,
+                    gx,
+                    gy,
+                    1,
+                    block,
+                    1,
+                    1,
+                    shared,
+                    stream,
+                    p,
+                    std::ptr::null_mut(),
+                )
+            }
         };
         check(op, status)
     }
@@ -358,44 +385,21 @@ impl Kernels {
         let (k, cand, maybe, out) = sel;
         let blocks = n.div_ceil(SEARCH_ROWS).clamp(1, grid.max(1));
         kernel_args!(args = [corpus, rnorm, n, d, query, scores, area, k, cand, maybe, out]);
-        let f = self.search_kernel(metric, d as usize);
-        let shared = staged_smem(d as usize, SEARCH_TILE_BYTES) as u32;
-        let stream = match q {
-            Queue::Stream(stream) => stream,
-            Queue::Graph(g) => {
-                // SAFETY: as for the launch below; a cooperative node keeps
-                // every block resident.
-                return unsafe {
-                    g.kernel(
-                        "topk_search1",
-                        f,
-                        (blocks, 1),
-                        SEARCH_THREADS,
-                        shared,
-                        &mut args,
-                        true,
-                    )
-                };
-            }
-        };
         // SAFETY: the parameter list of topk_search1*_*; buffers per the
         // contract; the grid fits the device at once (prepare_search), as the
         // kernel's barriers require, and the driver checks it again.
-        let status = unsafe {
-            cu::cuLaunchCooperativeKernel(
-                f,
-                blocks,
-                1,
-                1,
+        unsafe {
+            Self::launch_as(
+                "topk_search1",
+                self.search_kernel(metric, d as usize),
+                (blocks, 1),
                 SEARCH_THREADS,
-                1,
-                1,
-                shared,
-                stream,
-                args.as_mut_ptr(),
+                staged_smem(d as usize, SEARCH_TILE_BYTES) as u32,
+                q,
+                &mut args,
+                true,
             )
-        };
-        check("topk_search1", status)
+        }
     }
 
     /// Canonical norms of `n` vectors of length `d` at `x` into `out`.
