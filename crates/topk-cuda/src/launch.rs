@@ -216,32 +216,17 @@ impl Kernels {
         })
     }
 
-    /// Launches `f` with `args` (pointers to each parameter value).
+    /// Launches `f` with `args` (pointers to each parameter value) on `q`,
+    /// as a cooperative launch (every block resident at once) with
+    /// `cooperative`: on a stream or as a graph node alike.
     ///
     /// # Safety
     /// 1. `args` matches the kernel's parameter list in number, order and size.
     /// 2. Every device address among them is valid for the accesses the kernel
     ///    makes with the sizes passed alongside, until the stream reaches it.
-    unsafe fn launch(
-        op: &'static str,
-        f: cu::CUfunction,
-        grid: (u32, u32),
-        block: u32,
-        shared: u32,
-        q: Queue<'_>,
-        args: &mut [*mut c_void],
-    ) -> Result<(), CudaError> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { Self::launch_as(op, f, grid, block, shared, q, args, false) }
-    }
-
-    /// [`Self::launch`], as a cooperative launch (every block resident at
-    /// once) with `cooperative`: on a stream or as a graph node alike.
-    ///
-    /// # Safety
-    /// As [`Self::launch`]; with `cooperative`, the grid fits the device at once.
+    /// 3. With `cooperative`, the grid fits the device at once.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_as(
+    unsafe fn launch(
         op: &'static str,
         f: cu::CUfunction,
         grid: (u32, u32),
@@ -389,7 +374,7 @@ impl Kernels {
         // contract; the grid fits the device at once (prepare_search), as the
         // kernel's barriers require, and the driver checks it again.
         unsafe {
-            Self::launch_as(
+            Self::launch(
                 "topk_search1",
                 self.search_kernel(metric, d as usize),
                 (blocks, 1),
@@ -427,6 +412,7 @@ impl Kernels {
                 0,
                 q,
                 &mut args,
+                false,
             )
         }
     }
@@ -470,6 +456,7 @@ impl Kernels {
                     staged_smem(d as usize, SINGLE_TILE_BYTES) as u32,
                     q,
                     &mut args,
+                    false,
                 )
             }
         } else {
@@ -493,6 +480,7 @@ impl Kernels {
                     0,
                     q,
                     &mut args,
+                    false,
                 )
             }
         }
@@ -540,6 +528,7 @@ impl Kernels {
                 dynamic,
                 q,
                 &mut args,
+                false,
             )
         }
     }
@@ -572,6 +561,7 @@ impl Kernels {
                 0,
                 q,
                 &mut args,
+                false,
             )
         }
     }
@@ -611,6 +601,7 @@ impl Kernels {
                 0,
                 q,
                 &mut args,
+                false,
             )
         }
     }
@@ -649,6 +640,7 @@ impl Kernels {
                 0,
                 q,
                 &mut args,
+                false,
             )
         }
     }
