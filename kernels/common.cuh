@@ -75,6 +75,33 @@ __device__ __forceinline__ float topk_butterfly(float p) {
     return p;
 }
 
+// The same five butterfly steps applied to 32 outputs at once: on entry
+// v[i] is this lane's partial of output i; on exit v[0] holds the full sum of
+// output `lane`. Step H pairs lane j with j ^ H exactly as topk_butterfly
+// does, so every output is added up by the same tree (and __fadd_rn is
+// commutative, so the operand order within a pair does not matter); each
+// lane then keeps the half of the outputs that its bit H selects and sends
+// the other half, which takes 31 shuffles instead of 160.
+template <int H>
+__device__ __forceinline__ void topk_reduce32_step(float (&v)[32], unsigned lane) {
+    const bool up = (lane & H) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+        const float send = up ? v[i] : v[i + H];
+        const float keep = up ? v[i + H] : v[i];
+        v[i] = __fadd_rn(keep, __shfl_xor_sync(TOPK_FULL_MASK, send, H));
+    }
+}
+
+__device__ __forceinline__ float topk_reduce32(float (&v)[32], unsigned lane) {
+    topk_reduce32_step<16>(v, lane);
+    topk_reduce32_step<8>(v, lane);
+    topk_reduce32_step<4>(v, lane);
+    topk_reduce32_step<2>(v, lane);
+    topk_reduce32_step<1>(v, lane);
+    return v[0];
+}
+
 // Monotone map of scores to u32 (topk_core::order::ordered_bits): -0.0 and
 // +0.0 share a value, NaN maps to 0, below -inf.
 __device__ __forceinline__ unsigned topk_ordered_bits(float s) {

@@ -16,13 +16,19 @@
 // Columns per staged tile.
 #define STAGE_CW 128
 
+// Asynchronous global-to-shared copies (cp.async), by shared-memory address
+// or by generic pointer.
+__device__ __forceinline__ void topk_cp_async16_s(unsigned smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
+}
+__device__ __forceinline__ void topk_cp_async4_s(unsigned smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
+}
 __device__ __forceinline__ void topk_cp_async16(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+    topk_cp_async16_s((unsigned)__cvta_generic_to_shared(smem), gmem);
 }
 __device__ __forceinline__ void topk_cp_async4(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+    topk_cp_async4_s((unsigned)__cvta_generic_to_shared(smem), gmem);
 }
 __device__ __forceinline__ void topk_cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);
@@ -304,6 +310,181 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
     }
 }
 
+// Batch scoring with the queries resident in shared memory.
+//
+// A block of WR x WQ warps owns BQ = WQ * QT queries for the whole call and
+// walks row blocks of BR = WR * RT rows (grid stride), so only rows stream
+// through the DEPTH cp.async stages: 4 / BQ bytes of L2 traffic per fma.
+// Lane j keeps the canonical columns d = j, j+32, ... of an RT-row x QT-query
+// register tile, and the 32 partials of each output are added by
+// topk_reduce32. Each staged chunk has BCH_CH columns; the queries are
+// stored permuted so that lane j's four columns of a chunk (32 s + j,
+// s = 0..3) are adjacent and one 128-bit load fetches them.
+//
+// Dynamic shared memory: DEPTH row stages of BR x BCH_CH floats, then BQ
+// queries of D floats rounded up to whole chunks (topk-cuda mirrors this).
+#define BCH_CH 128
+
+__device__ __forceinline__ unsigned bch_perm(unsigned col) {
+    return (col % TOPK_WARP) * 4 + col / TOPK_WARP;
+}
+
+template <int METRIC, int WR, int WQ, int RT, int QT, int DEPTH>
+__device__ void score_batch_resident(const float* __restrict__ corpus,
+                                     const float* __restrict__ rnorm, unsigned n, unsigned d,
+                                     const float* __restrict__ queries, unsigned nq,
+                                     const float* __restrict__ qnorm,
+                                     float* __restrict__ scores) {
+    constexpr unsigned THREADS = WR * WQ * TOPK_WARP;
+    constexpr unsigned BR = WR * RT;
+    constexpr unsigned BQ = WQ * QT;
+    constexpr unsigned STAGE = BR * BCH_CH;
+    static_assert((RT * QT) % TOPK_WARP == 0, "whole groups of 32 outputs");
+    static_assert(BCH_CH == 4 * TOPK_WARP, "four columns per lane per chunk");
+    extern __shared__ float4 topk_dyn_smem[];
+    float* stages = reinterpret_cast<float*>(topk_dyn_smem);
+    float* qs = stages + DEPTH * STAGE;
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const unsigned warp = threadIdx.x / TOPK_WARP;
+    const unsigned wr = warp % WR;
+    const unsigned wq = warp / WR;
+    const unsigned nchunks = (d + BCH_CH - 1) / BCH_CH;
+    const unsigned dp = nchunks * BCH_CH;
+    const unsigned qtiles = (nq + BQ - 1) / BQ;
+    const unsigned nrb = (n + BR - 1) / BR;
+    const unsigned rbstep = gridDim.x / qtiles;
+    const size_t q0 = (size_t)(blockIdx.x % qtiles) * BQ;
+    unsigned rb = blockIdx.x / qtiles;
+    if (rb >= nrb) {
+        return;
+    }
+    // The block's queries, permuted within each chunk (one group).
+    for (unsigned idx = threadIdx.x; idx < BQ * d; idx += THREADS) {
+        const unsigned qi = idx / d;
+        const unsigned col = idx % d;
+        if (q0 + qi < nq) {
+            topk_cp_async4(qs + qi * dp + col / BCH_CH * BCH_CH + bch_perm(col % BCH_CH),
+                           queries + (q0 + qi) * d + col);
+        }
+    }
+    topk_cp_async_commit();
+
+    // Copy state: the next (row block, chunk) to stage and its slot. Thread
+    // t copies column `col` of rows t / PER_ROW + k * ROWS of a stage.
+    constexpr unsigned ROWS16 = THREADS / (BCH_CH / 4);
+    const bool vec16 = (d % 4) == 0;
+    const unsigned per_row = vec16 ? BCH_CH / 4 : BCH_CH;
+    const unsigned col = (threadIdx.x % per_row) * (vec16 ? 4 : 1);
+    const unsigned row_t = threadIdx.x / per_row;
+    const unsigned rows_pass = THREADS / per_row;
+    const unsigned dst0 = (unsigned)__cvta_generic_to_shared(stages + row_t * BCH_CH + col);
+    const size_t src_pass = (size_t)rows_pass * d;
+    unsigned issue_rb = rb;
+    unsigned issue_c = 0;
+    unsigned issue_slot = 0;
+    auto issue = [&]() {
+        if (issue_rb < nrb) {
+            const size_t r = (size_t)issue_rb * BR + row_t;
+            const unsigned c0 = issue_c * BCH_CH;
+            const float* src = corpus + r * d + c0 + col;
+            const unsigned dst = dst0 + issue_slot * STAGE * 4;
+            if (c0 + col < d) {
+                if (vec16) {
+#pragma unroll
+                    for (unsigned k = 0; k < BR / ROWS16; ++k) {
+                        if (r + k * ROWS16 < n) {
+                            topk_cp_async16_s(dst + k * ROWS16 * BCH_CH * 4, src + k * src_pass);
+                        }
+                    }
+                } else {
+                    for (unsigned k = 0; k * rows_pass < BR; ++k) {
+                        if (r + k * rows_pass < n) {
+                            topk_cp_async4_s(dst + k * rows_pass * BCH_CH * 4, src + k * src_pass);
+                        }
+                    }
+                }
+            }
+            if (++issue_c == nchunks) {
+                issue_c = 0;
+                issue_rb += rbstep;
+            }
+        }
+        topk_cp_async_commit();
+        issue_slot = (issue_slot + 1 == DEPTH) ? 0 : issue_slot + 1;
+    };
+#pragma unroll
+    for (int i = 0; i < DEPTH - 1; ++i) {
+        issue();
+    }
+
+    float acc[RT * QT];
+#pragma unroll
+    for (int k = 0; k < RT * QT; ++k) {
+        acc[k] = 0.0f;
+    }
+    unsigned c = 0;
+    unsigned slot = 0;
+    while (rb < nrb) {
+        topk_cp_async_wait<DEPTH - 2>();
+        __syncthreads();
+        // The slot refilled here was consumed in the previous iteration,
+        // which every thread has finished (the barrier above).
+        issue();
+        const bool full = (c + 1) * BCH_CH <= d;
+        float rv[4][RT];
+        const float* st = stages + slot * STAGE + (wr * RT) * BCH_CH + lane;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                rv[s][r] = st[r * BCH_CH + s * TOPK_WARP];
+            }
+        }
+        const float* qp = qs + (wq * QT) * dp + c * BCH_CH + lane * 4;
+#pragma unroll
+        for (int qi = 0; qi < QT; ++qi) {
+            const float4 x = *reinterpret_cast<const float4*>(qp + qi * dp);
+            const float qv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                // Only real columns take a step.
+                if (full || c * BCH_CH + s * TOPK_WARP + lane < d) {
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        acc[qi * RT + r] = topk_step<METRIC>(qv[s], rv[s][r], acc[qi * RT + r]);
+                    }
+                }
+            }
+        }
+        if (++c == nchunks) {
+            const size_t r0 = (size_t)rb * BR + wr * RT;
+            const size_t qb = q0 + wq * QT;
+#pragma unroll
+            for (int g = 0; g < RT * QT / TOPK_WARP; ++g) {
+                float v[TOPK_WARP];
+#pragma unroll
+                for (int k = 0; k < TOPK_WARP; ++k) {
+                    v[k] = acc[g * TOPK_WARP + k];
+                    acc[g * TOPK_WARP + k] = 0.0f;
+                }
+                const float sc = topk_reduce32(v, lane);
+                const unsigned o = g * TOPK_WARP + lane;
+                const size_t row = r0 + o % RT;
+                const size_t q = qb + o / RT;
+                if (row < n && q < nq) {
+                    const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
+                    const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
+                    scores[q * n + row] = topk_finish<METRIC>(sc, qn, rn);
+                }
+            }
+            c = 0;
+            rb += rbstep;
+        }
+        slot = (slot + 1 == DEPTH) ? 0 : slot + 1;
+    }
+    topk_cp_async_wait<0>();
+}
+
 // Canonical norms sqrt(canon_dot(x, x)) of n vectors of length d, a warp per
 // vector: the corpus rows once at upload, the queries of a cosine search.
 extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
@@ -351,6 +532,21 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
 #define BATCH_QT 8
 #define BATCH_RT 4
 
+// The two resident-query batch shapes (topk-cuda mirrors these numbers):
+// 32 queries x 32 rows per block for larger batches, 16 x 64 for small ones.
+#define BQ32_WR 4
+#define BQ32_WQ 2
+#define BQ32_RT 8
+#define BQ32_QT 16
+#define BQ32_DEPTH 3
+#define BQ32_THREADS (BQ32_WR * BQ32_WQ * TOPK_WARP)
+#define BQ16_WR 8
+#define BQ16_WQ 1
+#define BQ16_RT 8
+#define BQ16_QT 16
+#define BQ16_DEPTH 4
+#define BQ16_THREADS (BQ16_WR * BQ16_WQ * TOPK_WARP)
+
 // The staged single-query scoring kernel of one metric, for 16-byte copies
 // (D % 4 == 0, SUFFIX empty) or 4-byte copies (SUFFIX u).
 #define TOPK_SCORE1_KERNEL(NAME, METRIC, SUFFIX, VEC16)                                      \
@@ -383,6 +579,20 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
         const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
         score_batch<METRIC, BATCH_QT, BATCH_RT>(corpus, rnorm, n, d, queries, nq, qnorm,     \
                                                 scores);                                     \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(BQ32_THREADS, 1) topk_scoreq32_##NAME(     \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
+        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
+        score_batch_resident<METRIC, BQ32_WR, BQ32_WQ, BQ32_RT, BQ32_QT, BQ32_DEPTH>(        \
+            corpus, rnorm, n, d, queries, nq, qnorm, scores);                                \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(BQ16_THREADS, 1) topk_scoreq16_##NAME(     \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
+        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
+        score_batch_resident<METRIC, BQ16_WR, BQ16_WQ, BQ16_RT, BQ16_QT, BQ16_DEPTH>(        \
+            corpus, rnorm, n, d, queries, nq, qnorm, scores);                                \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_ids_##NAME(       \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,       \

@@ -23,7 +23,8 @@ use topk_core::{validate, Metric, Neighbor};
 
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{
-    self, DPtr, Kernels, Queue, AREA_STRIDE, CAND_CAP, MAYBE_CAP, STATUS_OK, STATUS_OVERFLOW,
+    self, DPtr, Kernels, Queue, ScorePlan, AREA_STRIDE, CAND_CAP, MAYBE_CAP, STATUS_OK,
+    STATUS_OVERFLOW,
 };
 use crate::ptx;
 use crate::{CudaOptions, DeviceInfo};
@@ -223,8 +224,8 @@ pub(crate) struct Engine {
     chunk: usize,
     info: DeviceInfo,
     kernels: Kernels,
-    /// Resident blocks of the single-query scoring kernel for this D.
-    single_grid: u32,
+    /// Grids of the scoring kernels for this D.
+    plan: ScorePlan,
     /// Resident blocks of the one-launch search kernel for this D, where the
     /// device can run it.
     search_grid: Option<u32>,
@@ -299,7 +300,7 @@ impl Engine {
                 reason: e.to_string(),
             })?;
         let kernels = Kernels::load(&score_module, &select_module, info.multiprocessors)?;
-        let single_grid = kernels.prepare_single(metric, d)?;
+        let plan = kernels.prepare_score(metric, d)?;
         let mut cooperative = 0i32;
         // SAFETY: `cooperative` is valid for one i32 write; `dev` is a live device.
         launch::check("cuDeviceGetAttribute", unsafe {
@@ -358,7 +359,7 @@ impl Engine {
             chunk,
             info,
             kernels,
-            single_grid,
+            plan,
             search_grid,
             corpus,
             rnorm,
@@ -462,7 +463,7 @@ impl Engine {
                 nq as u32,
                 ptr(&slot.qnorm),
                 ptr(&slot.scores),
-                self.single_grid,
+                &self.plan,
             )?;
             mark("score")?;
             if k > self.opts.max_k {

@@ -32,6 +32,58 @@ const SEARCH_TILE_BYTES: usize = 4 * 64 * 128 * 4;
 pub(crate) const BATCH_QT: u32 = 8;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
 const BATCH_ROWS_PER_WARP: u32 = 4;
+/// One shape of the resident-query batch kernels (`BQ32_*`, `BQ16_*` in
+/// `kernels/score.cu`): a block keeps `queries` queries in shared memory and
+/// walks blocks of `rows` rows through `depth` staged chunks.
+#[derive(Clone, Copy, Debug)]
+struct BatchShape {
+    queries: u32,
+    rows: u32,
+    threads: u32,
+    depth: u32,
+}
+
+/// Columns per staged chunk of the batch kernels (`BCH_CH`).
+const BATCH_CHUNK_COLS: usize = 128;
+/// 32 queries × 32 rows per block: batches of more than
+/// [`BATCH_SMALL_MAX`] queries.
+const BATCH_Q32: BatchShape = BatchShape {
+    queries: 32,
+    rows: 32,
+    threads: 256,
+    depth: 3,
+};
+/// 16 queries × 64 rows per block: smaller batches (measured faster up to
+/// 64 queries on an H200).
+const BATCH_Q16: BatchShape = BatchShape {
+    queries: 16,
+    rows: 64,
+    threads: 256,
+    depth: 4,
+};
+/// Largest batch that takes [`BATCH_Q16`] when both shapes fit.
+const BATCH_SMALL_MAX: u32 = 48;
+
+impl BatchShape {
+    /// Dynamic shared memory for dimension `d`: the row stages, then the
+    /// queries padded to whole chunks.
+    fn smem(&self, d: usize) -> usize {
+        let stages = (self.depth * self.rows) as usize * BATCH_CHUNK_COLS;
+        (stages + self.queries as usize * d.next_multiple_of(BATCH_CHUNK_COLS)) * 4
+    }
+}
+
+/// What construction learned about the scoring kernels for the corpus's D:
+/// resident blocks of the single-query kernel, and of each resident-query
+/// batch kernel whose shared memory fits the device (`None` otherwise; the
+/// general batch kernel then runs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScorePlan {
+    pub(crate) single_grid: u32,
+    q32: Option<u32>,
+    q16: Option<u32>,
+}
+
 /// Largest D whose query the single-query kernel stages in shared memory
 /// beside its tiles; a larger D runs through the batch kernel.
 pub(crate) const SINGLE_MAX_DIM: usize = 16 * 1024;
@@ -144,7 +196,11 @@ pub(crate) struct Kernels {
     search1: [cu::CUfunction; 3],
     /// One-launch search of a single query, any D.
     search1u: [cu::CUfunction; 3],
+    /// Batches, any D.
     scoreb: [cu::CUfunction; 3],
+    /// Batches with the queries resident ([`BATCH_Q32`], [`BATCH_Q16`]).
+    scoreq32: [cu::CUfunction; 3],
+    scoreq16: [cu::CUfunction; 3],
     ids: [cu::CUfunction; 3],
     norms: cu::CUfunction,
     select_small: cu::CUfunction,
@@ -207,6 +263,8 @@ impl Kernels {
             search1: family!(score, "topk_search1"),
             search1u: family!(score, "topk_search1u"),
             scoreb: family!(score, "topk_scoreb"),
+            scoreq32: family!(score, "topk_scoreq32"),
+            scoreq16: family!(score, "topk_scoreq16"),
             ids: family!(score, "topk_score_ids"),
             norms: function(score, "topk_norms")?,
             select_small,
@@ -310,19 +368,35 @@ impl Kernels {
         Ok(per_sm.max(0) as u32 * self.sm_count)
     }
 
-    /// Prepares the single-query scoring kernel for `d` and returns its grid:
-    /// the blocks that fit on the device at once, which stride over the row
-    /// groups in one balanced wave.
-    pub(crate) fn prepare_single(&self, metric: Metric, d: usize) -> Result<u32, CudaError> {
-        if d > SINGLE_MAX_DIM {
-            return Ok(1);
-        }
-        let grid = self.prepare_staged(
-            self.single_kernel(metric, d),
-            SCORE_THREADS,
-            staged_smem(d, SINGLE_TILE_BYTES),
-        )?;
-        Ok(grid.max(1))
+    /// Prepares the scoring kernels for `d`: the single-query kernel's grid
+    /// (the blocks that fit on the device at once, which stride over the row
+    /// groups in one balanced wave) and the resident-query batch kernels
+    /// whose shared memory fits.
+    pub(crate) fn prepare_score(&self, metric: Metric, d: usize) -> Result<ScorePlan, CudaError> {
+        let single_grid = if d > SINGLE_MAX_DIM {
+            1
+        } else {
+            self.prepare_staged(
+                self.single_kernel(metric, d),
+                SCORE_THREADS,
+                staged_smem(d, SINGLE_TILE_BYTES),
+            )?
+            .max(1)
+        };
+        let resident = |f: cu::CUfunction, shape: BatchShape| -> Result<Option<u32>, CudaError> {
+            let smem = shape.smem(d);
+            if !fits_shared(f, smem)? {
+                return Ok(None);
+            }
+            let blocks = self.prepare_staged(f, shape.threads, smem)?;
+            Ok((blocks > 0).then_some(blocks))
+        };
+        let m = metric_slot(metric);
+        Ok(ScorePlan {
+            single_grid,
+            q32: resident(self.scoreq32[m], BATCH_Q32)?,
+            q16: resident(self.scoreq16[m], BATCH_Q16)?,
+        })
     }
 
     /// Prepares the one-launch search kernel for `d` and returns its largest
@@ -437,12 +511,12 @@ impl Kernels {
         nq: u32,
         qnorm: DPtr,
         scores: DPtr,
-        single_grid: u32,
+        plan: &ScorePlan,
     ) -> Result<(), CudaError> {
         let warps = SCORE_THREADS / 32;
         if single_path(nq as usize, d as usize) {
             let groups = n.div_ceil(SINGLE_ROWS);
-            let blocks = groups.clamp(1, single_grid.max(1));
+            let blocks = groups.clamp(1, plan.single_grid.max(1));
             kernel_args!(args = [corpus, rnorm, n, d, queries, scores]);
             // SAFETY: the parameter list of topk_score1*_*; buffers per the
             // contract; the dynamic shared memory is the size the kernel
@@ -454,6 +528,30 @@ impl Kernels {
                     (blocks, 1),
                     SCORE_THREADS,
                     staged_smem(d as usize, SINGLE_TILE_BYTES) as u32,
+                    q,
+                    &mut args,
+                    false,
+                )
+            }
+        } else if let Some((shape, f, resident)) = self.batch_kernel(metric, nq, plan) {
+            // Every query tile gets the same number of blocks, which stride
+            // over the row blocks together (the kernel derives the stride
+            // from the grid), so the tiles of one row block share its reads.
+            let tiles = nq.div_ceil(shape.queries);
+            let row_blocks = n.div_ceil(shape.rows);
+            let per_tile = (resident / tiles).clamp(1, row_blocks.max(1));
+            let blocks = per_tile * tiles;
+            kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
+            // SAFETY: the parameter list of topk_scoreq*_*; buffers per the
+            // contract; the dynamic shared memory is the size the kernel was
+            // prepared for (prepare_score) for this d.
+            unsafe {
+                Self::launch(
+                    "topk_scoreq",
+                    f,
+                    (blocks, 1),
+                    shape.threads,
+                    shape.smem(d as usize) as u32,
                     q,
                     &mut args,
                     false,
@@ -483,6 +581,26 @@ impl Kernels {
                     false,
                 )
             }
+        }
+    }
+
+    /// The resident-query batch kernel for `nq` queries, with its shape and
+    /// resident blocks, where one fits: the 16-query shape for small
+    /// batches, the 32-query shape for larger ones, either where only one
+    /// fits.
+    fn batch_kernel(
+        &self,
+        metric: Metric,
+        nq: u32,
+        plan: &ScorePlan,
+    ) -> Option<(BatchShape, cu::CUfunction, u32)> {
+        let m = metric_slot(metric);
+        let q32 = plan.q32.map(|b| (BATCH_Q32, self.scoreq32[m], b));
+        let q16 = plan.q16.map(|b| (BATCH_Q16, self.scoreq16[m], b));
+        if nq > BATCH_SMALL_MAX {
+            q32.or(q16)
+        } else {
+            q16.or(q32)
         }
     }
 
@@ -977,6 +1095,8 @@ mod tests {
             "topk_search1",
             "topk_search1u",
             "topk_scoreb",
+            "topk_scoreq32",
+            "topk_scoreq16",
             "topk_score_ids",
         ];
         let mut names: Vec<String> = families
@@ -1013,6 +1133,33 @@ mod tests {
             define(&src, "TOPK_STATUS_OVERFLOW"),
             STATUS_OVERFLOW as usize
         );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/score.cu");
+        let score = std::fs::read_to_string(path).expect("kernels/score.cu");
+        assert_eq!(define(&score, "BCH_CH"), BATCH_CHUNK_COLS);
+        for (prefix, shape) in [("BQ32", BATCH_Q32), ("BQ16", BATCH_Q16)] {
+            let get = |name: &str| define(&score, &format!("{prefix}_{name}")) as u32;
+            assert_eq!(get("WQ") * get("QT"), shape.queries, "{prefix} queries");
+            assert_eq!(get("WR") * get("RT"), shape.rows, "{prefix} rows");
+            assert_eq!(
+                get("WR") * get("WQ") * 32,
+                shape.threads,
+                "{prefix} threads"
+            );
+            assert_eq!(get("DEPTH"), shape.depth, "{prefix} depth");
+        }
+    }
+
+    #[test]
+    fn batch_shapes_fit_the_common_dimensions_in_shared_memory() {
+        // 227 KiB is the opt-in limit of a Hopper block; both shapes must
+        // fit every D of the benchmark campaign there.
+        for d in [384, 768, 1024] {
+            for shape in [BATCH_Q32, BATCH_Q16] {
+                assert!(shape.smem(d) <= 227 * 1024, "{shape:?} at d = {d}");
+            }
+        }
+        assert_eq!(BATCH_Q32.smem(1), (3 * 32 * 128 + 32 * 128) * 4);
+        assert_eq!(BATCH_Q16.smem(129), (4 * 64 * 128 + 16 * 256) * 4);
     }
 
     #[test]

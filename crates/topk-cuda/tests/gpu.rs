@@ -152,8 +152,9 @@ fn bitwise_equal_to_the_oracle_on_tied_corpora() {
             let mut dev = Vec::new();
             gpu.search_device(&dq, k, &mut dev).expect("device search");
             assert_same(&dev, &want, &format!("{ctx} device"));
-            // Batch: corpus rows as queries (exact self-matches and ties).
-            let nq = n.min(11);
+            // Batch: corpus rows as queries (exact self-matches and ties),
+            // in turn small and large enough for either batch shape.
+            let nq = n.min(if seed % 2 == 0 { 11 } else { 57 });
             let qs = ArrayView2::from_shape((nq, d), &data[..nq * d]).expect("shape");
             let got_b = gpu.search_batch(qs, k).expect("gpu batch");
             for (i, row) in got_b.iter().enumerate() {
@@ -273,6 +274,38 @@ fn many_blocks_and_batches_past_one_chunk() {
         &oracle3.search(&q3, 40).expect("oracle"),
         "D = 6000",
     );
+}
+
+#[test]
+fn batch_shapes_partial_chunks_and_wide_batches_are_exact() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    // Batches of both resident-query shapes (at most 48 queries take the
+    // 16-query one, 49..64 the 32-query one), D with a partial last chunk
+    // and D % 4 != 0, and a D whose queries no longer fit shared memory
+    // (the general batch kernel).
+    for (d, metric, kind) in [
+        (1000usize, Metric::Dot, 1u8),
+        (515, Metric::Cosine, 0),
+        (1023, Metric::L2, 2),
+        (3000, Metric::Dot, 0),
+    ] {
+        let n = 3001;
+        let data = corpus(d as u64, n, d, kind);
+        let (gpu, oracle) = engine(&data, d, metric, CudaOptions::default());
+        for nq in [1usize, 16, 17, 48, 49, 64] {
+            let queries = corpus(d as u64 + 1, nq, d, kind);
+            let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
+            let got = gpu.search_batch(qs, 10).expect("batch");
+            for (i, row) in got.iter().enumerate() {
+                let want = oracle
+                    .search(&queries[i * d..(i + 1) * d], 10)
+                    .expect("oracle");
+                assert_same(row, &want, &format!("d {d} {metric} nq {nq} query {i}"));
+            }
+        }
+    }
 }
 
 #[test]
