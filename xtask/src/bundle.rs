@@ -212,6 +212,20 @@ pub fn bundle_cmd() -> XResult<()> {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&run_sh, std::fs::Permissions::from_mode(0o755));
     }
+    // The binaries each embed the PTX, so they compress well: ship them as
+    // one archive that run.sh unpacks first.
+    let status = Command::new("tar")
+        .arg("czf")
+        .arg(out.join("bin.tar.gz"))
+        .arg("-C")
+        .arg(&out)
+        .arg("bin")
+        .status()
+        .map_err(|e| format!("tar: {e}"))?;
+    if !status.success() {
+        return Err(format!("tar czf bin.tar.gz failed: {status}"));
+    }
+    std::fs::remove_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
     let size = dir_size(&out);
     println!(
         "wrote {} ({:.1} MiB): {}",
@@ -247,6 +261,16 @@ fn run_script(gpu_tests: &[String], cpu_tests: &[String]) -> String {
 set -u
 B="$(cd "$(dirname "$0")" && pwd)"
 O="${{1:-${{OUT:-$PWD/gpu-out}}}}"
+# The binaries travel packed (bin.tar.gz); unpack them beside this script, or
+# into a scratch copy of the bundle where this folder is read-only.
+if [ ! -d "$B/bin" ]; then
+  if ! tar xzf "$B/bin.tar.gz" -C "$B" 2>/dev/null; then
+    T="$(mktemp -d)"
+    cp -r "$B"/. "$T"/
+    tar xzf "$B/bin.tar.gz" -C "$T" || {{ echo "cannot unpack $B/bin.tar.gz" >&2; exit 1; }}
+    B="$T"
+  fi
+fi
 mkdir -p "$O"
 export TOPK_REQUIRE_GPU=1
 export RUST_BACKTRACE=1
