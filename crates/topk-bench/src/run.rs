@@ -8,7 +8,7 @@ use crate::config::{RunConfig, TimedPath};
 use crate::error::Result;
 use crate::gate::{self, Reference};
 use crate::record::Record;
-use crate::stats::{time_trials, Summary};
+use crate::stats::{time_trials_prepared, Summary};
 
 /// Something that answers queries end to end: one call per timed trial.
 pub trait Searcher {
@@ -23,6 +23,14 @@ pub trait Searcher {
         k: usize,
         out: &mut Vec<Vec<Neighbor>>,
     ) -> Result<()>;
+
+    /// Untimed work before the call that answers the query at pool position
+    /// `first`: the device path writes that query into its reused device
+    /// buffer here, as a model would write its output. Nothing by default.
+    fn prepare(&mut self, first: usize) -> Result<()> {
+        let _ = first;
+        Ok(())
+    }
 }
 
 /// A host-side retriever: `search_into` for one query (its buffer reused
@@ -183,15 +191,22 @@ pub fn measure(plan: &Plan<'_>, searcher: &mut dyn Searcher) -> Record {
     }
 
     let batch = cfg.batch;
-    let times = time_trials(cfg.warmup, cfg.trials, |i| {
-        let start = if batch == 1 { i % pool } else { 0 };
-        searcher.answer(
-            start,
-            plan.queries.slice(s![start..start + batch, ..]),
-            cfg.k,
-            &mut out,
-        )
-    });
+    let first = |i: usize| if batch == 1 { i % pool } else { 0 };
+    let times = time_trials_prepared(
+        cfg.warmup,
+        cfg.trials,
+        searcher,
+        |searcher, i| searcher.prepare(first(i)),
+        |searcher, i| {
+            let start = first(i);
+            searcher.answer(
+                start,
+                plan.queries.slice(s![start..start + batch, ..]),
+                cfg.k,
+                &mut out,
+            )
+        },
+    );
     match times.map(|t| Summary::of(&t)) {
         Ok(Some(summary)) => rec.set_timing(&summary),
         Ok(None) => rec.error = Some("no usable trial times".to_owned()),
@@ -218,11 +233,13 @@ fn gate_answers(
             .min(plan.queries.nrows());
         let mut answers = Vec::with_capacity(count);
         for i in 0..count {
+            searcher.prepare(i)?;
             searcher.answer(i, plan.queries.slice(s![i..i + 1, ..]), cfg.k, out)?;
             answers.push(out.first().cloned().unwrap_or_default());
         }
         Ok(answers)
     } else {
+        searcher.prepare(0)?;
         searcher.answer(0, plan.queries.slice(s![..cfg.batch, ..]), cfg.k, out)?;
         Ok(std::mem::take(out))
     }

@@ -52,13 +52,27 @@ pub fn time_trials<E>(
     trials: usize,
     mut f: impl FnMut(usize) -> Result<(), E>,
 ) -> Result<Vec<f64>, E> {
+    time_trials_prepared(warmup, trials, &mut (), |_, _| Ok(()), |_, i| f(i))
+}
+
+/// As [`time_trials`], with untimed `prep(state, i)` before each call
+/// `f(state, i)` (warm-up calls included); both get `state` mutably.
+pub fn time_trials_prepared<S: ?Sized, E>(
+    warmup: usize,
+    trials: usize,
+    state: &mut S,
+    mut prep: impl FnMut(&mut S, usize) -> Result<(), E>,
+    mut f: impl FnMut(&mut S, usize) -> Result<(), E>,
+) -> Result<Vec<f64>, E> {
     for i in 0..warmup {
-        f(i)?;
+        prep(state, i)?;
+        f(state, i)?;
     }
     let mut times = Vec::with_capacity(trials);
     for i in 0..trials {
+        prep(state, i)?;
         let start = Instant::now();
-        f(i)?;
+        f(state, i)?;
         times.push(start.elapsed().as_secs_f64() * 1e3);
     }
     Ok(times)
@@ -67,6 +81,34 @@ pub fn time_trials<E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn preparation_runs_before_every_call_and_outside_the_clock() {
+        let mut log: Vec<(char, usize)> = Vec::new();
+        let times = time_trials_prepared(
+            2,
+            3,
+            &mut log,
+            |log, i| {
+                log.push(('p', i));
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                Ok::<(), ()>(())
+            },
+            |log, i| {
+                log.push(('f', i));
+                Ok(())
+            },
+        )
+        .unwrap();
+        let want: Vec<(char, usize)> = [0, 1, 0, 1, 2]
+            .iter()
+            .flat_map(|&i| [('p', i), ('f', i)])
+            .collect();
+        assert_eq!(log, want);
+        assert_eq!(times.len(), 3);
+        // The 30 ms of preparation is not in any trial's time.
+        assert!(times.iter().all(|&t| t < 25.0), "{times:?}");
+    }
 
     #[test]
     fn odd_and_even_medians() {

@@ -154,13 +154,32 @@ struct Slot {
     ids_host: LockedBuffer<u32>,
     owner_host: LockedBuffer<u32>,
     id_scores_host: LockedBuffer<f32>,
-    /// Built host-query graphs by K (`None`: the driver could not build
-    /// one), at most `MAX_REPLAYS`, oldest first.
-    replays: Vec<(usize, Option<launch::Replay>)>,
+    /// Built query graphs by K and query source (`None`: the driver could
+    /// not build one), at most `MAX_REPLAYS`, oldest first.
+    replays: Vec<(GraphKey, Option<launch::Replay>)>,
+    /// Device queries (K, address) seen once and not yet given a graph, at
+    /// most `MAX_DEVICE_SEEN`, oldest first.
+    device_seen: Vec<GraphKey>,
 }
 
-/// Host-query graphs kept per slot (one per K in use).
+/// Where the query of a graph comes from: the slot's pinned staging buffer
+/// (copied in by the graph), or a device buffer of the caller's, read in
+/// place at the address the graph was built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QuerySource {
+    Host,
+    Device(DPtr),
+}
+
+/// A graph is built for one K and one query source.
+type GraphKey = (usize, QuerySource);
+
+/// Query graphs kept per slot (one per K and query source in use).
 const MAX_REPLAYS: usize = 8;
+/// Device queries remembered until their second use, when they get a graph:
+/// a caller that reuses a few query buffers gets graphs, one that cycles
+/// through many never pays for building graphs it would not reuse.
+const MAX_DEVICE_SEEN: usize = 4;
 
 /// Device bytes one slot needs, for the up-front memory check.
 fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> usize {
@@ -203,6 +222,7 @@ impl Slot {
             owner_host: pinned(gather)?,
             id_scores_host: pinned(gather)?,
             replays: Vec::new(),
+            device_seen: Vec::new(),
             stream,
         };
         let s = slot.stream.as_inner();
@@ -639,7 +659,7 @@ impl Engine {
         let mut slot = self.slot()?;
         if self.opts.graphs && k <= self.opts.max_k {
             slot.q_host.as_mut_slice()[..query.len()].copy_from_slice(query);
-            if self.replay(&mut slot, k)? {
+            if self.replay(&mut slot, (k, QuerySource::Host))? {
                 slot.stream.synchronize().op("cuStreamSynchronize")?;
                 return self.collect(&mut slot, 0, k, out);
             }
@@ -648,11 +668,11 @@ impl Engine {
         self.finish_one(&mut slot, qptr, k, out)
     }
 
-    /// Queues the slot's host-query graph for `k`, built on first use, and
+    /// Queues the slot's query graph for `key`, built on first use, and
     /// returns true; false where the driver could not build it (remembered,
     /// and logged at debug level): the caller then queues the steps itself.
-    fn replay(&self, slot: &mut Slot, k: usize) -> Result<bool, CudaError> {
-        let i = match slot.replays.iter().position(|(kk, _)| *kk == k) {
+    fn replay(&self, slot: &mut Slot, key: GraphKey) -> Result<bool, CudaError> {
+        let i = match slot.replays.iter().position(|(kk, _)| *kk == key) {
             Some(i) => i,
             None => {
                 if slot.replays.len() >= MAX_REPLAYS {
@@ -661,12 +681,12 @@ impl Engine {
                     slot.replays.remove(0);
                 }
                 let replay = self
-                    .build_host_graph(slot, k)
+                    .build_graph(slot, key)
                     .map_err(|e| {
-                        tracing::debug!(k, "host query graph not built ({e}); queueing its steps")
+                        tracing::debug!(?key, "query graph not built ({e}); queueing its steps")
                     })
                     .ok();
-                slot.replays.push((k, replay));
+                slot.replays.push((key, replay));
                 slot.replays.len() - 1
             }
         };
@@ -676,23 +696,51 @@ impl Engine {
         }
     }
 
-    /// One host query with `k` on `slot`'s buffers as a graph: the query
-    /// copy from the pinned staging buffer, every kernel, the result copy.
-    fn build_host_graph(&self, slot: &mut Slot, k: usize) -> Result<launch::Replay, CudaError> {
+    /// Whether a device query with `key` should replay a graph: it has one,
+    /// or this is the second use of its buffer since it was last seen (see
+    /// `MAX_DEVICE_SEEN`); a first use is remembered.
+    fn device_graph_wanted(slot: &mut Slot, key: GraphKey) -> bool {
+        if slot.replays.iter().any(|(kk, _)| *kk == key) {
+            return true;
+        }
+        if let Some(i) = slot.device_seen.iter().position(|kk| *kk == key) {
+            slot.device_seen.remove(i);
+            return true;
+        }
+        if slot.device_seen.len() >= MAX_DEVICE_SEEN {
+            slot.device_seen.remove(0);
+        }
+        slot.device_seen.push(key);
+        false
+    }
+
+    /// One query with `k` on `slot`'s buffers as a graph: for a host query
+    /// the copy from the pinned staging buffer, then every kernel (reading a
+    /// device query where it lies), then the result copy.
+    fn build_graph(&self, slot: &mut Slot, key: GraphKey) -> Result<launch::Replay, CudaError> {
+        let (k, source) = key;
         let graph = launch::GraphBuild::new()?;
         let s = Queue::Graph(&graph);
-        // SAFETY: as in `stage_queries`: q_host (pinned) and the device query
-        // buffer hold chunk × d >= d floats; both live as long as the slot
-        // that keeps the graph.
-        unsafe {
-            launch::h2d(
-                s,
-                ptr(&slot.queries),
-                slot.q_host.as_ptr() as *const c_void,
-                self.d * 4,
-            )?;
-        }
-        self.enqueue_marked(slot, s, ptr(&slot.queries), 1, k, &mut |_| Ok(()))?;
+        let query = match source {
+            QuerySource::Host => {
+                // SAFETY: as in `stage_queries`: q_host (pinned) and the
+                // device query buffer hold chunk × d >= d floats; both live
+                // as long as the slot that keeps the graph.
+                unsafe {
+                    launch::h2d(
+                        s,
+                        ptr(&slot.queries),
+                        slot.q_host.as_ptr() as *const c_void,
+                        self.d * 4,
+                    )?;
+                }
+                ptr(&slot.queries)
+            }
+            // The caller's buffer of d floats: replayed only for a query of
+            // that length at this very address (`search_device`).
+            QuerySource::Device(p) => p,
+        };
+        self.enqueue_marked(slot, s, query, 1, k, &mut |_| Ok(()))?;
         Self::copy_results(slot, s, 1, k)?;
         graph.finish()
     }
@@ -734,6 +782,13 @@ impl Engine {
             slot.stream
                 .wait_event(ev, StreamWaitEventFlags::DEFAULT)
                 .op("cuStreamWaitEvent")?;
+        }
+        if self.opts.graphs && k <= self.opts.max_k {
+            let key = (k, QuerySource::Device(ptr(query)));
+            if Self::device_graph_wanted(&mut slot, key) && self.replay(&mut slot, key)? {
+                slot.stream.synchronize().op("cuStreamSynchronize")?;
+                return self.collect(&mut slot, 0, k, out);
+            }
         }
         self.finish_one(&mut slot, ptr(query), k, out)
     }
@@ -958,6 +1013,10 @@ impl<T: cust::memory::DeviceCopy> OwnedDevice<T> {
             buf: DeviceBuffer::from_slice(data).op("cuMemcpyHtoD")?,
             ctx: Arc::clone(ctx),
         })
+    }
+    /// Makes the buffer's context current on this thread.
+    pub(crate) fn make_current(&self) -> Result<(), CudaError> {
+        self.ctx.make_current()
     }
     pub(crate) fn zeroed(
         ctx: &Arc<Ctx>,

@@ -51,7 +51,13 @@
 //!    selects for mid-size ones ([`CudaOptions::single_launch_rows`]), and
 //!    three launches serve larger ones.
 //! 4. A host query replays that whole sequence, copies included, as one CUDA
-//!    graph built per stream and K on first use ([`CudaOptions::graphs`]).
+//!    graph built per stream and K on first use ([`CudaOptions::graphs`]); a
+//!    device query does the same from the second use of its buffer, with a
+//!    graph that reads the query where it lies.
+//!
+//! Batches keep their queries resident in shared memory and give each lane
+//! an 8-row × 16-query register tile of canonical partials, which the
+//! butterfly's own tree adds up 32 outputs at a time.
 //!
 //! K up to [`CudaOptions::max_k`] (default 2,048) selects on the device. A
 //! larger K, or a query with more than 4,096 tied candidates (say, a corpus of
@@ -124,7 +130,10 @@ pub struct CudaOptions {
     /// sequence (query copy, kernels, result copy), built node by node once
     /// per scratch slot and K (no stream capture, so other threads' CUDA
     /// calls cannot interfere), instead of queueing each step: one launch
-    /// per query. Where the driver cannot build it, the steps are queued.
+    /// per query. Device queries do the same per K and query buffer, from
+    /// a buffer's second use (a few recent buffers are remembered), the
+    /// graph reading the query in place. Where the driver cannot build a
+    /// graph, the steps are queued.
     pub graphs: bool,
 }
 
@@ -269,6 +278,19 @@ impl CudaRetriever {
     pub fn upload_query(&self, query: &[f32]) -> Result<DeviceQuery, CudaError> {
         validate::query(query, self.engine.dim())?;
         DeviceQuery::upload(&self.engine, query)
+    }
+
+    /// Replaces the values of an uploaded query in place (validated as by
+    /// [`CudaRetriever::upload_query`]). Searches reuse the graph built for a
+    /// device buffer they have seen before, so reusing one buffer is the
+    /// fastest way to search many device queries.
+    pub fn overwrite_query(
+        &self,
+        query: &mut DeviceQuery,
+        values: &[f32],
+    ) -> Result<(), CudaError> {
+        validate::query(values, self.engine.dim())?;
+        query.overwrite(values)
     }
 
     /// Searches with a query already resident on the device: no host copy of

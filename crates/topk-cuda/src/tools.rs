@@ -54,6 +54,15 @@ impl DeviceQuery {
         engine.search_device(&self.buf.buf, None, k, out)
     }
 
+    /// Replaces the values in place, in the same device buffer (validated by
+    /// the caller). A search with a buffer it has seen before replays the
+    /// graph built for that buffer.
+    pub(crate) fn overwrite(&mut self, query: &[f32]) -> Result<(), CudaError> {
+        use cust::memory::CopyDestination;
+        self.buf.make_current()?;
+        self.buf.buf.copy_from(query).op("cuMemcpyHtoD (query)")
+    }
+
     /// Values in the query (D).
     pub fn len(&self) -> usize {
         self.buf.buf.len()

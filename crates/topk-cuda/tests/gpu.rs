@@ -309,6 +309,60 @@ fn batch_shapes_partial_chunks_and_wide_batches_are_exact() {
 }
 
 #[test]
+fn reused_device_query_buffers_replay_exactly() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    // One device buffer overwritten between searches (its second use builds
+    // a graph that reads it in place, later ones replay it), on every
+    // selection path, with and without graphs, across K values and more
+    // buffers than are remembered, interleaved with host queries.
+    for path in 0..3u8 {
+        for graphs in [true, false] {
+            let (n, d) = (20_000, 100);
+            let data = corpus(21 + path as u64, n, d, 1);
+            let opts = CudaOptions {
+                graphs,
+                ..path_opts(path)
+            };
+            let (gpu, oracle) = engine(&data, d, Metric::Cosine, opts);
+            let q0 = query_like(1, d, 1);
+            let mut bufs: Vec<_> = (0..6)
+                .map(|_| gpu.upload_query(&q0).expect("upload"))
+                .collect();
+            let mut got = Vec::new();
+            for round in 0..4u64 {
+                for (b, buf) in bufs.iter_mut().enumerate() {
+                    let q = query_like(100 * round + b as u64, d, 1);
+                    gpu.overwrite_query(buf, &q).expect("overwrite");
+                    for k in [1, 10, 1 + (round as usize * 37) % 300] {
+                        let want = oracle.search(&q, k).expect("oracle");
+                        gpu.search_device(buf, k, &mut got).expect("device");
+                        let ctx =
+                            format!("path {path} graphs {graphs} round {round} buf {b} k {k}");
+                        assert_same(&got, &want, &ctx);
+                        // Only the first two buffers are reused often enough
+                        // to keep graphs; a host query in between uses the
+                        // slot's own graph.
+                        if b < 2 {
+                            gpu.search_device(buf, k, &mut got).expect("device again");
+                            assert_same(&got, &want, &format!("{ctx} again"));
+                            let host = gpu.search(&q, k).expect("host");
+                            assert_same(&host, &want, &format!("{ctx} host"));
+                        }
+                    }
+                }
+            }
+            // A wrong length is a typed error, and nothing changes.
+            let err = gpu
+                .overwrite_query(&mut bufs[0], &q0[..d - 1])
+                .expect_err("short query");
+            assert!(err.to_string().contains(&format!("{}", d - 1)), "{err}");
+        }
+    }
+}
+
+#[test]
 fn concurrent_searches_from_several_threads() {
     if gpu_or_skip().is_none() {
         return;
