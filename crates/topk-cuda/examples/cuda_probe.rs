@@ -2,9 +2,10 @@
 //! configurations, one JSON line per measurement on stdout.
 //!
 //! Usage: `cuda_probe [--quick] [--trials T] [--fuse-rows R]
-//! [--single-launch-rows S] [--no-graphs]` (R and S set
+//! [--single-launch-rows S] [--no-graphs] [--copy-results]` (R and S set
 //! `CudaOptions::fuse_rows` and `CudaOptions::single_launch_rows`;
-//! `--no-graphs` clears `CudaOptions::graphs`). Rows are seeded Gaussian,
+//! `--no-graphs` clears `CudaOptions::graphs`, `--copy-results`
+//! `CudaOptions::mapped_results`). Rows are seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
 //! the scalar definition (index and score bits) for its largest K.
 
@@ -94,10 +95,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let single_launch_rows: usize =
         flag_value(&args, "--single-launch-rows").unwrap_or(topk_cuda::DEFAULT_SINGLE_LAUNCH_ROWS);
     let graphs = !args.iter().any(|a| a == "--no-graphs");
+    let mapped_results = !args.iter().any(|a| a == "--copy-results");
     let opts = CudaOptions {
         fuse_rows,
         single_launch_rows,
         graphs,
+        mapped_results,
         ..CudaOptions::default()
     };
     let info = device_info(0)?;
@@ -156,7 +159,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!(
                     "{}",
                     serde_json::json!({"kind": "single", "fuse_rows": fuse_rows,
-                        "single_launch_rows": single_launch_rows, "graphs": graphs, "n": n, "d": d, "k": k, "metric": "dot",
+                        "single_launch_rows": single_launch_rows, "graphs": graphs, "mapped_results": mapped_results, "n": n, "d": d, "k": k, "metric": "dot",
                         "trials": trials, "host_median_ms": hm, "host_min_ms": hmin, "host_max_ms": hmax,
                         "device_median_ms": dm, "device_min_ms": dmin, "device_max_ms": dmax,
                         "floor_ms": floor_ms, "host_minus_floor_us": (hm - floor_ms) * 1e3,

@@ -129,6 +129,18 @@ fn pinned<T: cust::memory::DeviceCopy + Default>(len: usize) -> Result<LockedBuf
     LockedBuffer::new(&T::default(), len.max(1)).op("cuMemAllocHost")
 }
 
+type DeviceAttr = cust::sys::CUdevice_attribute;
+
+/// Whether a yes/no attribute of `dev` is set.
+fn device_flag(dev: Device, attr: DeviceAttr) -> Result<bool, CudaError> {
+    let mut v = 0i32;
+    // SAFETY: `v` is valid for one i32 write; `dev` is a live device.
+    launch::check("cuDeviceGetAttribute", unsafe {
+        cust::sys::cuDeviceGetAttribute(&mut v, attr, dev.as_raw())
+    })?;
+    Ok(v != 0)
+}
+
 fn ptr<T: cust::memory::DeviceCopy>(b: &DeviceSlice<T>) -> DPtr {
     b.as_device_ptr().as_raw()
 }
@@ -150,6 +162,11 @@ struct Slot {
     id_scores: DeviceBuffer<f32>,
     q_host: LockedBuffer<f32>,
     out_host: LockedBuffer<DevNeighbor>,
+    /// Where the kernels write results: `out_host`'s device address when
+    /// results are mapped (no copy back), else `out`.
+    out_dev: DPtr,
+    /// Results land in `out_host` without a copy.
+    mapped: bool,
     scores_host: LockedBuffer<f32>,
     ids_host: LockedBuffer<u32>,
     owner_host: LockedBuffer<u32>,
@@ -201,9 +218,10 @@ impl Slot {
         chunk: usize,
         max_k: usize,
         gather: usize,
+        map_results: bool,
     ) -> Result<Self, CudaError> {
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
-        let slot = Slot {
+        let mut slot = Slot {
             queries: alloc("query staging", chunk * d)?,
             qnorm: alloc("query norms", chunk)?,
             scores: alloc("score buffer", chunk * n)?,
@@ -223,8 +241,32 @@ impl Slot {
             id_scores_host: pinned(gather)?,
             replays: Vec::new(),
             device_seen: Vec::new(),
+            out_dev: 0,
+            mapped: false,
             stream,
         };
+        slot.out_dev = ptr(&slot.out);
+        if map_results {
+            let mut dev: DPtr = 0;
+            // SAFETY: out_host is page-locked memory from cuMemAllocHost,
+            // which is mapped into the device's address space where the
+            // device can map host memory (checked by the caller); `dev` is
+            // valid for one write.
+            let status = unsafe {
+                cust::sys::cuMemHostGetDevicePointer_v2(
+                    &mut dev,
+                    slot.out_host.as_mut_ptr() as *mut c_void,
+                    0,
+                )
+            };
+            match launch::check("cuMemHostGetDevicePointer", status) {
+                Ok(()) => {
+                    slot.out_dev = dev;
+                    slot.mapped = true;
+                }
+                Err(e) => tracing::debug!("results copied back: host memory not mapped ({e})"),
+            }
+        }
         let s = slot.stream.as_inner();
         // SAFETY: each range is exactly the buffer it names.
         unsafe {
@@ -345,6 +387,9 @@ impl Engine {
         })?;
         let rnorm = alloc::<f32>("row norms", if metric == Metric::Cosine { n } else { 1 })?;
         let mut slots = Vec::with_capacity(opts.streams);
+        let map_results = opts.mapped_results
+            && device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?
+            && device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?;
         for _ in 0..opts.streams {
             slots.push(Mutex::new(Slot::new(
                 n,
@@ -352,6 +397,7 @@ impl Engine {
                 chunk,
                 opts.max_k,
                 opts.max_gather,
+                map_results,
             )?));
         }
         if metric == Metric::Cosine {
@@ -463,7 +509,7 @@ impl Engine {
                     queries,
                     ptr(&slot.scores),
                     ptr(&slot.area),
-                    (k as u32, ptr(&slot.cand), ptr(&slot.maybe), ptr(&slot.out)),
+                    (k as u32, ptr(&slot.cand), ptr(&slot.maybe), slot.out_dev),
                     grid,
                 )?;
                 return mark("search");
@@ -501,7 +547,7 @@ impl Engine {
                     ptr(&slot.cand),
                     ptr(&slot.maybe),
                     k,
-                    ptr(&slot.out),
+                    slot.out_dev,
                 )?;
             } else {
                 self.kernels.hist(
@@ -524,7 +570,7 @@ impl Engine {
                     ptr(&slot.cand),
                     ptr(&slot.maybe),
                     k,
-                    ptr(&slot.out),
+                    slot.out_dev,
                 )?;
             }
             mark("select")?;
@@ -542,6 +588,10 @@ impl Engine {
     /// Queues on `s` the copy of the `nq × (k + 1)` result rows to the
     /// pinned host buffer; the host reads them after synchronising the stream.
     fn copy_results(slot: &mut Slot, s: Queue<'_>, nq: usize, k: usize) -> Result<(), CudaError> {
+        if slot.mapped {
+            // The kernels wrote the rows into out_host already.
+            return Ok(());
+        }
         let entries = nq * (k + 1);
         // SAFETY: out_host holds chunk × (max_k + 1) >= entries elements (nq
         // <= chunk, k <= max_k); callers synchronise before reading them.

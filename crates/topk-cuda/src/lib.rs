@@ -135,6 +135,11 @@ pub struct CudaOptions {
     /// graph reading the query in place. Where the driver cannot build a
     /// graph, the steps are queued.
     pub graphs: bool,
+    /// The selection kernels write each query's K results straight into
+    /// pinned host memory mapped into the device's address space, so no
+    /// result copy follows them (used where the device can map host memory
+    /// with unified addressing; otherwise results are copied back).
+    pub mapped_results: bool,
 }
 
 impl Default for CudaOptions {
@@ -148,6 +153,7 @@ impl Default for CudaOptions {
             fuse_rows: DEFAULT_FUSE_ROWS,
             single_launch_rows: DEFAULT_SINGLE_LAUNCH_ROWS,
             graphs: true,
+            mapped_results: true,
         }
     }
 }

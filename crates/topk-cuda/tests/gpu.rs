@@ -113,6 +113,9 @@ fn path_opts(path: u8) -> CudaOptions {
         fuse_rows: if path == 1 { usize::MAX } else { 0 },
         // Path 1 queues each step of a host query; the others replay graphs.
         graphs: path != 1,
+        // Path 2 copies results back; the others have the kernels write them
+        // into mapped host memory.
+        mapped_results: path != 2,
         ..CudaOptions::default()
     }
 }
