@@ -2,16 +2,22 @@
 // many-query scoring loop, checked bit for bit against the engine's
 // topk_scoreb_* kernel and timed beside it.
 //
-// Not part of the engine: a standalone CUDA C++ program, built on the GPU
-// machine with
-//   nvcc -O3 -arch=sm_90 -fmad=false -Xptxas -v -I kernels bench/gpu/lab/batch_lab.cu
-// Output: one JSON object per line.
+// Not part of the engine: a standalone CUDA C++ program, built with the
+// pinned nvcc of `cargo xtask cuda-toolchain` (static cudart, so it runs on
+// the GPU machine as is):
+//   T=target/cuda-toolchain/py/nvidia/cu13
+//   $T/bin/nvcc -O3 -arch=sm_90 -fmad=false -I kernels -L$T/lib \
+//       -o batch_lab bench/gpu/lab/batch_lab.cu
+// Usage: batch_lab [TRIALS] [CONFIG] (CONFIG: one index of the large
+// configurations only, for a profiler). Output: one JSON object per line,
+// the v10 table of bench/gpu/NOTES.md.
 //
 // The variants keep the canonical split of D (lane j owns d = j, j+32, ...)
 // but stage a tile of rows and a tile of queries through shared memory with
 // cp.async, give each lane an RT x QT register tile, and reduce the 32
-// partials of 32 outputs at once (a transposed butterfly: the same tree,
-// 31 shuffles instead of 160).
+// partials of 32 outputs at once (topk_reduce32: the butterfly's tree, 31
+// shuffles instead of 160). The engine's kernels (topk_scoreq32_*,
+// topk_scoreq16_*) are timed beside them.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -29,28 +35,31 @@
         }                                                                                    \
     } while (0)
 
-// The five butterfly steps over 32 outputs at once: on entry v[i] is this
-// lane's partial of output i; on exit v[0] is the full canonical sum of
-// output `lane`. Each step pairs lane j with j ^ h exactly as the butterfly
-// does; the lane keeps the half of the outputs its bit h selects.
-template <int H>
-__device__ __forceinline__ void lab_reduce_step(float (&v)[32], unsigned lane) {
-    const bool up = (lane & H) != 0;
+// The end of a lab kernel's tile (the engine's epilogue before it zeroed the
+// accumulators itself): the 32 lane partials of 32 outputs at a time added by
+// the butterfly's tree (topk_reduce32), then the scores written.
+template <int METRIC, int RT, int QT>
+__device__ __forceinline__ void lab_write_tile(const float (&acc)[RT * QT], unsigned lane,
+                                               size_t r0, size_t q0, unsigned n, unsigned nq,
+                                               const float* qnorm, const float* rnorm,
+                                               float* scores) {
 #pragma unroll
-    for (int i = 0; i < H; ++i) {
-        const float send = up ? v[i] : v[i + H];
-        const float keep = up ? v[i + H] : v[i];
-        v[i] = __fadd_rn(keep, __shfl_xor_sync(TOPK_FULL_MASK, send, H));
+    for (int g = 0; g < RT * QT / 32; ++g) {
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+            v[k] = acc[g * 32 + k];
+        }
+        const float s = topk_reduce32(v, lane);
+        const unsigned o = g * 32 + lane;
+        const size_t row = r0 + o % RT;
+        const size_t q = q0 + o / RT;
+        if (row < n && q < nq) {
+            const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
+            const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
+            scores[q * n + row] = topk_finish<METRIC>(s, qn, rn);
+        }
     }
-}
-
-__device__ __forceinline__ float lab_transpose_reduce(float (&v)[32], unsigned lane) {
-    lab_reduce_step<16>(v, lane);
-    lab_reduce_step<8>(v, lane);
-    lab_reduce_step<4>(v, lane);
-    lab_reduce_step<2>(v, lane);
-    lab_reduce_step<1>(v, lane);
-    return v[0];
 }
 
 template <int WR, int WQ, int RT, int QT, int DEPTH>
@@ -161,23 +170,7 @@ __global__ void __launch_bounds__(WR* WQ* TOPK_WARP, 1)
             const size_t tile = blockIdx.x + (size_t)(i / nchunks) * gridDim.x;
             const size_t r0 = (tile / qtiles) * B::BR + wr * RT;
             const size_t q0 = (tile % qtiles) * B::BQ + wq * QT;
-#pragma unroll
-            for (int g = 0; g < RT * QT / 32; ++g) {
-                float v[32];
-#pragma unroll
-                for (int k = 0; k < 32; ++k) {
-                    v[k] = acc[g * 32 + k];
-                }
-                const float s = lab_transpose_reduce(v, lane);
-                const unsigned o = g * 32 + lane;
-                const size_t row = r0 + o % RT;
-                const size_t q = q0 + o / RT;
-                if (row < n && q < nq) {
-                    const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
-                    const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
-                    scores[q * n + row] = topk_finish<METRIC>(s, qn, rn);
-                }
-            }
+            lab_write_tile<METRIC, RT, QT>(acc, lane, r0, q0, n, nq, qnorm, rnorm, scores);
         }
     }
     topk_cp_async_wait<0>();
@@ -403,24 +396,8 @@ __global__ void __launch_bounds__(WR* WQ* TOPK_WARP, 1)
         }
         if (c == nchunks - 1) {
             const size_t r0 = (size_t)(rb0 + (i / nchunks) * rbstep) * B::BR + wr * RT;
-            const size_t qb = q0 + wq * QT;
-#pragma unroll
-            for (int g = 0; g < RT * QT / 32; ++g) {
-                float v[32];
-#pragma unroll
-                for (int k = 0; k < 32; ++k) {
-                    v[k] = acc[g * 32 + k];
-                }
-                const float sc = lab_transpose_reduce(v, lane);
-                const unsigned o = g * 32 + lane;
-                const size_t row = r0 + o % RT;
-                const size_t q = qb + o / RT;
-                if (row < n && q < nq) {
-                    const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
-                    const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
-                    scores[q * n + row] = topk_finish<METRIC>(sc, qn, rn);
-                }
-            }
+            lab_write_tile<METRIC, RT, QT>(acc, lane, r0, q0 + wq * QT, n, nq, qnorm, rnorm,
+                                           scores);
         }
     }
     topk_cp_async_wait<0>();
@@ -550,6 +527,10 @@ static void run_cfg(const Cfg& c, int sms, int trials) {
                c.n, c.d, c.q, c.metric, ms, 2.0 * c.n * (double)c.d * c.q / (ms * 1e-3) / 1e12);
         fflush(stdout);
     }
+    run_variant<METRIC, VEC16, 4, 2, 8, 16, 2>("w4x2_r8q16_d2", c, corpus, rnorm, queries, qnorm,
+                                               out, ref, sms, trials);
+    run_res<METRIC, VEC16, 4, 2, 8, 16, 3>("res_w4x2_r8q16_d3", c, corpus, rnorm, queries, qnorm,
+                                           out, ref, sms, trials);
     run_res<METRIC, VEC16, 4, 2, 8, 16, 3, 1>("res_w4x2_r8q16_d3_p1", c, corpus, rnorm, queries,
                                               qnorm, out, ref, sms, trials);
     run_res<METRIC, VEC16, 8, 1, 8, 16, 4, 1>("res_w8x1_r8q16_d4_p1", c, corpus, rnorm, queries,
