@@ -363,16 +363,7 @@ impl Engine {
             })?;
         let kernels = Kernels::load(&score_module, &select_module, info.multiprocessors)?;
         let plan = kernels.prepare_score(metric, d)?;
-        let mut cooperative = 0i32;
-        // SAFETY: `cooperative` is valid for one i32 write; `dev` is a live device.
-        launch::check("cuDeviceGetAttribute", unsafe {
-            cust::sys::cuDeviceGetAttribute(
-                &mut cooperative,
-                cust::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
-                dev.as_raw(),
-            )
-        })?;
-        let search_grid = if cooperative != 0 {
+        let search_grid = if device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? {
             kernels.prepare_search(metric, d)?
         } else {
             None
