@@ -53,8 +53,9 @@ const BATCH_Q32: BatchShape = BatchShape {
     threads: 256,
     depth: 3,
 };
-/// 16 queries × 64 rows per block: smaller batches (on an H200 faster than
-/// the 32-query shape at 16–37 queries, level with it at 64).
+/// 16 queries × 64 rows per block: smaller batches (in the H200 lab, faster
+/// than the 32-query shape at 16, 33, 37 and 40 queries, slower on one tiny
+/// 19-query case, level with it at 64).
 const BATCH_Q16: BatchShape = BatchShape {
     queries: 16,
     rows: 64,
