@@ -198,6 +198,25 @@ const MAX_REPLAYS: usize = 8;
 /// through many never pays for building graphs it would not reuse.
 const MAX_DEVICE_SEEN: usize = 4;
 
+/// The rule of [`Engine::device_graph_wanted`] on the remembered keys
+/// `seen` (at most `MAX_DEVICE_SEEN`, oldest first): true for a key with a
+/// graph (`built`) or seen once before (then forgotten); otherwise the key
+/// is remembered, dropping the oldest, and the answer is false.
+fn second_use(seen: &mut Vec<GraphKey>, built: bool, key: GraphKey) -> bool {
+    if built {
+        return true;
+    }
+    if let Some(i) = seen.iter().position(|kk| *kk == key) {
+        seen.remove(i);
+        return true;
+    }
+    if seen.len() >= MAX_DEVICE_SEEN {
+        seen.remove(0);
+    }
+    seen.push(key);
+    false
+}
+
 /// Device bytes one slot needs, for the up-front memory check.
 fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> usize {
     chunk * d * 4
@@ -741,18 +760,8 @@ impl Engine {
     /// or this is the second use of its buffer since it was last seen (see
     /// `MAX_DEVICE_SEEN`); a first use is remembered.
     fn device_graph_wanted(slot: &mut Slot, key: GraphKey) -> bool {
-        if slot.replays.iter().any(|(kk, _)| *kk == key) {
-            return true;
-        }
-        if let Some(i) = slot.device_seen.iter().position(|kk| *kk == key) {
-            slot.device_seen.remove(i);
-            return true;
-        }
-        if slot.device_seen.len() >= MAX_DEVICE_SEEN {
-            slot.device_seen.remove(0);
-        }
-        slot.device_seen.push(key);
-        false
+        let built = slot.replays.iter().any(|(kk, _)| *kk == key);
+        second_use(&mut slot.device_seen, built, key)
     }
 
     /// One query with `k` on `slot`'s buffers as a graph: for a host query
@@ -1080,5 +1089,49 @@ impl<T: cust::memory::DeviceCopy> Drop for OwnedDevice<T> {
         if let Err(e) = self.ctx.make_current() {
             tracing::warn!("topk-cuda: could not make the context current to free: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(k: usize, p: DPtr) -> GraphKey {
+        (k, QuerySource::Device(p))
+    }
+
+    #[test]
+    fn a_device_buffer_gets_a_graph_on_its_second_use() {
+        let mut seen = Vec::new();
+        assert!(!second_use(&mut seen, false, dev(10, 0x1000)));
+        assert!(second_use(&mut seen, false, dev(10, 0x1000)));
+        assert!(seen.is_empty());
+        // Another K is another graph.
+        assert!(!second_use(&mut seen, false, dev(11, 0x1000)));
+        // A built graph is always replayed and nothing is remembered.
+        assert!(second_use(&mut seen, true, dev(10, 0x1000)));
+        assert_eq!(seen, vec![dev(11, 0x1000)]);
+    }
+
+    #[test]
+    fn a_caller_cycling_through_many_buffers_never_builds_graphs() {
+        let mut seen = Vec::new();
+        for round in 0..3 {
+            for b in 0..(MAX_DEVICE_SEEN as u64 + 1) {
+                let key = dev(10, 0x1000 * (b + 1));
+                assert!(
+                    !second_use(&mut seen, false, key),
+                    "round {round} buffer {b}"
+                );
+                assert!(seen.len() <= MAX_DEVICE_SEEN);
+            }
+        }
+        // Up to MAX_DEVICE_SEEN buffers in turn do get graphs.
+        let mut seen = Vec::new();
+        let keys: Vec<GraphKey> = (0..MAX_DEVICE_SEEN as u64)
+            .map(|b| dev(10, 0x1000 * (b + 1)))
+            .collect();
+        assert!(keys.iter().all(|&k| !second_use(&mut seen, false, k)));
+        assert!(keys.iter().all(|&k| second_use(&mut seen, false, k)));
     }
 }

@@ -72,6 +72,34 @@ impl BatchShape {
         let stages = (self.depth * self.rows) as usize * BATCH_CHUNK_COLS;
         (stages + self.queries as usize * d.next_multiple_of(BATCH_CHUNK_COLS)) * 4
     }
+
+    /// The grid for `nq` queries over `n` rows with `resident` blocks on the
+    /// device at once: every query tile gets the same number of blocks
+    /// (at least one, at most one per row block), which stride over the row
+    /// blocks together (the kernel derives the stride from the grid), so the
+    /// tiles of one row block share its reads.
+    fn grid(&self, n: u32, nq: u32, resident: u32) -> u32 {
+        let tiles = nq.div_ceil(self.queries).max(1);
+        let row_blocks = n.div_ceil(self.rows).max(1);
+        let per_tile = (resident / tiles).clamp(1, row_blocks);
+        per_tile.saturating_mul(tiles)
+    }
+}
+
+/// The two resident-query batch kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BatchKind {
+    Q32,
+    Q16,
+}
+
+impl BatchKind {
+    fn shape(self) -> BatchShape {
+        match self {
+            BatchKind::Q32 => BATCH_Q32,
+            BatchKind::Q16 => BATCH_Q16,
+        }
+    }
 }
 
 /// What construction learned about the scoring kernels for the corpus's D:
@@ -83,6 +111,21 @@ pub(crate) struct ScorePlan {
     pub(crate) single_grid: u32,
     q32: Option<u32>,
     q16: Option<u32>,
+}
+
+impl ScorePlan {
+    /// The resident-query kernel for `nq` queries and its resident blocks,
+    /// where one fits: the 16-query shape for small batches, the 32-query
+    /// shape for larger ones, either where only one fits.
+    fn batch(&self, nq: u32) -> Option<(BatchKind, u32)> {
+        let q32 = self.q32.map(|b| (BatchKind::Q32, b));
+        let q16 = self.q16.map(|b| (BatchKind::Q16, b));
+        if nq > BATCH_SMALL_MAX {
+            q32.or(q16)
+        } else {
+            q16.or(q32)
+        }
+    }
 }
 
 /// Largest D whose query the single-query kernel stages in shared memory
@@ -534,14 +577,13 @@ impl Kernels {
                     false,
                 )
             }
-        } else if let Some((shape, f, resident)) = self.batch_kernel(metric, nq, plan) {
-            // Every query tile gets the same number of blocks, which stride
-            // over the row blocks together (the kernel derives the stride
-            // from the grid), so the tiles of one row block share its reads.
-            let tiles = nq.div_ceil(shape.queries);
-            let row_blocks = n.div_ceil(shape.rows);
-            let per_tile = (resident / tiles).clamp(1, row_blocks.max(1));
-            let blocks = per_tile * tiles;
+        } else if let Some((kind, resident)) = plan.batch(nq) {
+            let shape = kind.shape();
+            let f = match kind {
+                BatchKind::Q32 => self.scoreq32[metric_slot(metric)],
+                BatchKind::Q16 => self.scoreq16[metric_slot(metric)],
+            };
+            let blocks = shape.grid(n, nq, resident);
             kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
             // SAFETY: the parameter list of topk_scoreq*_*; buffers per the
             // contract; the dynamic shared memory is the size the kernel was
@@ -582,26 +624,6 @@ impl Kernels {
                     false,
                 )
             }
-        }
-    }
-
-    /// The resident-query batch kernel for `nq` queries, with its shape and
-    /// resident blocks, where one fits: the 16-query shape for small
-    /// batches, the 32-query shape for larger ones, either where only one
-    /// fits.
-    fn batch_kernel(
-        &self,
-        metric: Metric,
-        nq: u32,
-        plan: &ScorePlan,
-    ) -> Option<(BatchShape, cu::CUfunction, u32)> {
-        let m = metric_slot(metric);
-        let q32 = plan.q32.map(|b| (BATCH_Q32, self.scoreq32[m], b));
-        let q16 = plan.q16.map(|b| (BATCH_Q16, self.scoreq16[m], b));
-        if nq > BATCH_SMALL_MAX {
-            q32.or(q16)
-        } else {
-            q16.or(q32)
         }
     }
 
@@ -1148,6 +1170,43 @@ mod tests {
             );
             assert_eq!(get("DEPTH"), shape.depth, "{prefix} depth");
         }
+    }
+
+    #[test]
+    fn small_batches_take_the_16_query_shape_and_either_shape_stands_in() {
+        let both = ScorePlan {
+            single_grid: 1,
+            q32: Some(132),
+            q16: Some(132),
+        };
+        assert_eq!(both.batch(1), Some((BatchKind::Q16, 132)));
+        assert_eq!(both.batch(BATCH_SMALL_MAX), Some((BatchKind::Q16, 132)));
+        assert_eq!(both.batch(BATCH_SMALL_MAX + 1), Some((BatchKind::Q32, 132)));
+        let only16 = ScorePlan { q32: None, ..both };
+        assert_eq!(only16.batch(64), Some((BatchKind::Q16, 132)));
+        let only32 = ScorePlan { q16: None, ..both };
+        assert_eq!(only32.batch(2), Some((BatchKind::Q32, 132)));
+        let neither = ScorePlan {
+            q32: None,
+            q16: None,
+            ..both
+        };
+        assert_eq!(neither.batch(2), None);
+    }
+
+    #[test]
+    fn batch_grids_give_every_query_tile_the_same_blocks() {
+        // 64 queries of the 32-query shape: 2 tiles of 66 blocks on 132.
+        assert_eq!(BATCH_Q32.grid(1_000_000, 64, 132), 132);
+        // 33 queries: 2 tiles, the odd block left idle.
+        assert_eq!(BATCH_Q32.grid(1_000_000, 33, 133), 132);
+        // Fewer row blocks than blocks: one block per row block and tile.
+        assert_eq!(BATCH_Q16.grid(100, 16, 132), 2);
+        assert_eq!(BATCH_Q16.grid(1, 1, 132), 1);
+        // 64 tiles share 132 blocks: 2 each.
+        assert_eq!(BATCH_Q16.grid(1_000_000, 1024, 132), 128);
+        // More tiles than resident blocks: still one block per tile.
+        assert_eq!(BATCH_Q16.grid(1_000_000, 3200, 132), 200);
     }
 
     #[test]
