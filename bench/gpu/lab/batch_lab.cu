@@ -25,15 +25,8 @@
 #include <vector>
 
 #include "score.cu"
+#include "lab.cuh"
 
-#define CK(x)                                                                                \
-    do {                                                                                     \
-        cudaError_t e = (x);                                                                 \
-        if (e != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 // The end of a lab kernel's tile (the engine's epilogue before it zeroed the
 // accumulators itself): the 32 lane partials of 32 outputs at a time added by

@@ -16,15 +16,8 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "lab.cuh"
 
-#define CK(x)                                                                         \
-    do {                                                                              \
-        cudaError_t e = (x);                                                          \
-        if (e != cudaSuccess) {                                                       \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 // ---- scoring variants -------------------------------------------------------
 // MODE 0: write score only. 1: no write (kept live by an impossible test).
