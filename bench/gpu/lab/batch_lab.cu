@@ -28,6 +28,33 @@
 #include "lab.cuh"
 
 
+// One staged chunk of CH columns for a warp's RT x QT tile, one canonical
+// step per column: rows at rt (row stride CH), queries at qp (row stride
+// qstride), both already offset by the lane; only columns < d take a step.
+template <int METRIC, int RT, int QT, unsigned CH>
+__device__ __forceinline__ void lab_chunk(float (&acc)[RT * QT], const float* rt, const float* qp,
+                                          unsigned qstride, bool full, unsigned col0,
+                                          unsigned lane, unsigned d) {
+#pragma unroll
+    for (unsigned s = 0; s < CH / TOPK_WARP; ++s) {
+        if (full || col0 + s * TOPK_WARP + lane < d) {
+            float rv[RT];
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                rv[r] = rt[r * CH + s * TOPK_WARP];
+            }
+#pragma unroll
+            for (int qi = 0; qi < QT; ++qi) {
+                const float qv = qp[qi * qstride + s * TOPK_WARP];
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    acc[qi * RT + r] = topk_step<METRIC>(qv, rv[r], acc[qi * RT + r]);
+                }
+            }
+        }
+    }
+}
+
 // The end of a lab kernel's tile (the engine's epilogue before it zeroed the
 // accumulators itself): the 32 lane partials of 32 outputs at a time added by
 // the butterfly's tree (topk_reduce32), then the scores written.
@@ -141,24 +168,7 @@ __global__ void __launch_bounds__(WR* WQ* TOPK_WARP, 1)
         const float* rt = st + (wr * RT) * B::CH + lane;
         const float* qt = st + (B::BR + wq * QT) * B::CH + lane;
         const bool full = (c + 1) * B::CH <= d;
-#pragma unroll
-        for (unsigned s = 0; s < B::CH / TOPK_WARP; ++s) {
-            if (full || c * B::CH + s * TOPK_WARP + lane < d) {
-                float rv[RT];
-#pragma unroll
-                for (int r = 0; r < RT; ++r) {
-                    rv[r] = rt[r * B::CH + s * TOPK_WARP];
-                }
-#pragma unroll
-                for (int qi = 0; qi < QT; ++qi) {
-                    const float qv = qt[qi * B::CH + s * TOPK_WARP];
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) {
-                        acc[qi * RT + r] = topk_step<METRIC>(qv, rv[r], acc[qi * RT + r]);
-                    }
-                }
-            }
-        }
+        lab_chunk<METRIC, RT, QT, B::CH>(acc, rt, qt, B::CH, full, c * B::CH, lane, d);
         if (c == nchunks - 1) {
             const size_t tile = blockIdx.x + (size_t)(i / nchunks) * gridDim.x;
             const size_t r0 = (tile / qtiles) * B::BR + wr * RT;
@@ -174,9 +184,17 @@ struct Cfg {
     int metric;
 };
 
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+
+// The grid of a resident-query kernel, as topk-cuda computes it: the same
+// number of blocks (at least one, at most one per row block of BR rows) for
+// every tile of BQ queries, out of `resident` blocks.
+static unsigned lab_resident_grid(const Cfg& c, unsigned bq, unsigned br, int resident) {
+    const unsigned qtiles = (c.q + bq - 1) / bq;
+    const unsigned nrb = (c.n + br - 1) / br;
+    unsigned slots = (unsigned)resident / qtiles;
+    if (slots == 0) slots = 1;
+    if (slots > nrb) slots = nrb;
+    return slots * qtiles;
 }
 
 template <class F>
@@ -193,27 +211,12 @@ static void time_variant(const char* name, const Cfg& c, float* out, const std::
     for (size_t i = 0; i < cnt; ++i) {
         if (memcmp(&got[i], &ref[i], 4) != 0) ++bad;
     }
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> ts;
-    for (int t = 0; t < trials; ++t) {
-        CK(cudaEventRecord(a));
-        launch();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        ts.push_back(ms);
-    }
-    const float ms = median(ts);
+    const float ms = lab_event_ms(0, trials, launch);
     const double tflops = 2.0 * c.n * (double)c.d * c.q / (ms * 1e-3) / 1e12;
     printf("{\"kernel\":\"%s\",\"n\":%u,\"d\":%u,\"q\":%u,\"metric\":%d,\"grid\":%u,\"per_sm\":%d,"
            "\"ms\":%.4f,\"tflops\":%.2f,\"mismatches\":%zu}\n",
            name, c.n, c.d, c.q, c.metric, grid, per_sm, ms, tflops, bad);
     fflush(stdout);
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
 }
 
 // Resident-query variant: the block keeps its BQ queries (all of D) in
@@ -333,24 +336,7 @@ __global__ void __launch_bounds__(WR* WQ* TOPK_WARP, 1)
         if (PERM == 0) {
             const float* rt = stages + (i % DEPTH) * B::STAGE + (wr * RT) * B::CH + lane;
             const float* qp = qs + (wq * QT) * dp + c * B::CH + lane;
-#pragma unroll
-            for (unsigned s = 0; s < B::CH / TOPK_WARP; ++s) {
-                if (full || c * B::CH + s * TOPK_WARP + lane < d) {
-                    float rv[RT];
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) {
-                        rv[r] = rt[r * B::CH + s * TOPK_WARP];
-                    }
-#pragma unroll
-                    for (int qi = 0; qi < QT; ++qi) {
-                        const float qv = qp[qi * dp + s * TOPK_WARP];
-#pragma unroll
-                        for (int r = 0; r < RT; ++r) {
-                            acc[qi * RT + r] = topk_step<METRIC>(qv, rv[r], acc[qi * RT + r]);
-                        }
-                    }
-                }
-            }
+            lab_chunk<METRIC, RT, QT, B::CH>(acc, rt, qp, dp, full, c * B::CH, lane, d);
         } else {
             // Lane's four columns of the chunk: rows then queries.
             float rv[4][RT];
@@ -409,12 +395,7 @@ static void run_res(const char* name, const Cfg& c, const float* corpus, const f
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, B::THREADS, smem));
-    const unsigned qtiles = (c.q + B::BQ - 1) / B::BQ;
-    const unsigned nrb = (c.n + B::BR - 1) / B::BR;
-    unsigned slots = (unsigned)(sms * per_sm) / qtiles;
-    if (slots == 0) slots = 1;
-    if (slots > nrb) slots = nrb;
-    const unsigned grid = slots * qtiles;
+    const unsigned grid = lab_resident_grid(c, B::BQ, B::BR, sms * per_sm);
     time_variant(name, c, out, ref, trials, grid, per_sm, [&] {
         k<<<grid, B::THREADS, smem>>>(corpus, rnorm, c.n, c.d, queries, c.q, qnorm, out);
     });
@@ -465,12 +446,7 @@ static void run_engine_q(const char* name, BatchKernel k, const Cfg& c, const fl
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, THREADS, smem));
-    const unsigned qtiles = (c.q + BQ - 1) / BQ;
-    const unsigned nrb = (c.n + BR - 1) / BR;
-    unsigned slots = (unsigned)(sms * per_sm) / qtiles;
-    if (slots == 0) slots = 1;
-    if (slots > nrb) slots = nrb;
-    const unsigned grid = slots * qtiles;
+    const unsigned grid = lab_resident_grid(c, BQ, BR, sms * per_sm);
     time_variant(name, c, out, ref, trials, grid, per_sm, [&] {
         k<<<grid, THREADS, smem>>>(corpus, rnorm, c.n, c.d, queries, c.q, qnorm, out);
     });
@@ -498,23 +474,12 @@ static void run_cfg(const Cfg& c, int sms, int trials) {
     const size_t cnt = (size_t)c.n * c.q;
     std::vector<float> ref(cnt);
     {
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        std::vector<float> ts;
-        for (int t = 0; t < trials + 1; ++t) {
-            CK(cudaEventRecord(a));
+        const float ms = lab_event_ms(1, trials, [&] {
             ref_k<<<row_blocks * tiles, SCORE_THREADS>>>(corpus, rnorm, c.n, c.d, queries, c.q,
                                                          qnorm, out);
-            CK(cudaEventRecord(b));
-            CK(cudaEventSynchronize(b));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            if (t > 0) ts.push_back(ms);
-        }
+        });
         CK(cudaGetLastError());
         CK(cudaMemcpy(ref.data(), out, cnt * 4, cudaMemcpyDeviceToHost));
-        const float ms = median(ts);
         printf("{\"kernel\":\"engine\",\"n\":%u,\"d\":%u,\"q\":%u,\"metric\":%d,\"ms\":%.4f,"
                "\"tflops\":%.2f}\n",
                c.n, c.d, c.q, c.metric, ms, 2.0 * c.n * (double)c.d * c.q / (ms * 1e-3) / 1e12);

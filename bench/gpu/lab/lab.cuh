@@ -1,9 +1,13 @@
 // Shared by the lab programs of bench/gpu/lab (not part of the engine):
-// a CUDA runtime call that fails ends the program with the call and reason.
+// error checks and timing.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
+
+// A CUDA runtime call that fails ends the program with the call and reason.
 
 #define CK(x)                                                                                \
     do {                                                                                     \
@@ -13,3 +17,31 @@
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
+
+static float lab_median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Median time of `reps` launches in ms, each between two CUDA events, after
+// `warmup` untimed ones.
+template <typename F>
+static float lab_event_ms(int warmup, int reps, F launch) {
+    for (int i = 0; i < warmup; ++i) launch();
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return lab_median(t);
+}

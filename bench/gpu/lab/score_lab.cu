@@ -259,29 +259,11 @@ __global__ void l_mapped(QParam qp, unsigned d, volatile unsigned* flag, float* 
 
 __global__ void l_empty() {}
 
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 template <typename F>
 static float time_kernel(F launch, int reps) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> t;
-    for (int i = 0; i < 3; ++i) launch();
-    for (int i = 0; i < reps; ++i) {
-        CK(cudaEventRecord(a));
-        launch();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms * 1000.f);
-    }
+    const float ms = lab_event_ms(3, reps, launch);
     CK(cudaGetLastError());
-    return median(t);
+    return ms * 1000.f;
 }
 
 template <typename F>
@@ -294,7 +276,7 @@ static float time_wall(F body, int reps) {
         auto t1 = std::chrono::steady_clock::now();
         t.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
     }
-    return median(t);
+    return lab_median(t);
 }
 
 int main() {
