@@ -82,13 +82,21 @@ __device__ __forceinline__ void lab_write_tile(const float (&acc)[RT * QT], unsi
     }
 }
 
-template <int WR, int WQ, int RT, int QT, int DEPTH>
-struct BT {
+// A block of WR x WQ warps, each with an RT-row x QT-query tile, staging
+// chunks of CH columns.
+template <int WR, int WQ, int RT, int QT>
+struct LabBlock {
     static constexpr unsigned THREADS = WR * WQ * TOPK_WARP;
     static constexpr unsigned BR = WR * RT;
     static constexpr unsigned BQ = WQ * QT;
     static constexpr unsigned CH = 128;
-    static constexpr unsigned STAGE = (BR + BQ) * CH;
+};
+
+// Staged variant: rows and queries both pass through the stages.
+template <int WR, int WQ, int RT, int QT, int DEPTH>
+struct BT : LabBlock<WR, WQ, RT, QT> {
+    using Base = LabBlock<WR, WQ, RT, QT>;
+    static constexpr unsigned STAGE = (Base::BR + Base::BQ) * Base::CH;
     static constexpr size_t SMEM = (size_t)DEPTH * STAGE * sizeof(float);
 };
 
@@ -224,15 +232,12 @@ static void time_variant(const char* name, const Cfg& c, float* out, const std::
 // cp.async stages: 4 / BQ bytes of L2 traffic per fma instead of
 // 4 (BR + BQ) / (BR BQ).
 template <int WR, int WQ, int RT, int QT, int DEPTH>
-struct RT_ {
-    static constexpr unsigned THREADS = WR * WQ * TOPK_WARP;
-    static constexpr unsigned BR = WR * RT;
-    static constexpr unsigned BQ = WQ * QT;
-    static constexpr unsigned CH = 128;
-    static constexpr unsigned STAGE = BR * CH;
+struct RT_ : LabBlock<WR, WQ, RT, QT> {
+    using Base = LabBlock<WR, WQ, RT, QT>;
+    static constexpr unsigned STAGE = Base::BR * Base::CH;
     static size_t smem(unsigned d) {
-        const unsigned dp = (d + CH - 1) / CH * CH;
-        return ((size_t)DEPTH * STAGE + (size_t)BQ * dp) * sizeof(float);
+        const unsigned dp = (d + Base::CH - 1) / Base::CH * Base::CH;
+        return ((size_t)DEPTH * STAGE + (size_t)Base::BQ * dp) * sizeof(float);
     }
 };
 
