@@ -140,6 +140,18 @@ __device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
     topk_cp_async_wait<0>();
 }
 
+// Dynamic shared memory follows the kernel's static shared variables, so its
+// start moves with them; staged tiles that do not start on a 128-byte
+// boundary stream 20-30 % slower (bench/gpu/NOTES.md, v13). The staged
+// kernels place their tiles at the first such boundary after the query,
+// and the host allows TOPK_TILE_ALIGN bytes of slack for it.
+#define TOPK_TILE_ALIGN 128
+__device__ __forceinline__ float* topk_tiles_after(float* qsh, unsigned d) {
+    float* end = qsh + ((d + 3u) & ~3u);
+    const unsigned at = (unsigned)__cvta_generic_to_shared(end);
+    return end + ((0u - at) & (TOPK_TILE_ALIGN - 1u)) / 4u;
+}
+
 // Loads the query into shared memory `qsh`; for cosine returns its canonical
 // norm, computed by warp 0 and shared through `qn_sh`. Ends synchronised.
 template <int METRIC>
@@ -168,18 +180,30 @@ __device__ __forceinline__ float load_query(const float* __restrict__ query, uns
 #define SINGLE_DEPTH 3
 
 // One query against every row. Dynamic shared memory: the query (D floats,
-// padded to 16 bytes), then the tiles.
+// padded to 16 bytes), then the tiles (topk_tiles_after). With `area` (not
+// null) each block then counts its rows in the query's level-1 histogram
+// and the last block finds the threshold for k into `th`, so that
+// topk_gather can follow directly (the work of topk_hist, without its pass
+// over the scores).
 template <int METRIC, bool VEC16>
 __device__ void score_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
                              unsigned n, unsigned d, const float* __restrict__ query,
-                             float* __restrict__ scores) {
+                             float* __restrict__ scores, unsigned* __restrict__ area, unsigned k,
+                             TopkThreshold* __restrict__ th) {
+    using ST = Stage<SINGLE_WARPS, SINGLE_RT, SINGLE_DEPTH>;
+    static_assert(ST::THREADS == SCORE_THREADS, "single scoring block");
+    static_assert(ST::TILE * SINGLE_DEPTH >= TOPK_L1_BINS, "the histogram reuses the tiles");
     extern __shared__ float4 topk_dyn_smem[];
     __shared__ float qn_sh;
     float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
-    float* tiles = qsh + ((d + 3u) & ~3u);
+    float* tiles = topk_tiles_after(qsh, d);
     const float qn = load_query<METRIC>(query, d, qsh, &qn_sh);
     stage_score<METRIC, VEC16, SINGLE_WARPS, SINGLE_RT, SINGLE_DEPTH>(corpus, rnorm, n, d, qsh,
                                                                      qn, scores, tiles);
+    if (area != nullptr) {
+        topk_threshold_own_rows<ST::THREADS, ST::ROWS>(
+            scores, n, reinterpret_cast<unsigned*>(tiles), area, k, th);
+    }
 }
 
 // The one-launch search of one query (a cooperative launch: every block is
@@ -187,7 +211,9 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
 // tiles. Scores every row, then between grid barriers counts the level-1
 // histogram, finds the threshold (each block for itself), gathers the
 // candidates, and the last block to finish selects into `out`. Dynamic shared
-// memory as score_single; the tiles are reused by the selection.
+// memory as score_single; the tiles are reused by the selection. (Counting
+// each block's own rows before one barrier, as score_single does, was not
+// faster here: bench/gpu/NOTES.md, v13.)
 #define SEARCH_WARPS 32
 #define SEARCH_RT 2
 #define SEARCH_DEPTH 4
@@ -202,7 +228,7 @@ __device__ void search_single(const float* __restrict__ corpus, const float* __r
     extern __shared__ float4 topk_dyn_smem[];
     __shared__ float qn_sh;
     float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
-    float* tiles = qsh + ((d + 3u) & ~3u);
+    float* tiles = topk_tiles_after(qsh, d);
     const float qn = load_query<METRIC>(query, d, qsh, &qn_sh);
     stage_score<METRIC, VEC16, SEARCH_WARPS, SEARCH_RT, SEARCH_DEPTH>(corpus, rnorm, n, d, qsh,
                                                                      qn, scores, tiles);
@@ -552,8 +578,9 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
 #define TOPK_SCORE1_KERNEL(NAME, METRIC, SUFFIX, VEC16)                                      \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1##SUFFIX##_##NAME( \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ query, float* __restrict__ scores) {           \
-        score_single<METRIC, VEC16>(corpus, rnorm, n, d, query, scores);                     \
+        unsigned d, const float* __restrict__ query, float* __restrict__ scores,            \
+        unsigned* __restrict__ area, unsigned k, TopkThreshold* __restrict__ th) {           \
+        score_single<METRIC, VEC16>(corpus, rnorm, n, d, query, scores, area, k, th);        \
     }
 
 // The one-launch search kernel of one metric, copies as TOPK_SCORE1_KERNEL.

@@ -70,9 +70,11 @@ __device__ __forceinline__ void topk_hist_rows(const float* __restrict__ sc, uns
     }
 }
 
-// Adds a block's shared level-1 histogram `h` to the query area's (global).
+// Adds a block's shared level-1 histogram `h` to the query area's (global);
+// the block has THREADS threads.
+template <unsigned THREADS = TOPK_SEL_THREADS>
 __device__ __forceinline__ void topk_flush_hist(const unsigned* h, unsigned* __restrict__ area) {
-    for (unsigned i = threadIdx.x; i < TOPK_L1_BINS; i += TOPK_SEL_THREADS) {
+    for (unsigned i = threadIdx.x; i < TOPK_L1_BINS; i += THREADS) {
         if (h[i] != 0u) {
             atomicAdd(&area[i], h[i]);
         }
@@ -125,9 +127,11 @@ __device__ __forceinline__ void topk_grid_sync(unsigned* __restrict__ area) {
     __syncthreads();
 }
 
-// Zeroes `words` words of shared memory at `p`; ends with the block synchronised.
+// Zeroes `words` words of shared memory at `p` with a block of THREADS
+// threads; ends with the block synchronised.
+template <unsigned THREADS = TOPK_SEL_THREADS>
 __device__ __forceinline__ void topk_zero_shared(unsigned* p, unsigned words) {
-    for (unsigned i = threadIdx.x; i < words; i += TOPK_SEL_THREADS) {
+    for (unsigned i = threadIdx.x; i < words; i += THREADS) {
         p[i] = 0u;
     }
     __syncthreads();
@@ -136,11 +140,13 @@ __device__ __forceinline__ void topk_zero_shared(unsigned* p, unsigned words) {
 // Finds, in the 4,096-bin histogram `h`, the bin where the count from the best
 // bin down reaches k (1 <= k <= total), and with ZERO zeroes the histogram.
 // With GLOBAL the bins are in global memory, filled by other blocks' atomics,
-// and read through L2. Every thread gets the result.
-template <bool GLOBAL, bool ZERO = true>
+// and read through L2. Run by a block of THREADS threads; every thread gets
+// the result.
+template <bool GLOBAL, bool ZERO = true, unsigned THREADS = TOPK_SEL_THREADS>
 __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned k) {
-    constexpr unsigned PER = TOPK_L1_BINS / TOPK_SEL_THREADS;
-    constexpr unsigned WARPS = TOPK_SEL_THREADS / TOPK_WARP;
+    constexpr unsigned PER = TOPK_L1_BINS / THREADS;
+    constexpr unsigned WARPS = THREADS / TOPK_WARP;
+    static_assert(PER * THREADS == TOPK_L1_BINS && WARPS <= TOPK_WARP, "threshold block shape");
     __shared__ unsigned warp_sums[WARPS];
     __shared__ TopkThreshold result;
     const unsigned t = threadIdx.x;
@@ -191,6 +197,62 @@ __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned
     }
     __syncthreads();
     return result;
+}
+
+// Run by every block of THREADS threads of a grid-stride scoring grid once
+// its scores are written: counts the rows this block scored (row groups
+// blockIdx.x + j * gridDim.x of ROWS rows each) in the level-1 histogram `h`
+// (shared, TOPK_L1_BINS words, free for reuse once the block is
+// synchronised) and adds it to the query area. Reads back only scores this
+// block wrote, so no grid-wide barrier has to come first.
+template <unsigned THREADS, unsigned ROWS>
+__device__ __forceinline__ void topk_hist_own_rows(const float* __restrict__ scores, unsigned n,
+                                                   unsigned* h, unsigned* __restrict__ area) {
+    // Other warps may still be reading the memory `h` reuses.
+    __syncthreads();
+    topk_zero_shared<THREADS>(h, TOPK_L1_BINS);
+    const unsigned groups = (n + ROWS - 1) / ROWS;
+    const unsigned mine =
+        blockIdx.x < groups ? (groups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    const unsigned slots = mine * ROWS;
+    for (unsigned base = 0; base < slots; base += THREADS * TOPK_ROWS_ILP) {
+        unsigned ob[TOPK_ROWS_ILP];
+        bool real[TOPK_ROWS_ILP];
+#pragma unroll
+        for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+            const unsigned i = base + j * THREADS + threadIdx.x;
+            const size_t row =
+                ((size_t)blockIdx.x + (size_t)(i / ROWS) * gridDim.x) * ROWS + i % ROWS;
+            real[j] = i < slots && row < n;
+            ob[j] = real[j] ? topk_ordered_bits(__ldcg(scores + row)) : 0u;
+        }
+#pragma unroll
+        for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+            if (real[j]) {
+                atomicAdd(&h[ob[j] >> (32 - TOPK_L1_BITS)], 1u);
+            }
+        }
+    }
+    __syncthreads();
+    topk_flush_hist<THREADS>(h, area);
+}
+
+// topk_hist_own_rows, then the last block of the grid to finish finds the
+// threshold for k into `th`, leaving the area's histogram at zero: the work
+// of a topk_hist pass, without its pass over the scores.
+template <unsigned THREADS, unsigned ROWS>
+__device__ __forceinline__ void topk_threshold_own_rows(const float* __restrict__ scores,
+                                                        unsigned n, unsigned* h,
+                                                        unsigned* __restrict__ area, unsigned k,
+                                                        TopkThreshold* __restrict__ th) {
+    topk_hist_own_rows<THREADS, ROWS>(scores, n, h, area);
+    if (!topk_last_block(&area[TOPK_AREA_CTR + TOPK_CTR_HIST], gridDim.x)) {
+        return;
+    }
+    const TopkThreshold t = topk_threshold_block<true, true, THREADS>(area, k);
+    if (threadIdx.x == 0) {
+        *th = t;
+    }
 }
 
 // Appends rows first + threadIdx.x + j * step (< n) above the threshold bin
@@ -324,10 +386,19 @@ __device__ __noinline__ bool topk_bucket_emit(const unsigned long long* s, unsig
         cursor[b] = 0u;
     }
     __syncthreads();
+    // One shared atomic per warp: a whole block on one address serialises.
+    unsigned my_lo = 0xffffffffu;
+    unsigned my_hi = 0u;
     for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
         const unsigned ob = (unsigned)(s[i] >> 32);
-        atomicMin(&lo, ob);
-        atomicMax(&hi, ob);
+        my_lo = min(my_lo, ob);
+        my_hi = max(my_hi, ob);
+    }
+    my_lo = __reduce_min_sync(TOPK_FULL_MASK, my_lo);
+    my_hi = __reduce_max_sync(TOPK_FULL_MASK, my_hi);
+    if ((t & (TOPK_WARP - 1)) == 0 && my_lo <= my_hi) {
+        atomicMin(&lo, my_lo);
+        atomicMax(&hi, my_hi);
     }
     __syncthreads();
     unsigned shift = 0;

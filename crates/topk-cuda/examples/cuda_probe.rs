@@ -1,8 +1,9 @@
 //! `cuda_probe`: quick latency probe of the GPU engine over the DESIGN.md §6
 //! configurations, one JSON line per measurement on stdout.
 //!
-//! Usage: `cuda_probe [--quick] [--trials T] [--fuse-rows R]
-//! [--single-launch-rows S] [--no-graphs] [--copy-results]` (R and S set
+//! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--trials T] [--fuse-rows R]
+//! [--single-launch-rows S] [--no-graphs] [--copy-results]` (`--ns` picks the
+//! corpus sizes; R and S set
 //! `CudaOptions::fuse_rows` and `CudaOptions::single_launch_rows`;
 //! `--no-graphs` clears `CudaOptions::graphs`, `--copy-results`
 //! `CudaOptions::mapped_results`). Rows are seeded Gaussian,
@@ -87,6 +88,15 @@ fn flag_value(args: &[String], flag: &str) -> Option<usize> {
     args.get(i + 1)?.parse().ok()
 }
 
+/// The comma-separated numbers after `flag` (`--ns 50000,100000`), if any.
+fn flag_list(args: &[String], flag: &str) -> Option<Vec<usize>> {
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1)?
+        .split(',')
+        .map(|v| v.trim().parse().ok())
+        .collect()
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -110,10 +120,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         serde_json::json!({"kind": "env", "device": info.name, "driver": info.driver_version,
             "memory": info.total_memory, "sms": info.multiprocessors, "d2d_bytes_per_s": bw})
     );
-    let ns: &[usize] = if quick {
-        &[10_000, 100_000, 1_000_000]
+    let ns: Vec<usize> = if let Some(list) = flag_list(&args, "--ns") {
+        list
+    } else if quick {
+        vec![10_000, 100_000, 1_000_000]
     } else {
-        &[10_000, 50_000, 100_000, 500_000, 1_000_000]
+        vec![10_000, 50_000, 100_000, 500_000, 1_000_000]
     };
     let ds: &[usize] = if quick {
         &[384, 1024]
@@ -122,7 +134,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let ks = [8usize, 32, 100, 1000];
     let cpu_k = *ks.iter().max().unwrap_or(&1000);
-    for &n in ns {
+    for &n in &ns {
         for &d in ds {
             let corpus = gaussian_rows(n, d, 42);
             let query = gaussian_rows(1, d, 7);

@@ -528,7 +528,11 @@ impl Engine {
                 self.kernels
                     .norms(s, queries, nq as u32, d, ptr(&slot.qnorm))?;
             }
-            self.kernels.score(
+            let grid_select = k <= self.opts.max_k && self.n > self.opts.fuse_rows;
+            // A single query's scoring kernel also finds its threshold.
+            let threshold =
+                (grid_select && nq == 1).then(|| (ptr(&slot.area), k as u32, ptr(&slot.th)));
+            let fused = self.kernels.score(
                 s,
                 self.metric,
                 ptr(&self.corpus),
@@ -540,6 +544,7 @@ impl Engine {
                 ptr(&slot.qnorm),
                 ptr(&slot.scores),
                 &self.plan,
+                threshold,
             )?;
             mark("score")?;
             if k > self.opts.max_k {
@@ -547,7 +552,7 @@ impl Engine {
                 return Ok(());
             }
             let (nq, k) = (nq as u32, k as u32);
-            if self.n <= self.opts.fuse_rows {
+            if !grid_select {
                 self.kernels.select_small(
                     s,
                     ptr(&slot.scores),
@@ -560,16 +565,18 @@ impl Engine {
                     slot.out_dev,
                 )?;
             } else {
-                self.kernels.hist(
-                    s,
-                    ptr(&slot.scores),
-                    n,
-                    nq,
-                    ptr(&slot.area),
-                    k,
-                    ptr(&slot.th),
-                )?;
-                mark("threshold")?;
+                if !fused {
+                    self.kernels.hist(
+                        s,
+                        ptr(&slot.scores),
+                        n,
+                        nq,
+                        ptr(&slot.area),
+                        k,
+                        ptr(&slot.th),
+                    )?;
+                    mark("threshold")?;
+                }
                 self.kernels.gather(
                     s,
                     ptr(&slot.scores),
@@ -845,8 +852,10 @@ impl Engine {
 
     /// Device time of each stage of one host query, from events recorded
     /// between the stages (a diagnostic for tuning; the search itself records
-    /// none). A one-launch search has the single stage `search`; a query
-    /// selected by one block (`fuse_rows`) has no `threshold` stage.
+    /// none). A one-launch search has the single stage `search`; otherwise
+    /// `score` then `select`, with a `threshold` stage only where the
+    /// scoring kernel cannot find the threshold itself (D past
+    /// the single-query kernel's limit).
     pub(crate) fn stage_times(
         &self,
         query: &[f32],

@@ -149,10 +149,15 @@ pub(crate) const STATUS_OK: u32 = 0;
 /// Header status: too many tied candidates; the host finishes the query.
 pub(crate) const STATUS_OVERFLOW: u32 = 1;
 
+/// Slack the staged kernels need to start their tiles on a 128-byte
+/// boundary (`TOPK_TILE_ALIGN` of score.cu).
+const TILE_ALIGN: usize = 128;
+
 /// Dynamic shared memory of a staged kernel for dimension `d`: the query
-/// (padded to 16 bytes), then `tiles` bytes of row tiles.
+/// (padded to 16 bytes), up to [`TILE_ALIGN`] bytes of padding, then `tiles`
+/// bytes of row tiles.
 fn staged_smem(d: usize, tiles: usize) -> usize {
-    d.next_multiple_of(4) * 4 + tiles
+    d.next_multiple_of(4) * 4 + TILE_ALIGN + tiles
 }
 
 /// Whether `nq` queries of dimension `d` take the single-query kernels
@@ -539,9 +544,16 @@ impl Kernels {
     /// staged single-query kernel for one query with D <= SINGLE_MAX_DIM
     /// ([`single_path`]), the batch kernel otherwise.
     ///
+    /// With `threshold` = (area, k, th) the single-query kernel also does the
+    /// work of [`Self::hist`] (each block counts the rows it scored, the last
+    /// finds the threshold into `th`); returns whether it did, that is whether
+    /// [`Self::gather`] may follow without a histogram pass.
+    ///
     /// # Safety
     /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `queries`
-    /// nq × d, `qnorm` nq norms (cosine, batch path), `scores` nq × n.
+    /// nq × d, `qnorm` nq norms (cosine, batch path), `scores` nq × n; with
+    /// `threshold`, as [`Self::hist`] for one query: `area` AREA_STRIDE
+    /// zeroed words, `th` room for one threshold, 1 <= k <= n.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn score(
         &self,
@@ -556,12 +568,16 @@ impl Kernels {
         qnorm: DPtr,
         scores: DPtr,
         plan: &ScorePlan,
-    ) -> Result<(), CudaError> {
+        threshold: Option<(DPtr, u32, DPtr)>,
+    ) -> Result<bool, CudaError> {
         let warps = SCORE_THREADS / 32;
         if single_path(nq as usize, d as usize) {
             let groups = n.div_ceil(SINGLE_ROWS);
             let blocks = groups.clamp(1, plan.single_grid.max(1));
-            kernel_args!(args = [corpus, rnorm, n, d, queries, scores]);
+            let fused = threshold.is_some();
+            // A null area tells the kernel to stop after scoring.
+            let (area, k, th) = threshold.unwrap_or((0, 0, 0));
+            kernel_args!(args = [corpus, rnorm, n, d, queries, scores, area, k, th]);
             // SAFETY: the parameter list of topk_score1*_*; buffers per the
             // contract; the dynamic shared memory is the size the kernel
             // was prepared for (prepare_single) for this d.
@@ -575,8 +591,9 @@ impl Kernels {
                     q,
                     &mut args,
                     false,
-                )
+                )?;
             }
+            Ok(fused)
         } else if let Some((kind, resident)) = plan.batch(nq) {
             let shape = kind.shape();
             let f = match kind {
@@ -598,8 +615,9 @@ impl Kernels {
                     q,
                     &mut args,
                     false,
-                )
+                )?;
             }
+            Ok(false)
         } else {
             let tiles = nq.div_ceil(BATCH_QT);
             let row_blocks = n.div_ceil(warps * BATCH_ROWS_PER_WARP);
@@ -622,8 +640,9 @@ impl Kernels {
                     q,
                     &mut args,
                     false,
-                )
+                )?;
             }
+            Ok(false)
         }
     }
 
@@ -1159,6 +1178,7 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/score.cu");
         let score = std::fs::read_to_string(path).expect("kernels/score.cu");
         assert_eq!(define(&score, "BCH_CH"), BATCH_CHUNK_COLS);
+        assert_eq!(define(&score, "TOPK_TILE_ALIGN"), TILE_ALIGN);
         for (prefix, shape) in [("BQ32", BATCH_Q32), ("BQ16", BATCH_Q16)] {
             let get = |name: &str| define(&score, &format!("{prefix}_{name}")) as u32;
             assert_eq!(get("WQ") * get("QT"), shape.queries, "{prefix} queries");
