@@ -41,7 +41,7 @@ __global__ void fuse_read(const float4* __restrict__ x, size_t n4, float* out) {
 // The engine's staged loop (8 warps, 4 rows, 3 tiles) followed by one of
 // several epilogues, to find what in a kernel's code after the loop slows
 // the loop itself: 0 none; 1 a static shared variable; 2 shared atomics in
-// the tiles' memory; 3 global atomics; 4 topk_hist_own_rows (the engine's).
+// the tiles' memory; 3 global atomics; 4 topk_threshold_own_rows (the engine's).
 // With FUSE_EPI_ALIGN (default 1) the tiles start on a 128-byte boundary,
 // as the engine's do (topk_tiles_after); 0 puts them right after the query.
 #ifndef FUSE_EPI_ALIGN
@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(256)
     } else if (EPI == 3) {
         atomicAdd(&area[4000u + (threadIdx.x & 63u)], 1u);
     } else if (EPI == 4) {
-        topk_hist_own_rows<256, 32>(scores, n, reinterpret_cast<unsigned*>(tiles), area, k, th);
+        topk_threshold_own_rows<256, 32>(scores, n, reinterpret_cast<unsigned*>(tiles), area, k,
+                                         th);
     }
 }
 
@@ -123,16 +124,7 @@ int main() {
     CK(cudaMalloc(&area, TOPK_AREA_STRIDE * 4));
     CK(cudaMalloc(&th, 2 * sizeof(TopkThreshold)));
     CK(cudaMemset(area, 0, TOPK_AREA_STRIDE * 4));
-    {
-        std::vector<float> h(maxn * maxd);
-        unsigned s = 12345;
-        for (auto& x : h) {
-            s = s * 1664525u + 1013904223u;
-            x = ((s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 0.1f;
-        }
-        CK(cudaMemcpy(corpus, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(query, h.data() + 7 * maxd, maxd * 4, cudaMemcpyHostToDevice));
-    }
+    lab_fill_rows(corpus, query, maxn, maxd, 7);
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int i = 0; i < 100; ++i) {

@@ -45,3 +45,16 @@ static float lab_event_ms(int warmup, int reps, F launch) {
     CK(cudaEventDestroy(b));
     return lab_median(t);
 }
+
+// Fills `corpus` (device, n x d floats) with the labs' deterministic rows (an
+// LCG, values within +-0.05) and `query` (device, d floats) with row `qrow`.
+static void lab_fill_rows(float* corpus, float* query, size_t n, size_t d, size_t qrow) {
+    std::vector<float> h(n * d);
+    unsigned s = 12345;
+    for (auto& x : h) {
+        s = s * 1664525u + 1013904223u;
+        x = ((s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 0.1f;
+    }
+    CK(cudaMemcpy(corpus, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(query, h.data() + qrow * d, d * 4, cudaMemcpyHostToDevice));
+}

@@ -289,16 +289,7 @@ int main() {
     CK(cudaMalloc(&sink, 4096 * 4));
     CK(cudaMalloc(&hist, 4096 * 4));
     CK(cudaMemset(hist, 0, 4096 * 4));
-    {
-        std::vector<float> h(maxn * maxd);
-        unsigned s = 12345;
-        for (auto& x : h) {
-            s = s * 1664525u + 1013904223u;
-            x = ((s >> 8) * (1.0f / 16777216.0f) - 0.5f) * 0.1f;
-        }
-        CK(cudaMemcpy(corpus, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(query, h.data(), maxd * 4, cudaMemcpyHostToDevice));
-    }
+    lab_fill_rows(corpus, query, maxn, maxd, 0);
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     // Warm the clocks.

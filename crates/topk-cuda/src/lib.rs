@@ -166,8 +166,8 @@ pub const DEFAULT_FUSE_ROWS: usize = 16_384;
 
 /// Default of [`CudaOptions::single_launch_rows`]: above it the separate
 /// scoring kernel's deeper staging outweighs the launch saved (at 200k rows
-/// the two launches were 7–25 µs faster on an H200; at 100k they were even
-/// with the one).
+/// the two launches were 7–25 µs faster on an H200; at 100k the one launch
+/// was 1.4 µs slower to 4.5 µs faster).
 pub const DEFAULT_SINGLE_LAUNCH_ROWS: usize = 131_072;
 
 /// Largest `max_k`: half the device's candidate buffer, so that K plus the
