@@ -551,7 +551,8 @@ __device__ __forceinline__ void topk_sort_emit(unsigned long long* s, unsigned k
 // needed for the best k (k <= TOPK_CAND_CAP / 2), ranks them in `keys`
 // (shared, room for TOPK_CAND_CAP keys) and writes row[0] = status,
 // row[1..=k] = results, with the score bits read back from the scores so
-// -0.0 stays -0.0. Leaves the query area's list counters at zero.
+// -0.0 stays -0.0; the status is written last (see the end). Leaves the
+// query area's list counters at zero.
 __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, TopkThreshold t,
                                                unsigned k, unsigned* __restrict__ area,
                                                const unsigned long long* __restrict__ cand,
@@ -644,8 +645,12 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
             break;
         }
     }
+    // The header is the row's last write, after every result is visible
+    // system-wide: with results in mapped host memory the host may poll it.
+    __threadfence_system();
+    __syncthreads();
     if (threadIdx.x == 0) {
-        row[0].index = TOPK_STATUS_OK;
         row[0].score = 0.0f;
+        row[0].index = TOPK_STATUS_OK;
     }
 }

@@ -24,7 +24,7 @@ use topk_core::{validate, Metric, Neighbor};
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{
     self, DPtr, Kernels, Queue, ScorePlan, AREA_STRIDE, CAND_CAP, MAYBE_CAP, STATUS_OK,
-    STATUS_OVERFLOW,
+    STATUS_OVERFLOW, STATUS_PENDING,
 };
 use crate::ptx;
 use crate::{CudaOptions, DeviceInfo};
@@ -726,13 +726,72 @@ impl Engine {
         let mut slot = self.slot()?;
         if self.opts.graphs && k <= self.opts.max_k {
             slot.q_host.as_mut_slice()[..query.len()].copy_from_slice(query);
+            Self::arm_header(&mut slot);
             if self.replay(&mut slot, (k, QuerySource::Host))? {
-                slot.stream.synchronize().op("cuStreamSynchronize")?;
+                Self::wait_results(&slot)?;
                 return self.collect(&mut slot, 0, k, out);
             }
         }
         let qptr = Self::stage_queries(&mut slot, query)?;
         self.finish_one(&mut slot, qptr, k, out)
+    }
+
+    /// Marks the first result row of `slot` pending before one query's
+    /// graph is queued, for [`Self::wait_results`]. The previous query on
+    /// the slot wrote its header last, so nothing overwrites this mark but
+    /// the coming query's selection.
+    fn arm_header(slot: &mut Slot) {
+        if slot.mapped {
+            slot.out_host.as_mut_slice()[0] = DevNeighbor::new(STATUS_PENDING, 0.0);
+        }
+    }
+
+    /// Waits until the one query queued on `slot` after
+    /// [`Self::arm_header`] has its results. With results mapped into host
+    /// memory it polls the row's header, which the selection writes last,
+    /// after a system-scope fence: the rows are complete as soon as it
+    /// changes, without waiting for the kernel to exit and the stream to
+    /// report it. The stream is queried every few polls, so a failed launch
+    /// still ends the wait with its error. Otherwise it synchronises the
+    /// stream. Work the kernel does after the header (its blocks exiting)
+    /// finishes before anything queued next on the slot's stream.
+    fn wait_results(slot: &Slot) -> Result<(), CudaError> {
+        if !slot.mapped {
+            return slot.stream.synchronize().op("cuStreamSynchronize");
+        }
+        let header = slot.out_host.as_ptr() as *const u32;
+        // SAFETY: `header` is the first word of out_host (DevNeighbor is
+        // repr(C), index first), page-locked memory the slot owns and the
+        // device writes; a volatile read sees each new value.
+        let ready = || unsafe { std::ptr::read_volatile(header) } != STATUS_PENDING;
+        let mut polls: u32 = 0;
+        loop {
+            if ready() {
+                // The rows were written before the header.
+                std::sync::atomic::fence(Ordering::Acquire);
+                return Ok(());
+            }
+            polls = polls.wrapping_add(1);
+            if polls % 64 == 0 {
+                // SAFETY: the stream handle is live while the slot is.
+                let status = unsafe { cust::sys::cuStreamQuery(slot.stream.as_inner()) };
+                if status == cust::sys::CUresult::CUDA_SUCCESS {
+                    if ready() {
+                        std::sync::atomic::fence(Ordering::Acquire);
+                        return Ok(());
+                    }
+                    return Err(CudaError::Driver {
+                        op: "topk_select",
+                        reason: "the query's kernels finished without writing its results"
+                            .to_owned(),
+                    });
+                }
+                if status != cust::sys::CUresult::CUDA_ERROR_NOT_READY {
+                    launch::check("cuStreamQuery", status)?;
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Queues the slot's query graph for `key`, built on first use, and
@@ -743,8 +802,10 @@ impl Engine {
             Some(i) => i,
             None => {
                 if slot.replays.len() >= MAX_REPLAYS {
-                    // The stream is idle (every search synchronises before
-                    // returning).
+                    // The last launch may still be finishing after its
+                    // results (`wait_results`): let it end before a graph
+                    // is destroyed (rare: only past MAX_REPLAYS keys).
+                    slot.stream.synchronize().op("cuStreamSynchronize")?;
                     slot.replays.remove(0);
                 }
                 let replay = self
@@ -842,8 +903,9 @@ impl Engine {
         }
         if self.opts.graphs && k <= self.opts.max_k {
             let key = (k, QuerySource::Device(ptr(query)));
+            Self::arm_header(&mut slot);
             if Self::device_graph_wanted(&mut slot, key) && self.replay(&mut slot, key)? {
-                slot.stream.synchronize().op("cuStreamSynchronize")?;
+                Self::wait_results(&slot)?;
                 return self.collect(&mut slot, 0, k, out);
             }
         }

@@ -148,6 +148,9 @@ pub(crate) const AREA_STRIDE: usize = 4096 + 8;
 pub(crate) const STATUS_OK: u32 = 0;
 /// Header status: too many tied candidates; the host finishes the query.
 pub(crate) const STATUS_OVERFLOW: u32 = 1;
+/// Header status the host writes before a query whose results are mapped:
+/// no kernel writes it, so the row is ready once the header differs.
+pub(crate) const STATUS_PENDING: u32 = u32::MAX;
 
 /// Slack the staged kernels need to start their tiles on a 128-byte
 /// boundary (`TOPK_TILE_ALIGN` of score.cu).
