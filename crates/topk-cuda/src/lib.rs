@@ -55,7 +55,9 @@
 //! 4. A host query replays that whole sequence, copies included, as one CUDA
 //!    graph built per stream and K on first use ([`CudaOptions::graphs`]); a
 //!    device query does the same from the second use of its buffer, with a
-//!    graph that reads the query where it lies.
+//!    graph that reads the query where it lies. With results in mapped host
+//!    memory the host then polls the result header, which the selection
+//!    writes last, instead of synchronising the stream.
 //!
 //! Batches keep their queries resident in shared memory and give each lane
 //! an 8-row × 16-query register tile of canonical partials, which the
