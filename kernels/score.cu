@@ -595,6 +595,18 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
                                      maybe, out);                                            \
     }
 
+// The resident-query batch kernel of one metric for the block shape whose
+// constants start with SHAPE (BQ32 or BQ16), named topk_score<Q>_<NAME>.
+#define TOPK_SCOREQ_KERNEL(NAME, METRIC, Q, SHAPE)                                           \
+    extern "C" __global__ void __launch_bounds__(SHAPE##_THREADS, 1) topk_score##Q##_##NAME( \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
+        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
+        score_batch_resident<METRIC, SHAPE##_WR, SHAPE##_WQ, SHAPE##_RT, SHAPE##_QT,         \
+                             SHAPE##_DEPTH>(corpus, rnorm, n, d, queries, nq, qnorm,         \
+                                            scores);                                         \
+    }
+
 #define TOPK_SCORE_KERNELS(NAME, METRIC)                                                     \
     TOPK_SCORE1_KERNEL(NAME, METRIC, , true)                                                 \
     TOPK_SCORE1_KERNEL(NAME, METRIC, u, false)                                               \
@@ -607,20 +619,8 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
         score_batch<METRIC, BATCH_QT, BATCH_RT>(corpus, rnorm, n, d, queries, nq, qnorm,     \
                                                 scores);                                     \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(BQ32_THREADS, 1) topk_scoreq32_##NAME(     \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
-        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
-        score_batch_resident<METRIC, BQ32_WR, BQ32_WQ, BQ32_RT, BQ32_QT, BQ32_DEPTH>(        \
-            corpus, rnorm, n, d, queries, nq, qnorm, scores);                                \
-    }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(BQ16_THREADS, 1) topk_scoreq16_##NAME(     \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
-        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
-        score_batch_resident<METRIC, BQ16_WR, BQ16_WQ, BQ16_RT, BQ16_QT, BQ16_DEPTH>(        \
-            corpus, rnorm, n, d, queries, nq, qnorm, scores);                                \
-    }                                                                                        \
+    TOPK_SCOREQ_KERNEL(NAME, METRIC, q32, BQ32)                                              \
+    TOPK_SCOREQ_KERNEL(NAME, METRIC, q16, BQ16)                                              \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_ids_##NAME(       \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,       \
         const float* __restrict__ queries, const float* __restrict__ qnorm,                  \
