@@ -127,7 +127,8 @@ fn upload(gpu: &CudaRetriever, pool: ArrayView2<'_, f32>) -> Result<Vec<DeviceQu
         .collect()
 }
 
-fn pool_query(queries: &[DeviceQuery], first: usize, rows: usize) -> Result<&DeviceQuery> {
+/// The device-query and round-trip paths time one query per call.
+fn single(rows: usize) -> Result<()> {
     if rows != 1 {
         return Err(BenchError::flag(
             "batch",
@@ -135,11 +136,16 @@ fn pool_query(queries: &[DeviceQuery], first: usize, rows: usize) -> Result<&Dev
             "the device-query and round-trip paths time single queries",
         ));
     }
-    queries.get(first).ok_or_else(|| {
+    Ok(())
+}
+
+/// Query `first` of a query pool.
+fn pool_item<T>(pool: &[T], first: usize) -> Result<&T> {
+    pool.get(first).ok_or_else(|| {
         BenchError::flag(
             "query-pool",
-            queries.len(),
-            format!("query {first} was not uploaded"),
+            pool.len(),
+            format!("query {first} is not in the pool"),
         )
     })
 }
@@ -155,13 +161,7 @@ pub struct DeviceSearch<'a> {
 
 impl Searcher for DeviceSearch<'_> {
     fn prepare(&mut self, first: usize) -> Result<()> {
-        let q = self.pool.get(first).ok_or_else(|| {
-            BenchError::flag(
-                "query-pool",
-                self.pool.len(),
-                format!("query {first} is not in the pool"),
-            )
-        })?;
+        let q = pool_item(&self.pool, first)?;
         self.gpu.overwrite_query(&mut self.work, q)?;
         Ok(())
     }
@@ -173,13 +173,7 @@ impl Searcher for DeviceSearch<'_> {
         k: usize,
         out: &mut Vec<Vec<Neighbor>>,
     ) -> Result<()> {
-        if queries.nrows() != 1 {
-            return Err(BenchError::flag(
-                "batch",
-                queries.nrows(),
-                "the device-query and round-trip paths time single queries",
-            ));
-        }
+        single(queries.nrows())?;
         out.resize_with(1, Vec::new);
         self.gpu.search_device(&self.work, k, &mut out[0])?;
         Ok(())
@@ -201,7 +195,8 @@ impl Searcher for RoundTripSearch<'_> {
         k: usize,
         out: &mut Vec<Vec<Neighbor>>,
     ) -> Result<()> {
-        let q = pool_query(&self.queries, first, queries.nrows())?;
+        single(queries.nrows())?;
+        let q = pool_item(&self.queries, first)?;
         out.resize_with(1, Vec::new);
         self.trip.run(q, self.cpu, k, &mut out[0])?;
         Ok(())

@@ -726,9 +726,7 @@ impl Engine {
         let mut slot = self.slot()?;
         if self.opts.graphs && k <= self.opts.max_k {
             slot.q_host.as_mut_slice()[..query.len()].copy_from_slice(query);
-            Self::arm_header(&mut slot);
-            if self.replay(&mut slot, (k, QuerySource::Host))? {
-                Self::wait_results(&slot)?;
+            if self.run_graph(&mut slot, (k, QuerySource::Host))? {
                 return self.collect(&mut slot, 0, k, out);
             }
         }
@@ -736,59 +734,59 @@ impl Engine {
         self.finish_one(&mut slot, qptr, k, out)
     }
 
-    /// Marks the first result row of `slot` pending before one query's
-    /// graph is queued, for [`Self::wait_results`]. The previous query on
-    /// the slot wrote its header last, so nothing overwrites this mark but
-    /// the coming query's selection.
-    fn arm_header(slot: &mut Slot) {
+    /// One query with `key` as the slot's graph ([`Self::replay`]), waited
+    /// for until its results are in `out_host`; false (nothing queued) where
+    /// no graph could be built.
+    ///
+    /// With results mapped into host memory the first row's header is
+    /// marked pending before the launch and then polled: the selection
+    /// writes it last, after a system-scope fence, so the rows are complete
+    /// as soon as it changes, without waiting for the kernel to exit and the
+    /// stream to report it. (The previous query on the slot wrote its
+    /// header last too, so nothing overwrites the mark but this query's
+    /// selection.) The stream is queried every 64 polls, so a failed launch
+    /// still ends the wait with its error. Otherwise the stream is
+    /// synchronised. Work the kernel does after the header (its blocks
+    /// exiting) finishes before anything queued next on the slot's stream.
+    fn run_graph(&self, slot: &mut Slot, key: GraphKey) -> Result<bool, CudaError> {
         if slot.mapped {
             slot.out_host.as_mut_slice()[0] = DevNeighbor::new(STATUS_PENDING, 0.0);
         }
-    }
-
-    /// Waits until the one query queued on `slot` after
-    /// [`Self::arm_header`] has its results. With results mapped into host
-    /// memory it polls the row's header, which the selection writes last,
-    /// after a system-scope fence: the rows are complete as soon as it
-    /// changes, without waiting for the kernel to exit and the stream to
-    /// report it. The stream is queried every few polls, so a failed launch
-    /// still ends the wait with its error. Otherwise it synchronises the
-    /// stream. Work the kernel does after the header (its blocks exiting)
-    /// finishes before anything queued next on the slot's stream.
-    fn wait_results(slot: &Slot) -> Result<(), CudaError> {
+        if !self.replay(slot, key)? {
+            return Ok(false);
+        }
         if !slot.mapped {
-            return slot.stream.synchronize().op("cuStreamSynchronize");
+            slot.stream.synchronize().op("cuStreamSynchronize")?;
+            return Ok(true);
         }
         let header = slot.out_host.as_ptr() as *const u32;
-        // SAFETY: `header` is the first word of out_host (DevNeighbor is
-        // repr(C), index first), page-locked memory the slot owns and the
-        // device writes; a volatile read sees each new value.
-        let ready = || unsafe { std::ptr::read_volatile(header) } != STATUS_PENDING;
         let mut polls: u32 = 0;
         loop {
-            if ready() {
-                // The rows were written before the header.
-                std::sync::atomic::fence(Ordering::Acquire);
-                return Ok(());
-            }
             polls = polls.wrapping_add(1);
-            if polls % 64 == 0 {
+            // Whether the stream has finished, asked every 64 polls; the
+            // header is read after the answer, so a finished stream with no
+            // header is a real absence.
+            let finished = polls % 64 == 0 && {
                 // SAFETY: the stream handle is live while the slot is.
                 let status = unsafe { cust::sys::cuStreamQuery(slot.stream.as_inner()) };
-                if status == cust::sys::CUresult::CUDA_SUCCESS {
-                    if ready() {
-                        std::sync::atomic::fence(Ordering::Acquire);
-                        return Ok(());
-                    }
-                    return Err(CudaError::Driver {
-                        op: "topk_select",
-                        reason: "the query's kernels finished without writing its results"
-                            .to_owned(),
-                    });
-                }
                 if status != cust::sys::CUresult::CUDA_ERROR_NOT_READY {
                     launch::check("cuStreamQuery", status)?;
                 }
+                status == cust::sys::CUresult::CUDA_SUCCESS
+            };
+            // SAFETY: `header` is the first word of out_host (DevNeighbor is
+            // repr(C), index first), page-locked memory the slot owns and the
+            // device writes; a volatile read sees each new value.
+            if unsafe { std::ptr::read_volatile(header) } != STATUS_PENDING {
+                // The rows were written before the header.
+                std::sync::atomic::fence(Ordering::Acquire);
+                return Ok(true);
+            }
+            if finished {
+                return Err(CudaError::Driver {
+                    op: "topk_select",
+                    reason: "the query's kernels finished without writing its results".to_owned(),
+                });
             }
             std::hint::spin_loop();
         }
@@ -803,7 +801,7 @@ impl Engine {
             None => {
                 if slot.replays.len() >= MAX_REPLAYS {
                     // The last launch may still be finishing after its
-                    // results (`wait_results`): let it end before a graph
+                    // results (`run_graph`): let it end before a graph
                     // is destroyed (rare: only past MAX_REPLAYS keys).
                     slot.stream.synchronize().op("cuStreamSynchronize")?;
                     slot.replays.remove(0);
@@ -903,9 +901,7 @@ impl Engine {
         }
         if self.opts.graphs && k <= self.opts.max_k {
             let key = (k, QuerySource::Device(ptr(query)));
-            Self::arm_header(&mut slot);
-            if Self::device_graph_wanted(&mut slot, key) && self.replay(&mut slot, key)? {
-                Self::wait_results(&slot)?;
+            if Self::device_graph_wanted(&mut slot, key) && self.run_graph(&mut slot, key)? {
                 return self.collect(&mut slot, 0, k, out);
             }
         }

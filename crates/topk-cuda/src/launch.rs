@@ -583,7 +583,7 @@ impl Kernels {
             kernel_args!(args = [corpus, rnorm, n, d, queries, scores, area, k, th]);
             // SAFETY: the parameter list of topk_score1*_*; buffers per the
             // contract; the dynamic shared memory is the size the kernel
-            // was prepared for (prepare_single) for this d.
+            // was prepared for (prepare_score) for this d.
             unsafe {
                 Self::launch(
                     "topk_score1",
