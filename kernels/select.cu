@@ -49,13 +49,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
                    gridDim.x * TOPK_SEL_THREADS, h, nullptr);
     __syncthreads();
     topk_flush_hist(h, qa);
-    if (!topk_last_block(&qa[TOPK_AREA_CTR + TOPK_CTR_HIST], gridDim.x)) {
-        return;
-    }
-    const TopkThreshold t = topk_threshold_block<true>(qa, k);
-    if (threadIdx.x == 0) {
-        th[q] = t;
-    }
+    topk_last_block_threshold<TOPK_SEL_THREADS>(qa, gridDim.x, k, th + q);
 }
 
 // grid: (blocks per query, queries). Each block classifies a grid-stride

@@ -237,22 +237,31 @@ __device__ __forceinline__ void topk_hist_own_rows(const float* __restrict__ sco
     topk_flush_hist<THREADS>(h, area);
 }
 
-// topk_hist_own_rows, then the last block of the grid to finish finds the
-// threshold for k into `th`, leaving the area's histogram at zero: the work
-// of a topk_hist pass, without its pass over the scores.
-template <unsigned THREADS, unsigned ROWS>
-__device__ __forceinline__ void topk_threshold_own_rows(const float* __restrict__ scores,
-                                                        unsigned n, unsigned* h,
-                                                        unsigned* __restrict__ area, unsigned k,
-                                                        TopkThreshold* __restrict__ th) {
-    topk_hist_own_rows<THREADS, ROWS>(scores, n, h, area);
-    if (!topk_last_block(&area[TOPK_AREA_CTR + TOPK_CTR_HIST], gridDim.x)) {
+// Run by every block of a grid of `blocks` blocks of THREADS threads that
+// has added its counts to the query area: the last block to arrive finds
+// the threshold for k into `th`, leaving the area's histogram at zero.
+template <unsigned THREADS>
+__device__ __forceinline__ void topk_last_block_threshold(unsigned* __restrict__ area,
+                                                          unsigned blocks, unsigned k,
+                                                          TopkThreshold* __restrict__ th) {
+    if (!topk_last_block(&area[TOPK_AREA_CTR + TOPK_CTR_HIST], blocks)) {
         return;
     }
     const TopkThreshold t = topk_threshold_block<true, true, THREADS>(area, k);
     if (threadIdx.x == 0) {
         *th = t;
     }
+}
+
+// topk_hist_own_rows, then topk_last_block_threshold: the work of a
+// topk_hist pass, without its pass over the scores.
+template <unsigned THREADS, unsigned ROWS>
+__device__ __forceinline__ void topk_threshold_own_rows(const float* __restrict__ scores,
+                                                        unsigned n, unsigned* h,
+                                                        unsigned* __restrict__ area, unsigned k,
+                                                        TopkThreshold* __restrict__ th) {
+    topk_hist_own_rows<THREADS, ROWS>(scores, n, h, area);
+    topk_last_block_threshold<THREADS>(area, gridDim.x, k, th);
 }
 
 // Appends rows first + threadIdx.x + j * step (< n) above the threshold bin
