@@ -242,7 +242,8 @@ __device__ void search_single(const float* __restrict__ corpus, const float* __r
     topk_grid_sync(area);
     const TopkThreshold t = topk_threshold_block<true, false>(area, k);
     topk_gather_rows(scores, nullptr, n, t, blockIdx.x * TOPK_SEL_THREADS,
-                     gridDim.x * TOPK_SEL_THREADS, area, cand, maybe);
+                     gridDim.x * TOPK_SEL_THREADS, &area[TOPK_AREA_CTR + TOPK_CTR_CAND], cand,
+                     maybe);
     if (!topk_last_block(&area[TOPK_AREA_CTR + TOPK_CTR_GATHER], gridDim.x)) {
         return;
     }

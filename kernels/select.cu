@@ -25,11 +25,16 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     unsigned* qa = area + (size_t)q * TOPK_AREA_STRIDE;
     unsigned long long* qc = cand + (size_t)q * TOPK_CAND_CAP;
     unsigned long long* qm = maybe + (size_t)q * TOPK_MAYBE_CAP;
+    // The list counters: one block, so shared atomics suffice.
+    __shared__ unsigned ctr[2];
+    if (threadIdx.x < 2) {
+        ctr[threadIdx.x] = 0u;
+    }
     topk_zero_shared(h, TOPK_L1_BINS);
     topk_hist_rows(sc, n, 0, TOPK_SEL_THREADS, h, stash);
     __syncthreads();
     const TopkThreshold t = topk_threshold_block<false>(h, k);
-    topk_gather_rows(sc, stash, n, t, 0, TOPK_SEL_THREADS, qa, qc, qm);
+    topk_gather_rows(sc, stash, n, t, 0, TOPK_SEL_THREADS, ctr, qc, qm);
     // The block's own global appends are visible to it after the barrier.
     __syncthreads();
     topk_select_block(sc, t, k, qa, qc, qm, keys, out + (size_t)q * stride);
@@ -69,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     unsigned long long* qc = cand + (size_t)q * TOPK_CAND_CAP;
     unsigned long long* qm = maybe + (size_t)q * TOPK_MAYBE_CAP;
     topk_gather_rows(sc, nullptr, n, t, blockIdx.x * TOPK_SEL_THREADS,
-                     gridDim.x * TOPK_SEL_THREADS, qa, qc, qm);
+                     gridDim.x * TOPK_SEL_THREADS, &qa[TOPK_AREA_CTR + TOPK_CTR_CAND], qc, qm);
     if (!topk_last_block(&qa[TOPK_AREA_CTR + TOPK_CTR_GATHER], gridDim.x)) {
         return;
     }

@@ -16,10 +16,10 @@
 //    candidates, a histogram of their next 12 bits (level 2) narrows them to
 //    those at or above its own threshold; the kept keys are ranked (by
 //    counting for small sets, by buckets of their scores for larger ones, by
-//    a bitonic network held in registers when a bucket is crowded) and the
-//    best k written out. Too many exact ties for the
-//    buffer set the overflow status, and the host finishes that query from
-//    the scores.
+//    a bitonic network held in registers when a bucket is crowded) into the
+//    front of the key buffer, and warp 0 writes the best k, then the header
+//    (topk_write_row). Too many exact ties for the buffer set the overflow
+//    status, and the host finishes that query from the scores.
 #pragma once
 #include "common.cuh"
 
@@ -265,13 +265,18 @@ __device__ __forceinline__ void topk_threshold_own_rows(const float* __restrict_
 }
 
 // Appends rows first + threadIdx.x + j * step (< n) above the threshold bin
-// to `cand` and those in it to `maybe`, with one atomic per warp and list on
-// the counters of `area`. Bits come from `stash` when it is not null (see
-// topk_load_bits).
+// to `cand` and those in it to `maybe`, taking their places from the two
+// counters ctr[0] (cand) and ctr[1] (maybe), shared or global. Each warp
+// takes its places once per round of TOPK_ROWS_ILP rows per lane, both
+// lists' atomics issued together, so that an atomic's round trip is paid
+// once per round rather than once per row (at K = 1000 most rounds of a
+// small corpus hold candidates). Taking them once per block instead, with
+// block barriers in every round, was slower (bench/gpu/NOTES.md, v15).
+// Bits come from `stash` when it is not null (see topk_load_bits).
 __device__ __forceinline__ void topk_gather_rows(const float* __restrict__ sc,
                                                  const unsigned* stash, unsigned n,
                                                  TopkThreshold t, unsigned first, unsigned step,
-                                                 unsigned* __restrict__ area,
+                                                 unsigned* ctr,
                                                  unsigned long long* __restrict__ cand,
                                                  unsigned long long* __restrict__ maybe) {
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
@@ -288,56 +293,98 @@ __device__ __forceinline__ void topk_gather_rows(const float* __restrict__ sc,
         if (!__any_sync(TOPK_FULL_MASK, any)) {
             continue;
         }
+        unsigned ma[TOPK_ROWS_ILP];
+        unsigned mb[TOPK_ROWS_ILP];
+        unsigned na = 0;
+        unsigned nb = 0;
+#pragma unroll
+        for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+            const size_t i = base + (size_t)j * step + threadIdx.x;
+            const unsigned b1 = ob[j] >> (32 - TOPK_L1_BITS);
+            ma[j] = __ballot_sync(TOPK_FULL_MASK, i < n && b1 > t.bucket);
+            mb[j] = __ballot_sync(TOPK_FULL_MASK, i < n && b1 == t.bucket);
+            na += __popc(ma[j]);
+            nb += __popc(mb[j]);
+        }
+        unsigned pa = 0;
+        unsigned pb = 0;
+        if (lane == 0) {
+            // Both issued before either result is used.
+            if (na != 0u) {
+                pa = atomicAdd(&ctr[0], na);
+            }
+            if (nb != 0u) {
+                pb = atomicAdd(&ctr[1], nb);
+            }
+        }
+        pa = __shfl_sync(TOPK_FULL_MASK, pa, 0);
+        pb = __shfl_sync(TOPK_FULL_MASK, pb, 0);
 #pragma unroll
         for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
             const unsigned i = (unsigned)(base + (size_t)j * step) + threadIdx.x;
-            const unsigned b1 = ob[j] >> (32 - TOPK_L1_BITS);
-            const bool is_above = i < n && b1 > t.bucket;
-            const bool is_in = i < n && b1 == t.bucket;
-            const unsigned ma = __ballot_sync(TOPK_FULL_MASK, is_above);
-            const unsigned mb = __ballot_sync(TOPK_FULL_MASK, is_in);
-            if ((ma | mb) == 0u) {
-                continue;
-            }
             const unsigned long long key =
                 ((unsigned long long)ob[j] << 32) | (unsigned long long)(0xffffffffu - i);
-            unsigned pa = 0;
-            unsigned pb = 0;
-            if (lane == 0) {
-                if (ma != 0u) {
-                    pa = atomicAdd(&area[TOPK_AREA_CTR + TOPK_CTR_CAND], (unsigned)__popc(ma));
-                }
-                if (mb != 0u) {
-                    pb = atomicAdd(&area[TOPK_AREA_CTR + TOPK_CTR_MAYBE], (unsigned)__popc(mb));
+            if ((ma[j] >> lane) & 1u) {
+                const unsigned p = pa + __popc(ma[j] & lanes_below);
+                if (p < TOPK_CAND_CAP) {
+                    cand[p] = key;
                 }
             }
-            pa = __shfl_sync(TOPK_FULL_MASK, pa, 0) + __popc(ma & lanes_below);
-            pb = __shfl_sync(TOPK_FULL_MASK, pb, 0) + __popc(mb & lanes_below);
-            if (is_above && pa < TOPK_CAND_CAP) {
-                cand[pa] = key;
+            if ((mb[j] >> lane) & 1u) {
+                const unsigned p = pb + __popc(mb[j] & lanes_below);
+                if (p < TOPK_MAYBE_CAP) {
+                    maybe[p] = key;
+                }
             }
-            if (is_in && pb < TOPK_MAYBE_CAP) {
-                maybe[pb] = key;
-            }
+            pa += __popc(ma[j]);
+            pb += __popc(mb[j]);
         }
     }
 }
 
-// Writes result r (0-based rank) for key `key` into row[1 + r], the score
-// bits read back from `sc`.
-__device__ __forceinline__ void topk_emit(unsigned long long key, unsigned r,
-                                          const float* __restrict__ sc,
-                                          TopkNeighbor* __restrict__ row) {
-    const unsigned idx = topk_key_index(key);
-    row[1 + r].index = idx;
-    row[1 + r].score = __ldcg(sc + idx);
+// The score of a ranked key: its ordered bits map back to the score's bits,
+// except for the one value that -0.0 and +0.0 share and for NaN, whose bits
+// are read back from `sc` so that they stay exactly what was scored.
+__device__ __forceinline__ float topk_key_score(unsigned long long key,
+                                                const float* __restrict__ sc) {
+    const unsigned ob = (unsigned)(key >> 32);
+    if (ob == 0u || ob == 0x80000000u) {
+        return __ldcg(sc + topk_key_index(key));
+    }
+    return __uint_as_float((ob & 0x80000000u) ? (ob & 0x7fffffffu) : ~ob);
+}
+
+// Writes the query's row from the first `count` keys of `s` (shared, best
+// first, complete for every thread of the block): row[1 + r] = result r,
+// then the header row[0] = OK. Only warp 0 writes, one 8-byte store per
+// result with consecutive lanes on consecutive results, so that results in
+// mapped host memory cross the bus as whole lines rather than scattered
+// words, and so that a single warp pays the system-scope fence that must
+// come before the header: with results in mapped host memory the host polls
+// the header and reads the results once it is set.
+__device__ __forceinline__ void topk_write_row(const unsigned long long* s, unsigned count,
+                                               const float* __restrict__ sc,
+                                               TopkNeighbor* __restrict__ row) {
+    if (threadIdx.x >= TOPK_WARP) {
+        return;
+    }
+    uint2* out = reinterpret_cast<uint2*>(row + 1);
+    for (unsigned r = threadIdx.x; r < count; r += TOPK_WARP) {
+        const unsigned long long key = s[r];
+        out[r] = make_uint2(topk_key_index(key), __float_as_uint(topk_key_score(key, sc)));
+    }
+    __threadfence_system();
+    __syncwarp();
+    if (threadIdx.x == 0) {
+        row[0].score = 0.0f;
+        row[0].index = TOPK_STATUS_OK;
+    }
 }
 
 // Ranks the `count` (<= TOPK_RANK_MAX) distinct keys of `s` by counting, for
-// each, the keys larger than it, and writes those ranked below k.
-__device__ __forceinline__ void topk_rank_emit(const unsigned long long* s, unsigned count,
-                                               unsigned k, const float* __restrict__ sc,
-                                               TopkNeighbor* __restrict__ row) {
+// each, the keys larger than it, and moves those ranked below k to s[rank].
+__device__ __forceinline__ void topk_rank_place(unsigned long long* s, unsigned count,
+                                                unsigned k) {
     constexpr unsigned SLICES = TOPK_SEL_THREADS / TOPK_RANK_MAX;
     __shared__ unsigned rank[TOPK_RANK_MAX];
     const unsigned i = threadIdx.x % TOPK_RANK_MAX;
@@ -359,25 +406,28 @@ __device__ __forceinline__ void topk_rank_emit(const unsigned long long* s, unsi
         }
     }
     __syncthreads();
-    if (threadIdx.x < count && rank[threadIdx.x] < k) {
-        topk_emit(s[threadIdx.x], rank[threadIdx.x], sc, row);
+    const bool placed = threadIdx.x < count && rank[threadIdx.x] < k;
+    const unsigned long long key = placed ? s[threadIdx.x] : 0ull;
+    __syncthreads();
+    if (placed) {
+        s[rank[threadIdx.x]] = key;
     }
 }
 
-// Buckets and the largest bucket of topk_bucket_emit.
+// Buckets and the largest bucket of topk_bucket_place.
 #define TOPK_BUCKETS 512
 #define TOPK_BUCKET_MAX 256
 
-// Ranks the `count` distinct keys of `s` without sorting them all: keys are
-// spread into TOPK_BUCKETS equal-width buckets of their score bits between
-// the set's smallest and largest (best bucket first), a key's place is its
-// bucket's start plus the keys of its bucket that are larger, and those
-// placed below k are written. Returns false, having written nothing, when a
-// bucket holds more than TOPK_BUCKET_MAX keys (crowded or tied scores); the
-// caller then sorts.
-__device__ __noinline__ bool topk_bucket_emit(const unsigned long long* s, unsigned count,
-                                              unsigned k, const float* __restrict__ sc,
-                                              TopkNeighbor* __restrict__ row) {
+// Ranks the `count` (<= TOPK_CAND_CAP) distinct keys of `s` without sorting
+// them all: keys are spread into TOPK_BUCKETS equal-width buckets of their
+// score bits between the set's smallest and largest (best bucket first), a
+// key's place is its bucket's start plus the keys of its bucket that are
+// larger, and those placed below k move to s[place]. Returns false, having
+// moved nothing, when a bucket holds more than TOPK_BUCKET_MAX keys (crowded
+// or tied scores); the caller then sorts.
+__device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned count,
+                                               unsigned k) {
+    constexpr unsigned PER_THREAD = TOPK_CAND_CAP / TOPK_SEL_THREADS;
     __shared__ unsigned start[TOPK_BUCKETS + 1];
     __shared__ unsigned cursor[TOPK_BUCKETS];
     __shared__ unsigned short members[TOPK_CAND_CAP];
@@ -463,19 +513,33 @@ __device__ __noinline__ bool topk_bucket_emit(const unsigned long long* s, unsig
         members[start[b] + atomicAdd(&cursor[b], 1u)] = (unsigned short)i;
     }
     __syncthreads();
-    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
-        const unsigned long long key = s[i];
-        const unsigned b = TOPK_BUCKETS - 1 - (((unsigned)(key >> 32) - lo) >> shift);
-        const unsigned first = start[b];
-        if (first >= k) {
-            continue;
+    // Every key is read before any moves: places go in registers first.
+    unsigned long long mine[PER_THREAD];
+    unsigned where[PER_THREAD];
+#pragma unroll
+    for (unsigned r = 0; r < PER_THREAD; ++r) {
+        const unsigned i = t + r * TOPK_SEL_THREADS;
+        where[r] = k;
+        mine[r] = 0ull;
+        if (i < count) {
+            const unsigned long long key = s[i];
+            const unsigned b = TOPK_BUCKETS - 1 - (((unsigned)(key >> 32) - lo) >> shift);
+            const unsigned first = start[b];
+            if (first < k) {
+                unsigned place = first;
+                for (unsigned j = first; j < start[b + 1]; ++j) {
+                    place += s[members[j]] > key;
+                }
+                where[r] = place;
+                mine[r] = key;
+            }
         }
-        unsigned place = first;
-        for (unsigned j = first; j < start[b + 1]; ++j) {
-            place += s[members[j]] > key;
-        }
-        if (place < k) {
-            topk_emit(key, place, sc, row);
+    }
+    __syncthreads();
+#pragma unroll
+    for (unsigned r = 0; r < PER_THREAD; ++r) {
+        if (where[r] < k) {
+            s[where[r]] = mine[r];
         }
     }
     return true;
@@ -491,15 +555,13 @@ __device__ __forceinline__ unsigned long long topk_bitonic_pick(unsigned long lo
     return keep_max ? (v > w ? v : w) : (v < w ? v : w);
 }
 
-// Sorts the E * TOPK_SEL_THREADS keys of `s` (shared) largest first and writes
-// the best k. Thread t holds elements t*E .. t*E + E - 1 in registers:
+// Sorts the E * TOPK_SEL_THREADS keys of `s` (shared) largest first and leaves
+// the best k in s[0..k). Thread t holds elements t*E .. t*E + E - 1 in registers:
 // compare distances below E stay in the thread, those below 32*E go through
 // warp shuffles, and only the rest through shared memory (stored
 // element-major across threads, so that a warp's accesses are consecutive).
 template <int E>
-__device__ __forceinline__ void topk_sort_emit(unsigned long long* s, unsigned k,
-                                               const float* __restrict__ sc,
-                                               TopkNeighbor* __restrict__ row) {
+__device__ __forceinline__ void topk_sort_place(unsigned long long* s, unsigned k) {
     constexpr unsigned LEN = E * TOPK_SEL_THREADS;
     const unsigned t = threadIdx.x;
     unsigned long long v[E];
@@ -546,11 +608,12 @@ __device__ __forceinline__ void topk_sort_emit(unsigned long long* s, unsigned k
             }
         }
     }
+    __syncthreads();
 #pragma unroll
     for (int r = 0; r < E; ++r) {
         const unsigned e = t * E + r;
         if (e < k) {
-            topk_emit(v[r], e, sc, row);
+            s[e] = v[r];
         }
     }
 }
@@ -630,8 +693,8 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
     }
     __syncthreads();
     if (count <= TOPK_RANK_MAX) {
-        topk_rank_emit(keys, count, k, sc, row);
-    } else if (!topk_bucket_emit(keys, count, k, sc, row)) {
+        topk_rank_place(keys, count, k);
+    } else if (!topk_bucket_place(keys, count, k)) {
         unsigned len = TOPK_SEL_THREADS;
         while (len < count) {
             len <<= 1;
@@ -644,22 +707,16 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
         __syncthreads();
         switch (len / TOPK_SEL_THREADS) {
         case 1:
-            topk_sort_emit<1>(keys, k, sc, row);
+            topk_sort_place<1>(keys, k);
             break;
         case 2:
-            topk_sort_emit<2>(keys, k, sc, row);
+            topk_sort_place<2>(keys, k);
             break;
         default:
-            topk_sort_emit<TOPK_CAND_CAP / TOPK_SEL_THREADS>(keys, k, sc, row);
+            topk_sort_place<TOPK_CAND_CAP / TOPK_SEL_THREADS>(keys, k);
             break;
         }
     }
-    // The header is the row's last write, after every result is visible
-    // system-wide: with results in mapped host memory the host may poll it.
-    __threadfence_system();
     __syncthreads();
-    if (threadIdx.x == 0) {
-        row[0].score = 0.0f;
-        row[0].index = TOPK_STATUS_OK;
-    }
+    topk_write_row(keys, min(k, count), sc, row);
 }

@@ -1,9 +1,9 @@
 //! `cuda_probe`: quick latency probe of the GPU engine over the DESIGN.md §6
 //! configurations, one JSON line per measurement on stdout.
 //!
-//! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--trials T] [--fuse-rows R]
-//! [--single-launch-rows S] [--no-graphs] [--copy-results]` (`--ns` picks the
-//! corpus sizes; R and S set
+//! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--ds D1,…] [--ks K1,…] [--trials T]
+//! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]`
+//! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K; R and S set
 //! `CudaOptions::fuse_rows` and `CudaOptions::single_launch_rows`;
 //! `--no-graphs` clears `CudaOptions::graphs`, `--copy-results`
 //! `CudaOptions::mapped_results`). Rows are seeded Gaussian,
@@ -127,15 +127,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         vec![10_000, 50_000, 100_000, 500_000, 1_000_000]
     };
-    let ds: &[usize] = if quick {
-        &[384, 1024]
+    let ds: Vec<usize> = if let Some(list) = flag_list(&args, "--ds") {
+        list
+    } else if quick {
+        vec![384, 1024]
     } else {
-        &[384, 768, 1024]
+        vec![384, 768, 1024]
     };
-    let ks = [8usize, 32, 100, 1000];
+    let ks = flag_list(&args, "--ks").unwrap_or_else(|| vec![8, 32, 100, 1000]);
     let cpu_k = *ks.iter().max().unwrap_or(&1000);
     for &n in &ns {
-        for &d in ds {
+        for &d in &ds {
             let corpus = gaussian_rows(n, d, 42);
             let query = gaussian_rows(1, d, 7);
             let gpu = CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, opts.clone())?;

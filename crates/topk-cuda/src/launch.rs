@@ -136,6 +136,10 @@ pub(crate) const SINGLE_MAX_DIM: usize = 16 * 1024;
 const STASH_ROWS: u32 = 16384;
 /// Threads of the selection kernels (`TOPK_SEL_THREADS`).
 const SEL_THREADS: u32 = 1024;
+/// Rows per thread that size the grid of the grid-wide selection passes
+/// (topk_hist, topk_gather): few enough that a single query's gather spreads
+/// over most multiprocessors, since the pass is bound by load latency.
+const SELECT_ROWS_PER_THREAD: u32 = 4;
 /// Largest candidate set the device sorts (`TOPK_CAND_CAP`).
 pub(crate) const CAND_CAP: usize = 4096;
 /// Rows of the level-1 threshold bin kept per query for refinement
@@ -649,9 +653,11 @@ impl Kernels {
         }
     }
 
-    /// Blocks per query of the grid-wide selection passes over `n` scores.
+    /// Blocks per query of the grid-wide selection passes over `n` scores:
+    /// about SELECT_ROWS_PER_THREAD rows per thread, at most the device's
+    /// multiprocessors shared among the queries.
     fn select_blocks(&self, n: u32, nq: u32) -> u32 {
-        let per_query = n.div_ceil(SEL_THREADS * 16);
+        let per_query = n.div_ceil(SEL_THREADS * SELECT_ROWS_PER_THREAD);
         let cap = (self.sm_count / nq.max(1)).max(1);
         per_query.clamp(1, cap)
     }
