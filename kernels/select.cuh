@@ -17,9 +17,9 @@
 //    those at or above its own threshold; the kept keys are ranked (by
 //    counting for small sets, by buckets of their scores for larger ones, by
 //    a bitonic network held in registers when a bucket is crowded) into the
-//    front of the key buffer, and warp 0 writes the best k, then the header
-//    (topk_write_row). Too many exact ties for the buffer set the overflow
-//    status, and the host finishes that query from the scores.
+//    front of the key buffer, from where the best k, then the header, are
+//    written (topk_write_row). Too many exact ties for the buffer set the
+//    overflow status, and the host finishes that query from the scores.
 #pragma once
 #include "common.cuh"
 
@@ -356,25 +356,25 @@ __device__ __forceinline__ float topk_key_score(unsigned long long key,
 
 // Writes the query's row from the first `count` keys of `s` (shared, best
 // first, complete for every thread of the block): row[1 + r] = result r,
-// then the header row[0] = OK. Only warp 0 writes, one 8-byte store per
-// result with consecutive lanes on consecutive results, so that results in
-// mapped host memory cross the bus as whole lines rather than scattered
-// words, and so that a single warp pays the system-scope fence that must
-// come before the header: with results in mapped host memory the host polls
-// the header and reads the results once it is set.
+// then the header row[0] = OK; ends with the block synchronised. Each result
+// is one 8-byte store, consecutive threads on consecutive results, so that
+// results in mapped host memory cross the bus as whole lines rather than as
+// scattered words. The header must come after every result is visible
+// system-wide (the host polls it in mapped memory, then reads the results),
+// so the threads that wrote a result fence at system scope before the
+// barrier; the others, for a small k most warps, skip that fence.
 __device__ __forceinline__ void topk_write_row(const unsigned long long* s, unsigned count,
                                                const float* __restrict__ sc,
                                                TopkNeighbor* __restrict__ row) {
-    if (threadIdx.x >= TOPK_WARP) {
-        return;
-    }
     uint2* out = reinterpret_cast<uint2*>(row + 1);
-    for (unsigned r = threadIdx.x; r < count; r += TOPK_WARP) {
+    for (unsigned r = threadIdx.x; r < count; r += TOPK_SEL_THREADS) {
         const unsigned long long key = s[r];
         out[r] = make_uint2(topk_key_index(key), __float_as_uint(topk_key_score(key, sc)));
     }
-    __threadfence_system();
-    __syncwarp();
+    if (threadIdx.x < count) {
+        __threadfence_system();
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
         row[0].score = 0.0f;
         row[0].index = TOPK_STATUS_OK;
