@@ -112,6 +112,13 @@ __device__ __forceinline__ unsigned topk_ordered_bits(float s) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The inverse of topk_ordered_bits: the score whose ordered bits are `ob`,
+// exact for every score but the zeros (one value for -0.0 and +0.0, read here
+// as +0.0) and NaN (all of them 0).
+__device__ __forceinline__ float topk_score_of_bits(unsigned ob) {
+    return __uint_as_float((ob & 0x80000000u) ? (ob & 0x7fffffffu) : ~ob);
+}
+
 // The total ranking key of §3: larger is better, ties go to the smaller index.
 __device__ __forceinline__ unsigned long long topk_rank_key(float s, unsigned index) {
     return ((unsigned long long)topk_ordered_bits(s) << 32) |

@@ -351,7 +351,7 @@ __device__ __forceinline__ float topk_key_score(unsigned long long key,
     if (ob == 0u || ob == 0x80000000u) {
         return __ldcg(sc + topk_key_index(key));
     }
-    return __uint_as_float((ob & 0x80000000u) ? (ob & 0x7fffffffu) : ~ob);
+    return topk_score_of_bits(ob);
 }
 
 // Writes the query's row from the first `count` keys of `s` (shared, best
