@@ -264,6 +264,17 @@ __device__ __forceinline__ void topk_threshold_own_rows(const float* __restrict_
     topk_last_block_threshold<THREADS>(area, gridDim.x, k, th);
 }
 
+// Whether any of a round's TOPK_ROWS_ILP rows of this lane falls in or
+// above level-1 bin `bucket` (a candidate of topk_gather_rows).
+__device__ __forceinline__ bool topk_round_has_candidate(const unsigned* ob, unsigned bucket) {
+    bool any = false;
+#pragma unroll
+    for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
+        any |= (ob[j] >> (32 - TOPK_L1_BITS)) >= bucket;
+    }
+    return any;
+}
+
 // Appends rows first + threadIdx.x + j * step (< n) above the threshold bin
 // to `cand` and those in it to `maybe`, taking their places from the two
 // counters ctr[0] (cand) and ctr[1] (maybe), shared or global. Each warp
@@ -285,12 +296,7 @@ __device__ __forceinline__ void topk_gather_rows(const float* __restrict__ sc,
         unsigned ob[TOPK_ROWS_ILP];
         topk_load_bits(sc, stash, n, base, step, ob);
         // Most rounds hold no candidate: one vote skips them.
-        bool any = false;
-#pragma unroll
-        for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
-            any |= (ob[j] >> (32 - TOPK_L1_BITS)) >= t.bucket;
-        }
-        if (!__any_sync(TOPK_FULL_MASK, any)) {
+        if (!__any_sync(TOPK_FULL_MASK, topk_round_has_candidate(ob, t.bucket))) {
             continue;
         }
         unsigned ma[TOPK_ROWS_ILP];

@@ -81,12 +81,7 @@ __global__ void __launch_bounds__(TOPK_SEL_THREADS)
         for (unsigned base = 0; base < n; base += TOPK_SEL_THREADS * TOPK_ROWS_ILP) {
             unsigned ob[TOPK_ROWS_ILP];
             topk_load_bits(sc, topk_stash, n, base, TOPK_SEL_THREADS, ob);
-            bool any = false;
-#pragma unroll
-            for (unsigned j = 0; j < TOPK_ROWS_ILP; ++j) {
-                any |= (ob[j] >> (32 - TOPK_L1_BITS)) >= t.bucket;
-            }
-            seen += __any_sync(TOPK_FULL_MASK, any);
+            seen += __any_sync(TOPK_FULL_MASK, topk_round_has_candidate(ob, t.bucket));
         }
         __syncthreads();
         if (seen == 12345u) {
