@@ -165,6 +165,28 @@ __device__ __forceinline__ float topk_warp_norm(const float* v, unsigned d, unsi
     return __fsqrt_rn(topk_butterfly(p));
 }
 
+// Stage marks, for the trace lab (bench/gpu/lab/trace_lab.cu) only: built
+// with TOPK_TRACE, thread 0 of each block passing mark i records the global
+// timer (ns) into topk_trace_first[i] (the earliest block) and
+// topk_trace_last[i] (the latest). Without it (the engine's PTX) a mark is
+// nothing at all. Marks sit at a kernel's entry or right after a block
+// barrier, so that thread 0 stands for its block.
+#define TOPK_TRACE_MARKS 16
+#ifdef TOPK_TRACE
+__device__ unsigned long long topk_trace_first[TOPK_TRACE_MARKS];
+__device__ unsigned long long topk_trace_last[TOPK_TRACE_MARKS];
+__device__ __forceinline__ void topk_mark(unsigned i) {
+    if (threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        atomicMin(&topk_trace_first[i], t);
+        atomicMax(&topk_trace_last[i], t);
+    }
+}
+#else
+__device__ __forceinline__ void topk_mark(unsigned) {}
+#endif
+
 // Inclusive prefix sum over the lanes of a warp.
 __device__ __forceinline__ unsigned topk_warp_inclusive_scan(unsigned v, unsigned lane) {
 #pragma unroll

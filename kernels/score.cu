@@ -174,6 +174,27 @@ __device__ __forceinline__ float load_query(const float* __restrict__ query, uns
     return 0.0f;
 }
 
+// Copies a host query of n floats from `src` (page-locked host memory
+// mapped into the device's address space, read across the bus) into the
+// device query buffer `dst`: one block, run as the first node of a host
+// query's graph in place of a copy-engine transfer (bench/gpu/NOTES.md, v16).
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_fetch_query(const float* __restrict__ src, float* __restrict__ dst, unsigned n) {
+    if (((reinterpret_cast<size_t>(src) | reinterpret_cast<size_t>(dst)) & 15u) == 0u &&
+        n % 4u == 0u) {
+        const float4* s4 = reinterpret_cast<const float4*>(src);
+        float4* d4 = reinterpret_cast<float4*>(dst);
+#pragma unroll 4
+        for (unsigned i = threadIdx.x; i < n / 4u; i += blockDim.x) {
+            d4[i] = s4[i];
+        }
+    } else {
+        for (unsigned i = threadIdx.x; i < n; i += blockDim.x) {
+            dst[i] = src[i];
+        }
+    }
+}
+
 // The separate scoring kernel of one query: 8 warps, 4 rows each, 3 tiles.
 #define SINGLE_WARPS 8
 #define SINGLE_RT 4
@@ -225,34 +246,43 @@ __device__ void search_single(const float* __restrict__ corpus, const float* __r
                               unsigned long long* __restrict__ cand,
                               unsigned long long* __restrict__ maybe,
                               TopkNeighbor* __restrict__ out) {
+    using ST = Stage<SEARCH_WARPS, SEARCH_RT, SEARCH_DEPTH>;
+    static_assert(ST::TILE * SEARCH_DEPTH * 4 >= 2 * TOPK_CAND_CAP * 8,
+                  "the selection's keys and scratch reuse the tiles");
     extern __shared__ float4 topk_dyn_smem[];
     __shared__ float qn_sh;
     float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
     float* tiles = topk_tiles_after(qsh, d);
+    topk_mark(0);
     const float qn = load_query<METRIC>(query, d, qsh, &qn_sh);
     stage_score<METRIC, VEC16, SEARCH_WARPS, SEARCH_RT, SEARCH_DEPTH>(corpus, rnorm, n, d, qsh,
                                                                      qn, scores, tiles);
     topk_grid_sync(area);
+    topk_mark(1);
     unsigned* h = reinterpret_cast<unsigned*>(tiles);
     topk_zero_shared(h, TOPK_L1_BINS);
     topk_hist_rows(scores, n, blockIdx.x * TOPK_SEL_THREADS, gridDim.x * TOPK_SEL_THREADS, h,
                    nullptr);
     __syncthreads();
+    topk_mark(8);
     topk_flush_hist(h, area);
     topk_grid_sync(area);
+    topk_mark(9);
     const TopkThreshold t = topk_threshold_block<true, false>(area, k);
+    topk_mark(2);
     topk_gather_rows(scores, nullptr, n, t, blockIdx.x * TOPK_SEL_THREADS,
                      gridDim.x * TOPK_SEL_THREADS, &area[TOPK_AREA_CTR + TOPK_CTR_CAND], cand,
                      maybe);
     if (!topk_last_block(&area[TOPK_AREA_CTR + TOPK_CTR_GATHER], gridDim.x)) {
         return;
     }
+    topk_mark(3);
     // Every block has read the histogram: clear it for the next search.
     for (unsigned i = threadIdx.x; i < TOPK_L1_BINS; i += TOPK_SEL_THREADS) {
         area[i] = 0u;
     }
-    topk_select_block(scores, t, k, area, cand, maybe,
-                      reinterpret_cast<unsigned long long*>(tiles), out);
+    unsigned long long* keys = reinterpret_cast<unsigned long long*>(tiles);
+    topk_select_block(scores, t, k, area, cand, maybe, keys, keys + TOPK_CAND_CAP, out);
 }
 
 // A tile of QT queries against RT rows per warp. The queries pass through

@@ -11,8 +11,10 @@
 // 2. topk_threshold_block: the level-1 bin `bucket` where the count from the
 //    best bin down reaches k. Rows above it (`above` < k) are in the answer.
 // 3. topk_gather_rows: rows above the bin are appended to `cand`, rows in the
-//    bin to `maybe`.
-// 4. topk_select_block: when the bin's rows do not all fit beside the
+//    bin to `maybe` (global lists; the one-block select appends straight
+//    into its shared sort buffer when both fit there).
+// 4. topk_select_block (topk_rank_write once the keys are in shared
+//    memory): when the bin's rows do not all fit beside the
 //    candidates, a histogram of their next 12 bits (level 2) narrows them to
 //    those at or above its own threshold; the kept keys are ranked (by
 //    counting for small sets, by buckets of their scores for larger ones, by
@@ -26,7 +28,9 @@
 // Rows each thread loads before using them: independent loads in flight.
 #define TOPK_ROWS_ILP 8
 // Largest candidate set ranked by counting rather than sorted.
+#ifndef TOPK_RANK_MAX
 #define TOPK_RANK_MAX 256
+#endif
 
 // Loads the ordered bits of rows base + threadIdx.x + j * step, for j in
 // [0, TOPK_ROWS_ILP); rows past the end read as 0 (the bits of NaN, below
@@ -387,12 +391,29 @@ __device__ __forceinline__ void topk_write_row(const unsigned long long* s, unsi
     }
 }
 
+// Buckets of topk_bucket_place: low bits kept per octave of a key's
+// distance above the floor, the buckets that gives, and the largest bucket
+// ranked by counting.
+#define TOPK_BUCKET_SUB 6
+#define TOPK_BUCKETS ((32 - TOPK_BUCKET_SUB + 1) << TOPK_BUCKET_SUB)
+#define TOPK_BUCKET_MAX 256
+
+// Shared words of the rankers (the counts of topk_rank_place, the bucket
+// starts of topk_bucket_place), which never run at the same time: one
+// allocation keeps the selection kernels' static shared memory under 48 KiB.
+#define TOPK_RANK_SCRATCH (TOPK_BUCKETS + 1)
+__device__ __forceinline__ unsigned* topk_rank_scratch() {
+    __shared__ unsigned scratch[TOPK_RANK_SCRATCH];
+    return scratch;
+}
+
 // Ranks the `count` (<= TOPK_RANK_MAX) distinct keys of `s` by counting, for
 // each, the keys larger than it, and moves those ranked below k to s[rank].
 __device__ __forceinline__ void topk_rank_place(unsigned long long* s, unsigned count,
                                                 unsigned k) {
     constexpr unsigned SLICES = TOPK_SEL_THREADS / TOPK_RANK_MAX;
-    __shared__ unsigned rank[TOPK_RANK_MAX];
+    static_assert(TOPK_RANK_MAX <= TOPK_RANK_SCRATCH, "rank scratch");
+    unsigned* rank = topk_rank_scratch();
     const unsigned i = threadIdx.x % TOPK_RANK_MAX;
     const unsigned slice = threadIdx.x / TOPK_RANK_MAX;
     if (threadIdx.x < TOPK_RANK_MAX) {
@@ -420,132 +441,125 @@ __device__ __forceinline__ void topk_rank_place(unsigned long long* s, unsigned 
     }
 }
 
-// Buckets and the largest bucket of topk_bucket_place.
-#define TOPK_BUCKETS 512
-#define TOPK_BUCKET_MAX 256
 
-// Ranks the `count` (<= TOPK_CAND_CAP) distinct keys of `s` without sorting
-// them all: keys are spread into TOPK_BUCKETS equal-width buckets of their
-// score bits between the set's smallest and largest (best bucket first), a
-// key's place is its bucket's start plus the keys of its bucket that are
-// larger, and those placed below k move to s[place]. Returns false, having
-// moved nothing, when a bucket holds more than TOPK_BUCKET_MAX keys (crowded
-// or tied scores); the caller then sorts.
-__device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned count,
-                                               unsigned k) {
+// The bucket (0 = best) of ordered bits `ob` at or above `floor`: a monotone
+// map of the distance x = ob - floor that keeps its leading bit and the
+// TOPK_BUCKET_SUB bits below it (each x below 2^SUB has a bucket of its own),
+// so a bucket spans a fixed fraction of its distance. Candidates crowd just
+// above the threshold and thin out toward the best score, which equal-ratio
+// buckets follow; equal-width buckets between the smallest and the largest
+// key pile most keys into a few buckets as soon as one score stands far
+// above the rest (a query with a near-duplicate row: bench/gpu/NOTES.md, v16).
+__device__ __forceinline__ unsigned topk_bucket_of(unsigned ob, unsigned floor) {
+    const unsigned x = ob - floor;
+    unsigned b = x;
+    if (x >= (1u << TOPK_BUCKET_SUB)) {
+        const unsigned e = 31u - __clz(x);
+        b = ((e - TOPK_BUCKET_SUB + 1u) << TOPK_BUCKET_SUB) |
+            ((x >> (e - TOPK_BUCKET_SUB)) & ((1u << TOPK_BUCKET_SUB) - 1u));
+    }
+    return TOPK_BUCKETS - 1u - b;
+}
+
+// Ranks the `count` (<= TOPK_CAND_CAP) distinct keys of `s`, whose ordered
+// bits are all >= `floor`, without sorting them all: each key takes a slot
+// in its bucket (topk_bucket_of), the bucket sizes are scanned into starts,
+// the keys are laid out bucket by bucket in `tmp` (shared, TOPK_CAND_CAP
+// keys), a key's place is its bucket's start plus the keys of its bucket
+// that are larger (consecutive in `tmp`, so independent loads), and those
+// placed below k move to s[place]. Returns false, having moved nothing, when
+// a bucket holds more than TOPK_BUCKET_MAX keys (exact or near ties); the
+// caller then sorts. The caller synchronises the block before reading `s`.
+__device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned long long* tmp,
+                                               unsigned count, unsigned k, unsigned floor) {
     constexpr unsigned PER_THREAD = TOPK_CAND_CAP / TOPK_SEL_THREADS;
-    __shared__ unsigned start[TOPK_BUCKETS + 1];
-    __shared__ unsigned cursor[TOPK_BUCKETS];
-    __shared__ unsigned short members[TOPK_CAND_CAP];
-    __shared__ unsigned lo;
-    __shared__ unsigned hi;
+    constexpr unsigned PER_SCAN = (TOPK_BUCKETS + TOPK_SEL_THREADS - 1) / TOPK_SEL_THREADS;
+    constexpr unsigned WARPS = TOPK_SEL_THREADS / TOPK_WARP;
+    static_assert(PER_SCAN == 2, "two buckets per thread in the scan");
+    static_assert(TOPK_BUCKETS + 1 <= TOPK_RANK_SCRATCH, "bucket scratch");
+    unsigned* start = topk_rank_scratch();
+    __shared__ unsigned warp_sums[WARPS];
     __shared__ bool crowded;
     const unsigned t = threadIdx.x;
-    if (t == 0) {
-        lo = 0xffffffffu;
-        hi = 0u;
-        crowded = false;
-    }
-    for (unsigned b = t; b < TOPK_BUCKETS; b += TOPK_SEL_THREADS) {
-        start[b] = 0u;
-        cursor[b] = 0u;
-    }
-    __syncthreads();
-    // One shared atomic per warp: a whole block on one address serialises.
-    unsigned my_lo = 0xffffffffu;
-    unsigned my_hi = 0u;
-    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
-        const unsigned ob = (unsigned)(s[i] >> 32);
-        my_lo = min(my_lo, ob);
-        my_hi = max(my_hi, ob);
-    }
-    my_lo = __reduce_min_sync(TOPK_FULL_MASK, my_lo);
-    my_hi = __reduce_max_sync(TOPK_FULL_MASK, my_hi);
-    if ((t & (TOPK_WARP - 1)) == 0 && my_lo <= my_hi) {
-        atomicMin(&lo, my_lo);
-        atomicMax(&hi, my_hi);
-    }
-    __syncthreads();
-    unsigned shift = 0;
-    while (((hi - lo) >> shift) >= TOPK_BUCKETS) {
-        ++shift;
-    }
-    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
-        const unsigned ob = (unsigned)(s[i] >> 32);
-        atomicAdd(&start[TOPK_BUCKETS - 1 - ((ob - lo) >> shift)], 1u);
-    }
-    __syncthreads();
-    // Exclusive scan of the bucket sizes (the first TOPK_BUCKETS threads).
-    constexpr unsigned SCAN_WARPS = TOPK_BUCKETS / TOPK_WARP;
-    __shared__ unsigned warp_sums[SCAN_WARPS];
     const unsigned lane = t & (TOPK_WARP - 1);
     const unsigned warp = t / TOPK_WARP;
-    unsigned size = 0;
-    unsigned incl = 0;
-    if (t < TOPK_BUCKETS) {
-        size = start[t];
-        if (size > TOPK_BUCKET_MAX) {
-            crowded = true;
+    for (unsigned b = t; b <= TOPK_BUCKETS; b += TOPK_SEL_THREADS) {
+        start[b] = 0u;
+    }
+    if (t == 0) {
+        crowded = false;
+    }
+    __syncthreads();
+    // Each key's bucket and its slot there, kept in registers: `s` is not
+    // read again, so the keys can move straight to their places.
+    unsigned long long key[PER_THREAD];
+    unsigned bucket[PER_THREAD];
+    unsigned slot[PER_THREAD];
+#pragma unroll
+    for (unsigned r = 0; r < PER_THREAD; ++r) {
+        const unsigned i = t + r * TOPK_SEL_THREADS;
+        key[r] = 0ull;
+        bucket[r] = 0u;
+        slot[r] = 0u;
+        if (i < count) {
+            key[r] = s[i];
+            bucket[r] = topk_bucket_of((unsigned)(key[r] >> 32), floor);
+            slot[r] = atomicAdd(&start[bucket[r]], 1u);
         }
     }
-    if (warp < SCAN_WARPS) {
-        incl = topk_warp_inclusive_scan(size, lane);
-        if (lane == TOPK_WARP - 1) {
-            warp_sums[warp] = incl;
-        }
+    __syncthreads();
+    // Exclusive scan of the sizes: thread t owns buckets 2t and 2t + 1.
+    const unsigned b0 = PER_SCAN * t;
+    const unsigned c0 = b0 < TOPK_BUCKETS ? start[b0] : 0u;
+    const unsigned c1 = b0 + 1 < TOPK_BUCKETS ? start[b0 + 1] : 0u;
+    if (c0 > TOPK_BUCKET_MAX || c1 > TOPK_BUCKET_MAX) {
+        crowded = true;
+    }
+    const unsigned incl = topk_warp_inclusive_scan(c0 + c1, lane);
+    if (lane == TOPK_WARP - 1) {
+        warp_sums[warp] = incl;
     }
     __syncthreads();
     if (warp == 0) {
-        const unsigned v = lane < SCAN_WARPS ? warp_sums[lane] : 0u;
-        const unsigned w = topk_warp_inclusive_scan(v, lane);
-        if (lane < SCAN_WARPS) {
-            warp_sums[lane] = w - v;
-        }
+        const unsigned v = warp_sums[lane];
+        warp_sums[lane] = topk_warp_inclusive_scan(v, lane) - v;
     }
     __syncthreads();
     if (crowded) {
         return false;
     }
-    if (t < TOPK_BUCKETS) {
-        start[t] = incl - size + warp_sums[warp];
+    if (b0 < TOPK_BUCKETS) {
+        const unsigned first = incl - c0 - c1 + warp_sums[warp];
+        start[b0] = first;
+        if (b0 + 1 < TOPK_BUCKETS) {
+            start[b0 + 1] = first + c0;
+        }
     }
     if (t == 0) {
         start[TOPK_BUCKETS] = count;
     }
     __syncthreads();
-    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
-        const unsigned ob = (unsigned)(s[i] >> 32);
-        const unsigned b = TOPK_BUCKETS - 1 - ((ob - lo) >> shift);
-        members[start[b] + atomicAdd(&cursor[b], 1u)] = (unsigned short)i;
-    }
-    __syncthreads();
-    // Every key is read before any moves: places go in registers first.
-    unsigned long long mine[PER_THREAD];
-    unsigned where[PER_THREAD];
 #pragma unroll
     for (unsigned r = 0; r < PER_THREAD; ++r) {
-        const unsigned i = t + r * TOPK_SEL_THREADS;
-        where[r] = k;
-        mine[r] = 0ull;
-        if (i < count) {
-            const unsigned long long key = s[i];
-            const unsigned b = TOPK_BUCKETS - 1 - (((unsigned)(key >> 32) - lo) >> shift);
-            const unsigned first = start[b];
-            if (first < k) {
-                unsigned place = first;
-                for (unsigned j = first; j < start[b + 1]; ++j) {
-                    place += s[members[j]] > key;
-                }
-                where[r] = place;
-                mine[r] = key;
-            }
+        if (t + r * TOPK_SEL_THREADS < count) {
+            tmp[start[bucket[r]] + slot[r]] = key[r];
         }
     }
     __syncthreads();
 #pragma unroll
     for (unsigned r = 0; r < PER_THREAD; ++r) {
-        if (where[r] < k) {
-            s[where[r]] = mine[r];
+        if (t + r * TOPK_SEL_THREADS < count) {
+            const unsigned first = start[bucket[r]];
+            if (first < k) {
+                const unsigned end = start[bucket[r] + 1];
+                unsigned place = first;
+                for (unsigned j = first; j < end; ++j) {
+                    place += tmp[j] > key[r];
+                }
+                if (place < k) {
+                    s[place] = key[r];
+                }
+            }
         }
     }
     return true;
@@ -624,20 +638,65 @@ __device__ __forceinline__ void topk_sort_place(unsigned long long* s, unsigned 
     }
 }
 
+// Ranks the `count` distinct keys of `keys` (shared, room for TOPK_CAND_CAP
+// keys, complete for every thread of the block; k <= count <= TOPK_CAND_CAP;
+// ordered bits all >= `floor`), with `tmp` (shared, as many keys) as
+// scratch, and writes the best k of them into `row`
+// (topk_write_row): by counting for small sets, by buckets of their scores
+// for larger ones, by a bitonic network held in registers when a bucket is
+// crowded.
+__device__ __noinline__ void topk_rank_write(unsigned long long* keys,
+                                             unsigned long long* tmp, unsigned count,
+                                             unsigned k, unsigned floor,
+                                             const float* __restrict__ sc,
+                                             TopkNeighbor* __restrict__ row) {
+    if (count <= TOPK_RANK_MAX) {
+        topk_rank_place(keys, count, k);
+    } else if (!topk_bucket_place(keys, tmp, count, k, floor)) {
+        unsigned len = TOPK_SEL_THREADS;
+        while (len < count) {
+            len <<= 1;
+        }
+        // Every real key is >= 1 (the index complement of a u32 row < N is
+        // nonzero), so zero padding sorts last.
+        for (unsigned i = count + threadIdx.x; i < len; i += TOPK_SEL_THREADS) {
+            keys[i] = 0ull;
+        }
+        __syncthreads();
+        switch (len / TOPK_SEL_THREADS) {
+        case 1:
+            topk_sort_place<1>(keys, k);
+            break;
+        case 2:
+            topk_sort_place<2>(keys, k);
+            break;
+        default:
+            topk_sort_place<TOPK_CAND_CAP / TOPK_SEL_THREADS>(keys, k);
+            break;
+        }
+    }
+    __syncthreads();
+    topk_mark(6);
+    topk_write_row(keys, min(k, count), sc, row);
+    topk_mark(7);
+}
+
 // Run by the one block that finishes a query, once every gather_rows of the
 // query is visible to it: keeps the candidates and the threshold-bin rows
-// needed for the best k (k <= TOPK_CAND_CAP / 2), ranks them in `keys`
-// (shared, room for TOPK_CAND_CAP keys) and writes row[0] = status,
-// row[1..=k] = results, with the score bits read back from the scores so
-// -0.0 stays -0.0; the status is written last (see the end). Leaves the
-// query area's list counters at zero.
+// needed for the best k (k <= TOPK_CAND_CAP / 2), collects them in `keys`
+// (shared, room for TOPK_CAND_CAP keys; `tmp` as many more for the ranking)
+// and ranks and writes them
+// (topk_rank_write): row[0] = status, row[1..=k] = results, the status
+// last. Leaves the query area's list counters at zero.
 __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, TopkThreshold t,
                                                unsigned k, unsigned* __restrict__ area,
                                                const unsigned long long* __restrict__ cand,
                                                const unsigned long long* __restrict__ maybe,
                                                unsigned long long* keys,
+                                               unsigned long long* tmp,
                                                TopkNeighbor* __restrict__ row) {
     __shared__ unsigned fill;
+    topk_mark(4);
     const unsigned above = t.above;
     const unsigned in_bin = t.in_bucket;
     bool ok = in_bin <= TOPK_MAYBE_CAP;
@@ -670,7 +729,6 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
         }
         return;
     }
-    const unsigned count = above + kept;
     for (unsigned i = threadIdx.x; i < above; i += TOPK_SEL_THREADS) {
         keys[i] = __ldcg(cand + i);
     }
@@ -698,31 +756,10 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
         }
     }
     __syncthreads();
-    if (count <= TOPK_RANK_MAX) {
-        topk_rank_place(keys, count, k);
-    } else if (!topk_bucket_place(keys, count, k)) {
-        unsigned len = TOPK_SEL_THREADS;
-        while (len < count) {
-            len <<= 1;
-        }
-        // Every real key is >= 1 (the index complement of a u32 row < N is
-        // nonzero), so zero padding sorts last.
-        for (unsigned i = count + threadIdx.x; i < len; i += TOPK_SEL_THREADS) {
-            keys[i] = 0ull;
-        }
-        __syncthreads();
-        switch (len / TOPK_SEL_THREADS) {
-        case 1:
-            topk_sort_place<1>(keys, k);
-            break;
-        case 2:
-            topk_sort_place<2>(keys, k);
-            break;
-        default:
-            topk_sort_place<TOPK_CAND_CAP / TOPK_SEL_THREADS>(keys, k);
-            break;
-        }
-    }
-    __syncthreads();
-    topk_write_row(keys, min(k, count), sc, row);
+    topk_mark(5);
+    // Every kept key is in or above the threshold bin, and at or above the
+    // level-2 threshold within it.
+    const unsigned floor = (t.bucket << (32 - TOPK_L1_BITS)) |
+                           (min_b2 << (32 - TOPK_L1_BITS - TOPK_L2_BITS));
+    topk_rank_write(keys, tmp, above + kept, k, floor, sc, row);
 }

@@ -97,7 +97,9 @@ __global__ void __launch_bounds__(TOPK_SEL_THREADS)
         }
         return;
     }
-    topk_select_block(sc, t, k, area, cand, maybe, keys, out);
+    // The stash (n >= 8,192 words here) is the ranking's scratch, as in the engine.
+    topk_select_block(sc, t, k, area, cand, maybe, keys,
+                      reinterpret_cast<unsigned long long*>(topk_stash), out);
 }
 
 typedef void (*Kernel)(const float*, unsigned, unsigned*, unsigned long long*,

@@ -2,11 +2,13 @@
 //! configurations, one JSON line per measurement on stdout.
 //!
 //! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--ds D1,…] [--ks K1,…] [--trials T]
-//! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]`
+//! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]
+//! [--copy-queries]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K; R and S set
 //! `CudaOptions::fuse_rows` and `CudaOptions::single_launch_rows`;
 //! `--no-graphs` clears `CudaOptions::graphs`, `--copy-results`
-//! `CudaOptions::mapped_results`). Rows are seeded Gaussian,
+//! `CudaOptions::mapped_results`, `--copy-queries`
+//! `CudaOptions::mapped_queries`). Rows are seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
 //! the scalar definition (index and score bits) for its largest K.
 
@@ -106,11 +108,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flag_value(&args, "--single-launch-rows").unwrap_or(topk_cuda::DEFAULT_SINGLE_LAUNCH_ROWS);
     let graphs = !args.iter().any(|a| a == "--no-graphs");
     let mapped_results = !args.iter().any(|a| a == "--copy-results");
+    let mapped_queries = !args.iter().any(|a| a == "--copy-queries");
     let opts = CudaOptions {
         fuse_rows,
         single_launch_rows,
         graphs,
         mapped_results,
+        mapped_queries,
         ..CudaOptions::default()
     };
     let info = device_info(0)?;
@@ -173,7 +177,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!(
                     "{}",
                     serde_json::json!({"kind": "single", "fuse_rows": fuse_rows,
-                        "single_launch_rows": single_launch_rows, "graphs": graphs, "mapped_results": mapped_results, "n": n, "d": d, "k": k, "metric": "dot",
+                        "single_launch_rows": single_launch_rows, "graphs": graphs, "mapped_results": mapped_results, "mapped_queries": mapped_queries, "n": n, "d": d, "k": k, "metric": "dot",
                         "trials": trials, "host_median_ms": hm, "host_min_ms": hmin, "host_max_ms": hmax,
                         "device_median_ms": dm, "device_min_ms": dmin, "device_max_ms": dmax,
                         "floor_ms": floor_ms, "host_minus_floor_us": (hm - floor_ms) * 1e3,

@@ -167,6 +167,9 @@ struct Slot {
     out_dev: DPtr,
     /// Results land in `out_host` without a copy.
     mapped: bool,
+    /// The device address of `q_host`, where host queries are read by
+    /// `topk_fetch_query` rather than copied (`CudaOptions::mapped_queries`).
+    q_mapped: Option<DPtr>,
     scores_host: LockedBuffer<f32>,
     ids_host: LockedBuffer<u32>,
     owner_host: LockedBuffer<u32>,
@@ -230,6 +233,19 @@ fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> 
         + gather * 12
 }
 
+/// The device's address for page-locked host memory at `host` from
+/// cuMemAllocHost, which is mapped into the device's address space where
+/// the device can map host memory with unified addressing (checked by the
+/// caller before asking).
+fn device_address(host: *mut c_void) -> Result<DPtr, CudaError> {
+    let mut dev: DPtr = 0;
+    // SAFETY: `dev` is valid for one write; the driver checks that `host`
+    // is page-locked memory it allocated and reports an error otherwise.
+    let status = unsafe { cust::sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
+    launch::check("cuMemHostGetDevicePointer", status)?;
+    Ok(dev)
+}
+
 impl Slot {
     fn new(
         n: usize,
@@ -238,6 +254,7 @@ impl Slot {
         max_k: usize,
         gather: usize,
         map_results: bool,
+        map_queries: bool,
     ) -> Result<Self, CudaError> {
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
         let mut slot = Slot {
@@ -262,28 +279,23 @@ impl Slot {
             device_seen: Vec::new(),
             out_dev: 0,
             mapped: false,
+            q_mapped: None,
             stream,
         };
         slot.out_dev = ptr(&slot.out);
         if map_results {
-            let mut dev: DPtr = 0;
-            // SAFETY: out_host is page-locked memory from cuMemAllocHost,
-            // which is mapped into the device's address space where the
-            // device can map host memory (checked by the caller); `dev` is
-            // valid for one write.
-            let status = unsafe {
-                cust::sys::cuMemHostGetDevicePointer_v2(
-                    &mut dev,
-                    slot.out_host.as_mut_ptr() as *mut c_void,
-                    0,
-                )
-            };
-            match launch::check("cuMemHostGetDevicePointer", status) {
-                Ok(()) => {
+            match device_address(slot.out_host.as_mut_ptr() as *mut c_void) {
+                Ok(dev) => {
                     slot.out_dev = dev;
                     slot.mapped = true;
                 }
                 Err(e) => tracing::debug!("results copied back: host memory not mapped ({e})"),
+            }
+        }
+        if map_queries {
+            match device_address(slot.q_host.as_mut_ptr() as *mut c_void) {
+                Ok(dev) => slot.q_mapped = Some(dev),
+                Err(e) => tracing::debug!("host queries copied: host memory not mapped ({e})"),
             }
         }
         let s = slot.stream.as_inner();
@@ -397,9 +409,10 @@ impl Engine {
         })?;
         let rnorm = alloc::<f32>("row norms", if metric == Metric::Cosine { n } else { 1 })?;
         let mut slots = Vec::with_capacity(opts.streams);
-        let map_results = opts.mapped_results
-            && device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?
+        let can_map = device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?
             && device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?;
+        let map_results = opts.mapped_results && can_map;
+        let map_queries = opts.mapped_queries && can_map;
         for _ in 0..opts.streams {
             slots.push(Mutex::new(Slot::new(
                 n,
@@ -408,6 +421,7 @@ impl Engine {
                 opts.max_k,
                 opts.max_gather,
                 map_results,
+                map_queries,
             )?));
         }
         if metric == Metric::Cosine {
@@ -839,16 +853,24 @@ impl Engine {
         let s = Queue::Graph(&graph);
         let query = match source {
             QuerySource::Host => {
-                // SAFETY: as in `stage_queries`: q_host (pinned) and the
-                // device query buffer hold chunk × d >= d floats; both live
-                // as long as the slot that keeps the graph.
+                // SAFETY: as in `stage_queries`: q_host (pinned, at its host
+                // or mapped device address) and the device query buffer hold
+                // chunk × d >= d floats; both live as long as the slot that
+                // keeps the graph, and the host rewrites q_host only after
+                // the previous replay's results are in.
                 unsafe {
-                    launch::h2d(
-                        s,
-                        ptr(&slot.queries),
-                        slot.q_host.as_ptr() as *const c_void,
-                        self.d * 4,
-                    )?;
+                    match slot.q_mapped {
+                        Some(src) => {
+                            self.kernels
+                                .fetch_query(s, src, ptr(&slot.queries), self.d as u32)?
+                        }
+                        None => launch::h2d(
+                            s,
+                            ptr(&slot.queries),
+                            slot.q_host.as_ptr() as *const c_void,
+                            self.d * 4,
+                        )?,
+                    }
                 }
                 ptr(&slot.queries)
             }

@@ -134,6 +134,18 @@ pub(crate) const SINGLE_MAX_DIM: usize = 16 * 1024;
 /// Rows whose ordered bits `topk_select_small` keeps in shared memory
 /// (`TOPK_STASH_ROWS`).
 const STASH_ROWS: u32 = 16384;
+/// Dynamic shared memory of the ranking's scratch (TOPK_CAND_CAP keys) in
+/// `topk_gather`.
+const RANK_TMP_BYTES: usize = CAND_CAP * 8;
+
+/// Dynamic shared memory of `topk_select_small` over `n` rows: the stash of
+/// every row's ordered bits (n <= STASH_ROWS), which the ranking's scratch
+/// reuses once the gather is done, so never less than that scratch.
+fn small_smem(n: u32) -> usize {
+    let stash = if n <= STASH_ROWS { n as usize * 4 } else { 0 };
+    stash.max(RANK_TMP_BYTES)
+}
+
 /// Threads of the selection kernels (`TOPK_SEL_THREADS`).
 const SEL_THREADS: u32 = 1024;
 /// Rows per thread that size the grid of the grid-wide selection passes
@@ -259,6 +271,7 @@ pub(crate) struct Kernels {
     scoreq16: [cu::CUfunction; 3],
     ids: [cu::CUfunction; 3],
     norms: cu::CUfunction,
+    fetch_query: cu::CUfunction,
     select_small: cu::CUfunction,
     hist: cu::CUfunction,
     gather: cu::CUfunction,
@@ -305,14 +318,20 @@ impl Kernels {
     /// Looks up every kernel of the two modules.
     pub(crate) fn load(score: &Module, select: &Module, sm_count: u32) -> Result<Self, CudaError> {
         let select_small = function(select, "topk_select_small")?;
-        // SAFETY: the function handle is live; the attribute takes a byte count.
-        check("cuFuncSetAttribute", unsafe {
-            cu::cuFuncSetAttribute(
-                select_small,
-                cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                (STASH_ROWS * 4) as i32,
-            )
-        })?;
+        let gather = function(select, "topk_gather")?;
+        for (f, dynamic) in [
+            (select_small, small_smem(STASH_ROWS)),
+            (gather, RANK_TMP_BYTES),
+        ] {
+            // SAFETY: the function handle is live; the attribute takes a byte count.
+            check("cuFuncSetAttribute", unsafe {
+                cu::cuFuncSetAttribute(
+                    f,
+                    cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dynamic as i32,
+                )
+            })?;
+        }
         Ok(Kernels {
             score1: family!(score, "topk_score1"),
             score1u: family!(score, "topk_score1u"),
@@ -323,9 +342,10 @@ impl Kernels {
             scoreq16: family!(score, "topk_scoreq16"),
             ids: family!(score, "topk_score_ids"),
             norms: function(score, "topk_norms")?,
+            fetch_query: function(score, "topk_fetch_query")?,
             select_small,
             hist: function(select, "topk_hist")?,
-            gather: function(select, "topk_gather")?,
+            gather,
             sm_count: sm_count.max(1),
         })
     }
@@ -547,6 +567,37 @@ impl Kernels {
         }
     }
 
+    /// Copies `n` floats of a host query from `src`, the device address of
+    /// page-locked host memory, into `dst` with one block (a kernel, where
+    /// a copy would wait for a copy engine).
+    ///
+    /// # Safety
+    /// `src` is mapped host memory and `dst` device memory, each holding `n`
+    /// floats; the host does not rewrite `src` until the kernel has run.
+    pub(crate) unsafe fn fetch_query(
+        &self,
+        q: Queue<'_>,
+        src: DPtr,
+        dst: DPtr,
+        n: u32,
+    ) -> Result<(), CudaError> {
+        kernel_args!(args = [src, dst, n]);
+        // SAFETY: the parameter list of topk_fetch_query; sizes from the
+        // caller's contract.
+        unsafe {
+            Self::launch(
+                "topk_fetch_query",
+                self.fetch_query,
+                (1, 1),
+                SCORE_THREADS,
+                0,
+                q,
+                &mut args,
+                false,
+            )
+        }
+    }
+
     /// Scores `nq` queries against the corpus into `scores` (nq × n): the
     /// staged single-query kernel for one query with D <= SINGLE_MAX_DIM
     /// ([`single_path`]), the batch kernel otherwise.
@@ -685,9 +736,10 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         let stride = k + 1;
         kernel_args!(args = [scores, n, area, cand, maybe, k, out, stride]);
-        let dynamic = if n <= STASH_ROWS { n * 4 } else { 0 };
+        let dynamic = small_smem(n) as u32;
         // SAFETY: the parameter list of topk_select_small; buffers per the
-        // contract; the stash fits the shared memory allowed at load.
+        // contract; the stash and scratch fit the shared memory allowed at
+        // load (small_smem grows with n up to STASH_ROWS only).
         unsafe {
             Self::launch(
                 "topk_select_small",
@@ -760,14 +812,15 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         let stride = k + 1;
         kernel_args!(args = [scores, n, area, th, cand, maybe, k, out, stride]);
-        // SAFETY: the parameter list of topk_gather; buffers per the contract.
+        // SAFETY: the parameter list of topk_gather; buffers per the
+        // contract; its scratch is the dynamic shared memory allowed at load.
         unsafe {
             Self::launch(
                 "topk_gather",
                 self.gather,
                 (self.select_blocks(n, nq), nq),
                 SEL_THREADS,
-                0,
+                RANK_TMP_BYTES as u32,
                 q,
                 &mut args,
                 false,
@@ -1155,6 +1208,7 @@ mod tests {
             .flat_map(|f| ["dot", "cosine", "l2"].map(|m| format!("{f}_{m}")))
             .collect();
         names.push("topk_norms".into());
+        names.push("topk_fetch_query".into());
         for name in &names {
             assert!(
                 crate::ptx::SCORE_PTX.contains(&format!(".entry {name}(")),
@@ -1167,6 +1221,14 @@ mod tests {
                 "{name} missing from select.ptx"
             );
         }
+    }
+
+    #[test]
+    fn the_one_block_select_always_has_room_for_the_ranking_scratch() {
+        assert_eq!(small_smem(1), RANK_TMP_BYTES);
+        assert_eq!(small_smem(STASH_ROWS), STASH_ROWS as usize * 4);
+        assert_eq!(small_smem(STASH_ROWS + 1), RANK_TMP_BYTES);
+        assert!((0..=2 * STASH_ROWS).all(|n| small_smem(n) <= small_smem(STASH_ROWS)));
     }
 
     #[test]

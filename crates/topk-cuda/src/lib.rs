@@ -144,6 +144,11 @@ pub struct CudaOptions {
     /// result copy follows them (used where the device can map host memory
     /// with unified addressing; otherwise results are copied back).
     pub mapped_results: bool,
+    /// A host query's graph starts with a one-block kernel that reads the
+    /// query from pinned host memory mapped into the device's address space,
+    /// instead of a host-to-device copy node (used where host memory can be
+    /// mapped with unified addressing; otherwise the copy stays).
+    pub mapped_queries: bool,
 }
 
 impl Default for CudaOptions {
@@ -158,6 +163,7 @@ impl Default for CudaOptions {
             single_launch_rows: DEFAULT_SINGLE_LAUNCH_ROWS,
             graphs: true,
             mapped_results: true,
+            mapped_queries: true,
         }
     }
 }

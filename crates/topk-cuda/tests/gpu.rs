@@ -113,9 +113,10 @@ fn path_opts(path: u8) -> CudaOptions {
         fuse_rows: if path == 1 { usize::MAX } else { 0 },
         // Path 1 queues each step of a host query; the others replay graphs.
         graphs: path != 1,
-        // Path 2 copies results back; the others have the kernels write them
-        // into mapped host memory.
+        // Path 2 copies host queries in and results back; the others read
+        // host queries from, and write results into, mapped host memory.
         mapped_results: path != 2,
+        mapped_queries: path != 2,
         ..CudaOptions::default()
     }
 }
