@@ -32,6 +32,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
         ctr[threadIdx.x] = 0u;
     }
     topk_mark(0);
+    topk_rank_prepare();
     topk_zero_shared(h, TOPK_L1_BINS);
     topk_hist_rows(sc, n, 0, TOPK_SEL_THREADS, h, stash);
     __syncthreads();

@@ -398,17 +398,30 @@ __device__ __forceinline__ void topk_write_row(const unsigned long long* s, unsi
 #define TOPK_BUCKETS ((32 - TOPK_BUCKET_SUB + 1) << TOPK_BUCKET_SUB)
 #define TOPK_BUCKET_MAX 256
 
-// Shared words of the rankers (the counts of topk_rank_place, the bucket
-// starts of topk_bucket_place), which never run at the same time: one
-// allocation keeps the selection kernels' static shared memory under 48 KiB.
-#define TOPK_RANK_SCRATCH (TOPK_BUCKETS + 1)
+// Shared words of the rankers (the counts of topk_rank_place; the bucket
+// starts, then the crowded flag, of topk_bucket_place), which never run at
+// the same time: one allocation keeps the selection kernels' static shared
+// memory under 48 KiB. They must be zero when a ranker starts
+// (topk_rank_prepare), so that neither spends a block barrier clearing them.
+#define TOPK_RANK_SCRATCH (TOPK_BUCKETS + 2)
+#define TOPK_RANK_CROWDED (TOPK_BUCKETS + 1)
 __device__ __forceinline__ unsigned* topk_rank_scratch() {
     __shared__ unsigned scratch[TOPK_RANK_SCRATCH];
     return scratch;
 }
 
+// Clears the rankers' scratch; the caller synchronises the block before
+// topk_rank_write (any barrier in between will do).
+__device__ __forceinline__ void topk_rank_prepare() {
+    unsigned* scratch = topk_rank_scratch();
+    for (unsigned i = threadIdx.x; i < TOPK_RANK_SCRATCH; i += TOPK_SEL_THREADS) {
+        scratch[i] = 0u;
+    }
+}
+
 // Ranks the `count` (<= TOPK_RANK_MAX) distinct keys of `s` by counting, for
 // each, the keys larger than it, and moves those ranked below k to s[rank].
+// The scratch starts at zero (topk_rank_prepare).
 __device__ __forceinline__ void topk_rank_place(unsigned long long* s, unsigned count,
                                                 unsigned k) {
     constexpr unsigned SLICES = TOPK_SEL_THREADS / TOPK_RANK_MAX;
@@ -416,10 +429,6 @@ __device__ __forceinline__ void topk_rank_place(unsigned long long* s, unsigned 
     unsigned* rank = topk_rank_scratch();
     const unsigned i = threadIdx.x % TOPK_RANK_MAX;
     const unsigned slice = threadIdx.x / TOPK_RANK_MAX;
-    if (threadIdx.x < TOPK_RANK_MAX) {
-        rank[threadIdx.x] = 0u;
-    }
-    __syncthreads();
     if (i < count) {
         const unsigned long long key = s[i];
         const unsigned per = (count + SLICES - 1) / SLICES;
@@ -469,7 +478,8 @@ __device__ __forceinline__ unsigned topk_bucket_of(unsigned ob, unsigned floor) 
 // that are larger (consecutive in `tmp`, so independent loads), and those
 // placed below k move to s[place]. Returns false, having moved nothing, when
 // a bucket holds more than TOPK_BUCKET_MAX keys (exact or near ties); the
-// caller then sorts. The caller synchronises the block before reading `s`.
+// caller then sorts. The scratch starts at zero (topk_rank_prepare); the
+// caller synchronises the block before reading `s`.
 __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned long long* tmp,
                                                unsigned count, unsigned k, unsigned floor) {
     constexpr unsigned PER_THREAD = TOPK_CAND_CAP / TOPK_SEL_THREADS;
@@ -479,17 +489,9 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
     static_assert(TOPK_BUCKETS + 1 <= TOPK_RANK_SCRATCH, "bucket scratch");
     unsigned* start = topk_rank_scratch();
     __shared__ unsigned warp_sums[WARPS];
-    __shared__ bool crowded;
     const unsigned t = threadIdx.x;
     const unsigned lane = t & (TOPK_WARP - 1);
     const unsigned warp = t / TOPK_WARP;
-    for (unsigned b = t; b <= TOPK_BUCKETS; b += TOPK_SEL_THREADS) {
-        start[b] = 0u;
-    }
-    if (t == 0) {
-        crowded = false;
-    }
-    __syncthreads();
     // Each key's bucket and its slot there, kept in registers: `s` is not
     // read again, so the keys can move straight to their places.
     unsigned long long key[PER_THREAD];
@@ -513,7 +515,7 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
     const unsigned c0 = b0 < TOPK_BUCKETS ? start[b0] : 0u;
     const unsigned c1 = b0 + 1 < TOPK_BUCKETS ? start[b0 + 1] : 0u;
     if (c0 > TOPK_BUCKET_MAX || c1 > TOPK_BUCKET_MAX) {
-        crowded = true;
+        start[TOPK_RANK_CROWDED] = 1u;
     }
     const unsigned incl = topk_warp_inclusive_scan(c0 + c1, lane);
     if (lane == TOPK_WARP - 1) {
@@ -525,7 +527,7 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
         warp_sums[lane] = topk_warp_inclusive_scan(v, lane) - v;
     }
     __syncthreads();
-    if (crowded) {
+    if (start[TOPK_RANK_CROWDED] != 0u) {
         return false;
     }
     if (b0 < TOPK_BUCKETS) {
@@ -640,8 +642,9 @@ __device__ __forceinline__ void topk_sort_place(unsigned long long* s, unsigned 
 
 // Ranks the `count` distinct keys of `keys` (shared, room for TOPK_CAND_CAP
 // keys, complete for every thread of the block; k <= count <= TOPK_CAND_CAP;
-// ordered bits all >= `floor`), with `tmp` (shared, as many keys) as
-// scratch, and writes the best k of them into `row`
+// ordered bits all >= `floor`), with `tmp` (shared, as many keys) and the
+// rankers' scratch (cleared by topk_rank_prepare before the keys' barrier),
+// and writes the best k of them into `row`
 // (topk_write_row): by counting for small sets, by buckets of their scores
 // for larger ones, by a bitonic network held in registers when a bucket is
 // crowded.
@@ -697,6 +700,7 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
                                                TopkNeighbor* __restrict__ row) {
     __shared__ unsigned fill;
     topk_mark(4);
+    topk_rank_prepare();
     const unsigned above = t.above;
     const unsigned in_bin = t.in_bucket;
     bool ok = in_bin <= TOPK_MAYBE_CAP;
@@ -732,30 +736,41 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
     for (unsigned i = threadIdx.x; i < above; i += TOPK_SEL_THREADS) {
         keys[i] = __ldcg(cand + i);
     }
-    __syncthreads();
-    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
-    // Whole warps iterate together: one atomic per warp for its kept keys.
-    for (unsigned base = 0; base < in_bin; base += TOPK_SEL_THREADS) {
-        const unsigned i = base + threadIdx.x;
-        unsigned long long key = 0;
-        bool keep = false;
-        if (i < in_bin) {
-            key = __ldcg(maybe + i);
-            const unsigned b2 = ((unsigned)(key >> 32) >> (32 - TOPK_L1_BITS - TOPK_L2_BITS)) &
-                                (TOPK_L2_BINS - 1);
-            keep = b2 >= min_b2;
-        }
-        const unsigned m = __ballot_sync(TOPK_FULL_MASK, keep);
-        unsigned pos = 0;
-        if (lane == 0 && m != 0u) {
-            pos = atomicAdd(&fill, (unsigned)__popc(m));
-        }
-        pos = __shfl_sync(TOPK_FULL_MASK, pos, 0) + __popc(m & ((1u << lane) - 1u));
-        if (keep) {
-            keys[pos] = key;
+    if (kept == in_bin) {
+        // Every row of the bin is kept (the usual case): straight after the
+        // candidates, loaded in the same round trip.
+        for (unsigned i = threadIdx.x; i < in_bin; i += TOPK_SEL_THREADS) {
+            keys[above + i] = __ldcg(maybe + i);
         }
     }
     __syncthreads();
+    if (kept != in_bin) {
+        // Otherwise whole warps iterate together: one atomic per warp for
+        // its kept keys (`fill` published by the barrier above).
+        const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+        for (unsigned base = 0; base < in_bin; base += TOPK_SEL_THREADS) {
+            const unsigned i = base + threadIdx.x;
+            unsigned long long key = 0;
+            bool keep = false;
+            if (i < in_bin) {
+                key = __ldcg(maybe + i);
+                const unsigned b2 =
+                    ((unsigned)(key >> 32) >> (32 - TOPK_L1_BITS - TOPK_L2_BITS)) &
+                    (TOPK_L2_BINS - 1);
+                keep = b2 >= min_b2;
+            }
+            const unsigned m = __ballot_sync(TOPK_FULL_MASK, keep);
+            unsigned pos = 0;
+            if (lane == 0 && m != 0u) {
+                pos = atomicAdd(&fill, (unsigned)__popc(m));
+            }
+            pos = __shfl_sync(TOPK_FULL_MASK, pos, 0) + __popc(m & ((1u << lane) - 1u));
+            if (keep) {
+                keys[pos] = key;
+            }
+        }
+        __syncthreads();
+    }
     topk_mark(5);
     // Every kept key is in or above the threshold bin, and at or above the
     // level-2 threshold within it.
