@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -57,4 +58,23 @@ static void lab_fill_rows(float* corpus, float* query, size_t n, size_t d, size_
     }
     CK(cudaMemcpy(corpus, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(query, h.data() + qrow * d, d * 4, cudaMemcpyHostToDevice));
+}
+
+// The labs' seeded Gaussian scores (sigma 0.05, like the dot products of
+// L2-normalised 384-dimensional rows): `n` (even) values from one LCG by
+// Box-Muller, both outputs used, so a shorter list is a prefix of a longer.
+static std::vector<float> lab_gaussian_scores(unsigned n) {
+    std::vector<float> hs(n);
+    unsigned s = 777;
+    for (unsigned i = 0; i + 1 < n; i += 2) {
+        float u[2];
+        for (float& x : u) {
+            s = s * 1664525u + 1013904223u;
+            x = std::max((s >> 8) * (1.0f / 16777216.0f), 1e-7f);
+        }
+        const float r = std::sqrt(-2.0f * std::log(u[0])) * 0.05f;
+        hs[i] = r * std::cos(6.2831853f * u[1]);
+        hs[i + 1] = r * std::sin(6.2831853f * u[1]);
+    }
+    return hs;
 }

@@ -112,18 +112,7 @@ int main() {
                              select_stages<3>, select_stages<4>, select_stages<4>,
                              select_stages<6>, select_stages<7>};
     const unsigned nmax = 16384;
-    std::vector<float> hs(nmax);
-    unsigned s = 777;
-    for (unsigned i = 0; i < nmax; i += 2) {
-        float u[2];
-        for (float& x : u) {
-            s = s * 1664525u + 1013904223u;
-            x = std::max((s >> 8) * (1.0f / 16777216.0f), 1e-7f);
-        }
-        const float r = std::sqrt(-2.0f * std::log(u[0])) * 0.05f;
-        hs[i] = r * std::cos(6.2831853f * u[1]);
-        hs[i + 1] = r * std::sin(6.2831853f * u[1]);
-    }
+    const std::vector<float> hs = lab_gaussian_scores(nmax);
     float* sc;
     unsigned *area, *sink;
     unsigned long long *cand, *maybe;

@@ -123,18 +123,7 @@ int main() {
     // The one-block select over seeded Gaussian scores (sigma 0.05).
     {
         const unsigned n = 10000;
-        std::vector<float> hs(n);
-        unsigned s = 777;
-        for (unsigned i = 0; i < n; i += 2) {
-            float u[2];
-            for (float& x : u) {
-                s = s * 1664525u + 1013904223u;
-                x = std::max((s >> 8) * (1.0f / 16777216.0f), 1e-7f);
-            }
-            const float r = std::sqrt(-2.0f * std::log(u[0])) * 0.05f;
-            hs[i] = r * std::cos(6.2831853f * u[1]);
-            hs[i + 1] = r * std::sin(6.2831853f * u[1]);
-        }
+        std::vector<float> hs = lab_gaussian_scores(n);
         // The stash, at least the ranking's scratch (as the engine launches it).
         const unsigned small_smem = std::max(n * 4, (unsigned)TOPK_CAND_CAP * 8);
         CK(cudaFuncSetAttribute(topk_select_small, cudaFuncAttributeMaxDynamicSharedMemorySize,

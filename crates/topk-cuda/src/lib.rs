@@ -28,7 +28,7 @@
 //! | entry point | what it is for |
 //! | --- | --- |
 //! | [`CudaRetriever::new`] / [`CudaRetriever::from_rowmajor`] | upload a corpus once, allocate every buffer for the limits in [`CudaOptions`] |
-//! | [`Retriever::search_into`] | a host query, end to end (pinned H→D, score, select, D→H), replayed as one graph |
+//! | [`Retriever::search_into`] | a host query, end to end (query in from pinned memory, score, select, results out), replayed as one graph |
 //! | [`Retriever::search_batch`] | many queries per launch (row tiles reused across queries) |
 //! | [`CudaRetriever::upload_query`] + [`CudaRetriever::search_device`] | a query already on the device: no host round trip for it |
 //! | [`CudaRetriever::score_ids`] | canonical scores of listed rows (the HNSW crate's batched distances) |
@@ -44,16 +44,19 @@
 //! 2. A histogram of the top 12 ordered bits of every score gives the bin of
 //!    the K-th best; the rows above it, and those in it (narrowed by a second
 //!    12-bit histogram when they are many), are gathered as 64-bit keys, and
-//!    one block ranks them (by counting, by score buckets or by a bitonic sort
-//!    in registers) and writes the best K with their exact score bits.
+//!    one block ranks them (by counting, by buckets of equal ratio above the
+//!    threshold or by a bitonic sort in registers) and writes the best K with
+//!    their exact score bits.
 //! 3. Which launches do this depends on N: one block selects for small
 //!    corpora ([`CudaOptions::fuse_rows`]), one cooperative launch scores and
 //!    selects for mid-size ones ([`CudaOptions::single_launch_rows`]), and
 //!    two serve larger ones: the scoring kernel, whose blocks then count the
 //!    rows they scored and whose last block finds the threshold, and the
 //!    gather, whose last block ranks. (Batches count in a pass of their own.)
-//! 4. A host query replays that whole sequence, copies included, as one CUDA
-//!    graph built per stream and K on first use ([`CudaOptions::graphs`]); a
+//! 4. A host query replays that whole sequence, its way in included (a
+//!    one-block kernel reading the query from mapped pinned memory,
+//!    [`CudaOptions::mapped_queries`]), as one CUDA graph built per stream
+//!    and K on first use ([`CudaOptions::graphs`]); a
 //!    device query does the same from the second use of its buffer, with a
 //!    graph that reads the query where it lies. With results in mapped host
 //!    memory the host then polls the result header, which the selection
