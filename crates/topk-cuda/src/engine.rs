@@ -247,6 +247,18 @@ fn device_address(host: *mut c_void) -> Result<DPtr, CudaError> {
 }
 
 impl Slot {
+    /// The buffers the selection kernels take (results where `out_dev` says).
+    fn select_bufs(&self) -> launch::SelectBufs {
+        launch::SelectBufs {
+            scores: ptr(&self.scores),
+            area: ptr(&self.area),
+            th: ptr(&self.th),
+            cand: ptr(&self.cand),
+            maybe: ptr(&self.maybe),
+            out: self.out_dev,
+        }
+    }
+
     fn new(
         n: usize,
         d: usize,
@@ -531,9 +543,8 @@ impl Engine {
                     n,
                     d,
                     queries,
-                    ptr(&slot.scores),
-                    ptr(&slot.area),
-                    (k as u32, ptr(&slot.cand), ptr(&slot.maybe), slot.out_dev),
+                    &slot.select_bufs(),
+                    k as u32,
                     grid,
                 )?;
                 return mark("search");
@@ -566,43 +577,15 @@ impl Engine {
                 return Ok(());
             }
             let (nq, k) = (nq as u32, k as u32);
+            let bufs = slot.select_bufs();
             if !grid_select {
-                self.kernels.select_small(
-                    s,
-                    ptr(&slot.scores),
-                    n,
-                    nq,
-                    ptr(&slot.area),
-                    ptr(&slot.cand),
-                    ptr(&slot.maybe),
-                    k,
-                    slot.out_dev,
-                )?;
+                self.kernels.select_small(s, &bufs, n, nq, k)?;
             } else {
                 if !fused {
-                    self.kernels.hist(
-                        s,
-                        ptr(&slot.scores),
-                        n,
-                        nq,
-                        ptr(&slot.area),
-                        k,
-                        ptr(&slot.th),
-                    )?;
+                    self.kernels.hist(s, &bufs, n, nq, k)?;
                     mark("threshold")?;
                 }
-                self.kernels.gather(
-                    s,
-                    ptr(&slot.scores),
-                    n,
-                    nq,
-                    ptr(&slot.area),
-                    ptr(&slot.th),
-                    ptr(&slot.cand),
-                    ptr(&slot.maybe),
-                    k,
-                    slot.out_dev,
-                )?;
+                self.kernels.gather(s, &bufs, n, nq, k)?;
             }
             mark("select")?;
         }

@@ -314,6 +314,26 @@ fn function(module: &Module, name: &'static str) -> Result<cu::CUfunction, CudaE
         })
 }
 
+/// A scratch slot's selection buffers for `nq` queries, as the selection
+/// launches take them (sizes per query; the launches' contracts say which
+/// each one reads and writes).
+#[derive(Clone, Copy)]
+pub(crate) struct SelectBufs {
+    /// n scores.
+    pub(crate) scores: DPtr,
+    /// AREA_STRIDE words: the level-1 histogram and the counters.
+    pub(crate) area: DPtr,
+    /// One threshold (`TopkThreshold`).
+    pub(crate) th: DPtr,
+    /// CAND_CAP keys: the candidates above the threshold bin.
+    pub(crate) cand: DPtr,
+    /// MAYBE_CAP keys: the threshold bin's rows.
+    pub(crate) maybe: DPtr,
+    /// k + 1 result entries (header, then results), in device memory or in
+    /// mapped host memory.
+    pub(crate) out: DPtr,
+}
+
 impl Kernels {
     /// Looks up every kernel of the two modules.
     pub(crate) fn load(score: &Module, select: &Module, sm_count: u32) -> Result<Self, CudaError> {
@@ -498,10 +518,10 @@ impl Kernels {
     /// the query area at zero (but for its barrier generation).
     ///
     /// # Safety
-    /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `query` d,
-    /// `scores` n, `area` AREA_STRIDE words, `cand` CAND_CAP keys, `maybe`
-    /// MAYBE_CAP keys, `out` k + 1 entries; 1 <= k <= min(n, CAND_CAP / 2);
-    /// `grid` from [`Self::prepare_search`] for this metric and d.
+    /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `query` d;
+    /// `bufs` as [`SelectBufs`] says for one query, `area` at zero but for
+    /// its barrier generation; 1 <= k <= min(n, CAND_CAP / 2); `grid` from
+    /// [`Self::prepare_search`] for this metric and d.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn search1(
         &self,
@@ -512,12 +532,18 @@ impl Kernels {
         n: u32,
         d: u32,
         query: DPtr,
-        scores: DPtr,
-        area: DPtr,
-        sel: (u32, DPtr, DPtr, DPtr),
+        bufs: &SelectBufs,
+        k: u32,
         grid: u32,
     ) -> Result<(), CudaError> {
-        let (k, cand, maybe, out) = sel;
+        let SelectBufs {
+            scores,
+            area,
+            cand,
+            maybe,
+            out,
+            ..
+        } = *bufs;
         let blocks = n.div_ceil(SEARCH_ROWS).clamp(1, grid.max(1));
         kernel_args!(args = [corpus, rnorm, n, d, query, scores, area, k, cand, maybe, out]);
         // SAFETY: the parameter list of topk_search1*_*; buffers per the
@@ -718,22 +744,24 @@ impl Kernels {
     /// results), leaving the query areas at zero.
     ///
     /// # Safety
-    /// `scores` holds nq × n floats, `area` nq × AREA_STRIDE zeroed words,
-    /// `cand` nq × CAND_CAP keys, `maybe` nq × MAYBE_CAP keys, `out`
-    /// nq × (k + 1) entries; 1 <= k <= min(n, CAND_CAP / 2).
-    #[allow(clippy::too_many_arguments)]
+    /// `bufs` as [`SelectBufs`] says, for nq queries (`th` unused), `area`
+    /// zeroed; 1 <= k <= min(n, CAND_CAP / 2).
     pub(crate) unsafe fn select_small(
         &self,
         q: Queue<'_>,
-        scores: DPtr,
+        bufs: &SelectBufs,
         n: u32,
         nq: u32,
-        area: DPtr,
-        cand: DPtr,
-        maybe: DPtr,
         k: u32,
-        out: DPtr,
     ) -> Result<(), CudaError> {
+        let SelectBufs {
+            scores,
+            area,
+            cand,
+            maybe,
+            out,
+            ..
+        } = *bufs;
         let stride = k + 1;
         kernel_args!(args = [scores, n, area, cand, maybe, k, out, stride]);
         let dynamic = small_smem(n) as u32;
@@ -758,19 +786,19 @@ impl Kernels {
     /// threshold for `k` into `th`, leaving the histogram at zero.
     ///
     /// # Safety
-    /// `scores` holds nq × n floats, `area` nq × AREA_STRIDE zeroed words,
-    /// `th` room for nq thresholds; 1 <= k <= n.
-    #[allow(clippy::too_many_arguments)]
+    /// `bufs.scores`, `bufs.area` (zeroed) and `bufs.th` as [`SelectBufs`]
+    /// says, for nq queries; 1 <= k <= n.
     pub(crate) unsafe fn hist(
         &self,
         q: Queue<'_>,
-        scores: DPtr,
+        bufs: &SelectBufs,
         n: u32,
         nq: u32,
-        area: DPtr,
         k: u32,
-        th: DPtr,
     ) -> Result<(), CudaError> {
+        let SelectBufs {
+            scores, area, th, ..
+        } = *bufs;
         kernel_args!(args = [scores, n, area, k, th]);
         // SAFETY: the parameter list of topk_hist; buffers per the contract.
         unsafe {
@@ -792,24 +820,24 @@ impl Kernels {
     /// leaving each query's level-2 histogram and counters at zero.
     ///
     /// # Safety
-    /// `scores` holds nq × n floats, `area` nq × AREA_STRIDE words (counters
-    /// zero), `th` nq thresholds from [`Self::hist`], `cand` nq × CAND_CAP
-    /// keys, `maybe` nq × MAYBE_CAP keys, `out` nq × (k + 1) entries;
-    /// k <= CAND_CAP / 2.
-    #[allow(clippy::too_many_arguments)]
+    /// `bufs` as [`SelectBufs`] says, for nq queries: `area`'s counters
+    /// zero, `th` from [`Self::hist`] or the scoring kernel; k <= CAND_CAP / 2.
     pub(crate) unsafe fn gather(
         &self,
         q: Queue<'_>,
-        scores: DPtr,
+        bufs: &SelectBufs,
         n: u32,
         nq: u32,
-        area: DPtr,
-        th: DPtr,
-        cand: DPtr,
-        maybe: DPtr,
         k: u32,
-        out: DPtr,
     ) -> Result<(), CudaError> {
+        let SelectBufs {
+            scores,
+            area,
+            th,
+            cand,
+            maybe,
+            out,
+        } = *bufs;
         let stride = k + 1;
         kernel_args!(args = [scores, n, area, th, cand, maybe, k, out, stride]);
         // SAFETY: the parameter list of topk_gather; buffers per the
