@@ -14,10 +14,10 @@
 //    bin to `maybe` (global lists; the one-block select appends straight
 //    into its shared sort buffer when both fit there).
 // 4. topk_select_block (topk_rank_write once the keys are in shared
-//    memory): when the bin's rows do not all fit beside the
-//    candidates, a histogram of their next 12 bits (level 2) narrows them to
-//    those at or above its own threshold; the kept keys are ranked (by
-//    counting for small sets, by buckets of their scores for larger ones, by
+//    memory): when the bin's rows do not all fit beside the candidates, a
+//    histogram of their next 12 bits (level 2) narrows them to those at or
+//    above its own threshold; the kept keys are ranked (by counting for
+//    small sets, by equal-ratio buckets of their scores for larger ones, by
 //    a bitonic network held in registers when a bucket is crowded) into the
 //    front of the key buffer, from where the best k, then the header, are
 //    written (topk_write_row). Too many exact ties for the buffer set the
@@ -450,7 +450,6 @@ __device__ __forceinline__ void topk_rank_place(unsigned long long* s, unsigned 
     }
 }
 
-
 // The bucket (0 = best) of ordered bits `ob` at or above `floor`: a monotone
 // map of the distance x = ob - floor that keeps its leading bit and the
 // TOPK_BUCKET_SUB bits below it (each x below 2^SUB has a bucket of its own),
@@ -644,10 +643,9 @@ __device__ __forceinline__ void topk_sort_place(unsigned long long* s, unsigned 
 // keys, complete for every thread of the block; k <= count <= TOPK_CAND_CAP;
 // ordered bits all >= `floor`), with `tmp` (shared, as many keys) and the
 // rankers' scratch (cleared by topk_rank_prepare before the keys' barrier),
-// and writes the best k of them into `row`
-// (topk_write_row): by counting for small sets, by buckets of their scores
-// for larger ones, by a bitonic network held in registers when a bucket is
-// crowded.
+// and writes the best k of them into `row` (topk_write_row): by counting
+// for small sets, by buckets of their scores for larger ones, by a bitonic
+// network held in registers when a bucket is crowded.
 __device__ __noinline__ void topk_rank_write(unsigned long long* keys,
                                              unsigned long long* tmp, unsigned count,
                                              unsigned k, unsigned floor,
@@ -688,9 +686,9 @@ __device__ __noinline__ void topk_rank_write(unsigned long long* keys,
 // query is visible to it: keeps the candidates and the threshold-bin rows
 // needed for the best k (k <= TOPK_CAND_CAP / 2), collects them in `keys`
 // (shared, room for TOPK_CAND_CAP keys; `tmp` as many more for the ranking)
-// and ranks and writes them
-// (topk_rank_write): row[0] = status, row[1..=k] = results, the status
-// last. Leaves the query area's list counters at zero.
+// and ranks and writes them (topk_rank_write): row[0] = status,
+// row[1..=k] = results, the status last. Leaves the query area's list
+// counters at zero.
 __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, TopkThreshold t,
                                                unsigned k, unsigned* __restrict__ area,
                                                const unsigned long long* __restrict__ cand,
