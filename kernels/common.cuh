@@ -19,14 +19,14 @@
 #define TOPK_L2_BINS (1u << TOPK_L2_BITS)
 #define TOPK_AREA_CTR TOPK_L1_BINS
 // Counters: blocks of the histogram pass done, blocks of the gather done,
-// candidates appended, threshold-bin rows appended, blocks arrived at the
-// grid barrier of the one-launch search and that barrier's generation.
+// candidates appended, threshold-bin rows appended, and the grid barrier of
+// the one-launch search (topk_grid_sync: each barrier adds 2^31 to it, so
+// its two barriers leave it at zero again).
 #define TOPK_CTR_HIST 0
 #define TOPK_CTR_GATHER 1
 #define TOPK_CTR_CAND 2
 #define TOPK_CTR_MAYBE 3
 #define TOPK_CTR_BAR 4
-#define TOPK_CTR_GEN 5
 // Literal, so that the host's mirror of it can be checked against this file.
 #define TOPK_AREA_STRIDE 4104
 static_assert(TOPK_AREA_STRIDE == TOPK_AREA_CTR + 8, "area layout");

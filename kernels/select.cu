@@ -17,7 +17,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
                       unsigned long long* __restrict__ maybe, unsigned k,
                       TopkNeighbor* __restrict__ out, unsigned stride) {
     // The level-1 histogram lives in the sort buffer until the sort needs it.
-    __shared__ unsigned long long keys[TOPK_CAND_CAP];
+    __shared__ __align__(16) unsigned long long keys[TOPK_CAND_CAP];
     extern __shared__ unsigned topk_stash[];
     unsigned* stash = n <= TOPK_STASH_ROWS ? topk_stash : nullptr;
     unsigned* h = reinterpret_cast<unsigned*>(keys);
@@ -66,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
 extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     topk_hist(const float* __restrict__ scores, unsigned n, unsigned* __restrict__ area,
               unsigned k, TopkThreshold* __restrict__ th) {
-    __shared__ unsigned h[TOPK_L1_BINS];
+    __shared__ __align__(16) unsigned h[TOPK_L1_BINS];
     const unsigned q = blockIdx.y;
     unsigned* qa = area + (size_t)q * TOPK_AREA_STRIDE;
     topk_zero_shared(h, TOPK_L1_BINS);
@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
                 const TopkThreshold* __restrict__ th, unsigned long long* __restrict__ cand,
                 unsigned long long* __restrict__ maybe, unsigned k,
                 TopkNeighbor* __restrict__ out, unsigned stride) {
-    __shared__ unsigned long long keys[TOPK_CAND_CAP];
+    __shared__ __align__(16) unsigned long long keys[TOPK_CAND_CAP];
     extern __shared__ unsigned long long topk_rank_tmp[];
     const unsigned q = blockIdx.y;
     const float* sc = scores + (size_t)q * n;

@@ -105,26 +105,24 @@ __device__ __forceinline__ bool topk_last_block(unsigned* counter, unsigned bloc
     return is_last;
 }
 
-// Grid-wide barrier of a cooperative launch (every block resident): arrive on
-// the area's counter; the last block to arrive bumps the generation the
-// others wait for. Writes before it are visible to every block after it.
+// Grid-wide barrier of a cooperative launch (every block resident), on one
+// word of the query area whose low 31 bits are zero between barriers: block 0
+// adds 2^31 - (blocks - 1) and every other block 1, so the word's bit 31
+// flips exactly when the last block arrives, and the sum over one barrier is
+// 2^31 whatever the order. Each block waits for the bit to differ from the
+// one its own arrival returned. One atomic per block is the whole critical
+// path (a counter reset and a separate generation word cost a fence and a
+// second atomic after the last arrival: bench/gpu/NOTES.md, v17). Writes
+// before it are visible to every block after it.
 __device__ __forceinline__ void topk_grid_sync(unsigned* __restrict__ area) {
-    unsigned* count = area + TOPK_AREA_CTR + TOPK_CTR_BAR;
-    volatile unsigned* gen = area + TOPK_AREA_CTR + TOPK_CTR_GEN;
+    unsigned* word = area + TOPK_AREA_CTR + TOPK_CTR_BAR;
     __syncthreads();
     if (threadIdx.x == 0) {
-        // Read before arriving: the generation cannot move until this block
-        // has arrived.
-        const unsigned g = *gen;
+        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
         __threadfence();
-        if (atomicAdd(count, 1u) == gridDim.x - 1) {
-            *count = 0u;
-            __threadfence();
-            atomicAdd(const_cast<unsigned*>(gen), 1u);
-        } else {
-            while (*gen == g) {
-                __nanosleep(64);
-            }
+        const unsigned before = atomicAdd(word, add);
+        const volatile unsigned* poll = word;
+        while (((*poll ^ before) & 0x80000000u) == 0u) {
         }
         __threadfence();
     }
@@ -141,45 +139,63 @@ __device__ __forceinline__ void topk_zero_shared(unsigned* p, unsigned words) {
     __syncthreads();
 }
 
-// Finds, in the 4,096-bin histogram `h`, the bin where the count from the best
-// bin down reaches k (1 <= k <= total), and with ZERO zeroes the histogram.
-// With GLOBAL the bins are in global memory, filled by other blocks' atomics,
-// and read through L2. Run by a block of THREADS threads; every thread gets
-// the result.
+// Exclusive prefix sum of one value per thread over a block of THREADS
+// threads, in thread order. One block barrier: every warp scans the warps'
+// sums (`warp_sums`, shared, THREADS / 32 words) for itself rather than
+// waiting for one warp to scan them. `warp_sums` may be written again only
+// after a later block barrier.
+template <unsigned THREADS>
+__device__ __forceinline__ unsigned topk_block_exclusive_scan(unsigned v, unsigned* warp_sums) {
+    constexpr unsigned WARPS = THREADS / TOPK_WARP;
+    static_assert(WARPS * TOPK_WARP == THREADS && WARPS <= TOPK_WARP, "block scan shape");
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const unsigned warp = threadIdx.x / TOPK_WARP;
+    const unsigned incl = topk_warp_inclusive_scan(v, lane);
+    if (lane == TOPK_WARP - 1) {
+        warp_sums[warp] = incl;
+    }
+    __syncthreads();
+    const unsigned w = lane < WARPS ? warp_sums[lane] : 0u;
+    const unsigned w_incl = topk_warp_inclusive_scan(w, lane);
+    return __shfl_sync(TOPK_FULL_MASK, w_incl - w, warp) + incl - v;
+}
+
+// Finds, in the 4,096-bin histogram `h` (16-byte aligned), the bin where the
+// count from the best bin down reaches k (1 <= k <= total), and with ZERO
+// zeroes the histogram. With GLOBAL the bins are in global memory, filled by
+// other blocks' atomics, and read through L2. Run by a block of THREADS
+// threads; every thread gets the result.
 template <bool GLOBAL, bool ZERO = true, unsigned THREADS = TOPK_SEL_THREADS>
 __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned k) {
     constexpr unsigned PER = TOPK_L1_BINS / THREADS;
-    constexpr unsigned WARPS = THREADS / TOPK_WARP;
-    static_assert(PER * THREADS == TOPK_L1_BINS && WARPS <= TOPK_WARP, "threshold block shape");
-    __shared__ unsigned warp_sums[WARPS];
+    static_assert(PER * THREADS == TOPK_L1_BINS && PER % 4 == 0, "threshold block shape");
+    __shared__ unsigned warp_sums[THREADS / TOPK_WARP];
     __shared__ TopkThreshold result;
-    const unsigned t = threadIdx.x;
-    const unsigned lane = t & (TOPK_WARP - 1);
-    const unsigned warp = t / TOPK_WARP;
-    // Thread t owns bins hi, hi - 1, ..., hi - PER + 1 (best first).
-    const unsigned hi = TOPK_L1_BINS - 1 - PER * t;
+    // Thread t owns bins hi, hi - 1, ..., lo = hi - PER + 1 (best first),
+    // read as PER / 4 aligned 16-byte words, all issued before any is used:
+    // a load per bin, each used as it came, cost a round trip per bin
+    // (bench/gpu/NOTES.md, v17).
+    const unsigned lo = TOPK_L1_BINS - PER * (threadIdx.x + 1);
+    const unsigned hi = lo + PER - 1;
+    uint4* v4 = reinterpret_cast<uint4*>(h + lo);
+    uint4 words[PER / 4];
+#pragma unroll
+    for (unsigned q = 0; q < PER / 4; ++q) {
+        words[q] = GLOBAL ? __ldcg(v4 + q) : v4[q];
+    }
     unsigned c[PER];
     unsigned sum = 0;
 #pragma unroll
-    for (unsigned j = 0; j < PER; ++j) {
-        c[j] = GLOBAL ? __ldcg(h + hi - j) : h[hi - j];
-        sum += c[j];
+    for (unsigned q = 0; q < PER / 4; ++q) {
+        const uint4 v = words[q];
+        c[PER - 1 - 4 * q] = v.x;
+        c[PER - 2 - 4 * q] = v.y;
+        c[PER - 3 - 4 * q] = v.z;
+        c[PER - 4 - 4 * q] = v.w;
+        sum += v.x + v.y + v.z + v.w;
     }
-    const unsigned incl_warp = topk_warp_inclusive_scan(sum, lane);
-    if (lane == TOPK_WARP - 1) {
-        warp_sums[warp] = incl_warp;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const unsigned v = lane < WARPS ? warp_sums[lane] : 0u;
-        const unsigned incl = topk_warp_inclusive_scan(v, lane);
-        if (lane < WARPS) {
-            warp_sums[lane] = incl - v;
-        }
-    }
-    __syncthreads();
-    const unsigned incl = incl_warp + warp_sums[warp];
-    const unsigned before = incl - sum;
+    const unsigned before = topk_block_exclusive_scan<THREADS>(sum, warp_sums);
+    const unsigned incl = before + sum;
     if (before < k && incl >= k) {
         unsigned run = before;
 #pragma unroll
@@ -195,8 +211,8 @@ __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned
     }
     if (ZERO) {
 #pragma unroll
-        for (unsigned j = 0; j < PER; ++j) {
-            h[hi - j] = 0u;
+        for (unsigned q = 0; q < PER / 4; ++q) {
+            v4[q] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
     __syncthreads();
@@ -483,16 +499,14 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
                                                unsigned count, unsigned k, unsigned floor) {
     constexpr unsigned PER_THREAD = TOPK_CAND_CAP / TOPK_SEL_THREADS;
     constexpr unsigned PER_SCAN = (TOPK_BUCKETS + TOPK_SEL_THREADS - 1) / TOPK_SEL_THREADS;
-    constexpr unsigned WARPS = TOPK_SEL_THREADS / TOPK_WARP;
     static_assert(PER_SCAN == 2, "two buckets per thread in the scan");
     static_assert(TOPK_BUCKETS + 1 <= TOPK_RANK_SCRATCH, "bucket scratch");
     unsigned* start = topk_rank_scratch();
-    __shared__ unsigned warp_sums[WARPS];
+    __shared__ unsigned warp_sums[TOPK_SEL_THREADS / TOPK_WARP];
     const unsigned t = threadIdx.x;
-    const unsigned lane = t & (TOPK_WARP - 1);
-    const unsigned warp = t / TOPK_WARP;
-    // Each key's bucket and its slot there, kept in registers: `s` is not
-    // read again, so the keys can move straight to their places.
+    // Each key's bucket and its slot there, kept in registers until the keys
+    // are laid out in `tmp`: `s` is not read again, so the ranked keys can
+    // move straight to their places.
     unsigned long long key[PER_THREAD];
     unsigned bucket[PER_THREAD];
     unsigned slot[PER_THREAD];
@@ -509,6 +523,7 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
         }
     }
     __syncthreads();
+    topk_mark(10);
     // Exclusive scan of the sizes: thread t owns buckets 2t and 2t + 1.
     const unsigned b0 = PER_SCAN * t;
     const unsigned c0 = b0 < TOPK_BUCKETS ? start[b0] : 0u;
@@ -516,24 +531,17 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
     if (c0 > TOPK_BUCKET_MAX || c1 > TOPK_BUCKET_MAX) {
         start[TOPK_RANK_CROWDED] = 1u;
     }
-    const unsigned incl = topk_warp_inclusive_scan(c0 + c1, lane);
-    if (lane == TOPK_WARP - 1) {
-        warp_sums[warp] = incl;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const unsigned v = warp_sums[lane];
-        warp_sums[lane] = topk_warp_inclusive_scan(v, lane) - v;
-    }
-    __syncthreads();
+    // The scan's barrier also publishes the crowded flag; the sizes are
+    // overwritten by the starts only after it.
+    const unsigned b0_start = topk_block_exclusive_scan<TOPK_SEL_THREADS>(c0 + c1, warp_sums);
+    topk_mark(11);
     if (start[TOPK_RANK_CROWDED] != 0u) {
         return false;
     }
     if (b0 < TOPK_BUCKETS) {
-        const unsigned first = incl - c0 - c1 + warp_sums[warp];
-        start[b0] = first;
+        start[b0] = b0_start;
         if (b0 + 1 < TOPK_BUCKETS) {
-            start[b0 + 1] = first + c0;
+            start[b0 + 1] = b0_start + c0;
         }
     }
     if (t == 0) {
@@ -547,19 +555,24 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
         }
     }
     __syncthreads();
-#pragma unroll
-    for (unsigned r = 0; r < PER_THREAD; ++r) {
-        if (t + r * TOPK_SEL_THREADS < count) {
-            const unsigned first = start[bucket[r]];
-            if (first < k) {
-                const unsigned end = start[bucket[r] + 1];
-                unsigned place = first;
-                for (unsigned j = first; j < end; ++j) {
-                    place += tmp[j] > key[r];
-                }
-                if (place < k) {
-                    s[place] = key[r];
-                }
+    topk_mark(12);
+    // Each thread ranks the keys at its own positions of `tmp`, so that the
+    // lanes of a warp mostly share a bucket and walk the same words together
+    // (broadcast reads, the same trip count). Ranking each thread's own keys
+    // of `s` instead spread a warp over 32 buckets: as many trips as the
+    // largest of them, and conflicting reads (bench/gpu/NOTES.md, v17).
+    for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
+        const unsigned long long k_i = tmp[i];
+        const unsigned b = topk_bucket_of((unsigned)(k_i >> 32), floor);
+        const unsigned first = start[b];
+        if (first < k) {
+            const unsigned end = start[b + 1];
+            unsigned place = first;
+            for (unsigned j = first; j < end; ++j) {
+                place += tmp[j] > k_i;
+            }
+            if (place < k) {
+                s[place] = k_i;
             }
         }
     }
@@ -731,14 +744,28 @@ __device__ __noinline__ void topk_select_block(const float* __restrict__ sc, Top
         }
         return;
     }
-    for (unsigned i = threadIdx.x; i < above; i += TOPK_SEL_THREADS) {
-        keys[i] = __ldcg(cand + i);
-    }
     if (kept == in_bin) {
-        // Every row of the bin is kept (the usual case): straight after the
-        // candidates, loaded in the same round trip.
-        for (unsigned i = threadIdx.x; i < in_bin; i += TOPK_SEL_THREADS) {
-            keys[above + i] = __ldcg(maybe + i);
+        // Every row of the bin is kept (the usual case): the candidates, then
+        // the bin's rows, at most TOPK_CAND_CAP keys, every load issued
+        // before the first store, so that they share one round trip.
+        constexpr unsigned PER = TOPK_CAND_CAP / TOPK_SEL_THREADS;
+        unsigned long long v[PER];
+#pragma unroll
+        for (unsigned r = 0; r < PER; ++r) {
+            const unsigned i = threadIdx.x + r * TOPK_SEL_THREADS;
+            v[r] = i < above ? __ldcg(cand + i)
+                             : (i < above + in_bin ? __ldcg(maybe + (i - above)) : 0ull);
+        }
+#pragma unroll
+        for (unsigned r = 0; r < PER; ++r) {
+            const unsigned i = threadIdx.x + r * TOPK_SEL_THREADS;
+            if (i < above + in_bin) {
+                keys[i] = v[r];
+            }
+        }
+    } else {
+        for (unsigned i = threadIdx.x; i < above; i += TOPK_SEL_THREADS) {
+            keys[i] = __ldcg(cand + i);
         }
     }
     __syncthreads();

@@ -10,6 +10,8 @@
 //   2 threshold known           3 candidates gathered (last block's ticket)
 //   4 topk_select_block entered 5 keys collected in shared memory
 //   6 keys ranked               7 results and header written
+//  10-12 inside the bucket ranking: keys counted in their buckets, bucket
+//   sizes scanned, keys laid out by bucket
 // For each configuration it prints, per mark, the median over REPS launches
 // of (latest block at the mark - earliest block at the entry), in µs, and
 // the event time of the same launch. Runs:

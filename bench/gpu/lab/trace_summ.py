@@ -9,7 +9,7 @@ in trace_lab.cu).
 import json
 import sys
 
-ORDER = ["0", "1", "8", "9", "2", "3", "4", "5", "6", "7"]
+ORDER = ["0", "1", "8", "9", "2", "3", "4", "5", "10", "11", "12", "6", "7"]
 
 for line in open(sys.argv[1]):
     r = json.loads(line)

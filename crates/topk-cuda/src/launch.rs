@@ -515,12 +515,12 @@ impl Kernels {
 
     /// The whole search of one query in one cooperative launch: scores into
     /// `scores`, then its best `k` into `out` (header + k results), leaving
-    /// the query area at zero (but for its barrier generation).
+    /// the query area at zero (its two grid barriers add 2^32 to their word).
     ///
     /// # Safety
     /// `corpus` holds n × d floats, `rnorm` n floats (cosine), `query` d;
-    /// `bufs` as [`SelectBufs`] says for one query, `area` at zero but for
-    /// its barrier generation; 1 <= k <= min(n, CAND_CAP / 2); `grid` from
+    /// `bufs` as [`SelectBufs`] says for one query, `area` at zero;
+    /// 1 <= k <= min(n, CAND_CAP / 2); `grid` from
     /// [`Self::prepare_search`] for this metric and d.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn search1(
