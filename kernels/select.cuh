@@ -172,9 +172,9 @@ __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned
     __shared__ unsigned warp_sums[THREADS / TOPK_WARP];
     __shared__ TopkThreshold result;
     // Thread t owns bins hi, hi - 1, ..., lo = hi - PER + 1 (best first),
-    // read as PER / 4 aligned 16-byte words, all issued before any is used:
-    // a load per bin, each used as it came, cost a round trip per bin
-    // (bench/gpu/NOTES.md, v17).
+    // read as PER / 4 aligned 16-byte words, all issued before any is used
+    // (with a load per bin and a two-barrier scan, every block of the
+    // one-launch search took 1.9 us here, now 0.8: bench/gpu/NOTES.md, v17).
     const unsigned lo = TOPK_L1_BINS - PER * (threadIdx.x + 1);
     const unsigned hi = lo + PER - 1;
     uint4* v4 = reinterpret_cast<uint4*>(h + lo);
@@ -302,8 +302,9 @@ __device__ __forceinline__ bool topk_round_has_candidate(const unsigned* ob, uns
 // lists' atomics issued together, so that an atomic's round trip is paid
 // once per round rather than once per row (at K = 1000 most rounds of a
 // small corpus hold candidates). Taking them once per block instead, with
-// block barriers in every round, was slower (bench/gpu/NOTES.md, v15).
-// Bits come from `stash` when it is not null (see topk_load_bits).
+// block barriers in every round, was slower where blocks run many rounds
+// (bench/gpu/NOTES.md, v15) and no faster in the one-launch search's single
+// round, even at K = 1000 (v17). Bits come from `stash` when it is not null (see topk_load_bits).
 __device__ __forceinline__ void topk_gather_rows(const float* __restrict__ sc,
                                                  const unsigned* stash, unsigned n,
                                                  TopkThreshold t, unsigned first, unsigned step,
@@ -559,8 +560,9 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
     // Each thread ranks the keys at its own positions of `tmp`, so that the
     // lanes of a warp mostly share a bucket and walk the same words together
     // (broadcast reads, the same trip count). Ranking each thread's own keys
-    // of `s` instead spread a warp over 32 buckets: as many trips as the
-    // largest of them, and conflicting reads (bench/gpu/NOTES.md, v17).
+    // of `s` instead spread a warp over up to 32 buckets, walked as long as
+    // the largest of them (1.8 us against 1.0 at K = 1000 on 100k rows:
+    // bench/gpu/NOTES.md, v17).
     for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
         const unsigned long long k_i = tmp[i];
         const unsigned b = topk_bucket_of((unsigned)(k_i >> 32), floor);
