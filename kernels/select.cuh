@@ -87,12 +87,16 @@ __device__ __forceinline__ void topk_flush_hist(const unsigned* h, unsigned* __r
 
 // Makes this block's writes visible to every block, then takes a ticket on
 // `counter`: true in the one block that arrives last, which also resets the
-// counter for the next search. Ends with the block synchronised.
+// counter for the next search. Ends with the block synchronised. As in
+// topk_grid_sync, one fence by thread 0 after the block barrier publishes
+// the whole block's writes (a fence is cumulative over the writes the
+// barrier ordered before it), so the threads that appended keys do not each
+// wait for their own.
 __device__ __forceinline__ bool topk_last_block(unsigned* counter, unsigned blocks) {
     __shared__ bool is_last;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence();
         is_last = atomicAdd(counter, 1u) == blocks - 1;
         if (is_last) {
             *counter = 0u;
@@ -387,9 +391,9 @@ __device__ __forceinline__ float topk_key_score(unsigned long long key,
 // is one 8-byte store, consecutive threads on consecutive results, so that
 // results in mapped host memory cross the bus as whole lines rather than as
 // scattered words. The header must come after every result is visible
-// system-wide (the host polls it in mapped memory, then reads the results),
-// so the threads that wrote a result fence at system scope before the
-// barrier; the others, for a small k most warps, skip that fence.
+// system-wide (the host polls it in mapped memory, then reads the results):
+// after the block barrier, thread 0 fences at system scope, which covers the
+// results the barrier ordered before it, then writes the header.
 __device__ __forceinline__ void topk_write_row(const unsigned long long* s, unsigned count,
                                                const float* __restrict__ sc,
                                                TopkNeighbor* __restrict__ row) {
@@ -398,11 +402,9 @@ __device__ __forceinline__ void topk_write_row(const unsigned long long* s, unsi
         const unsigned long long key = s[r];
         out[r] = make_uint2(topk_key_index(key), __float_as_uint(topk_key_score(key, sc)));
     }
-    if (threadIdx.x < count) {
-        __threadfence_system();
-    }
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence_system();
         row[0].score = 0.0f;
         row[0].index = TOPK_STATUS_OK;
     }
