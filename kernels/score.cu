@@ -234,7 +234,8 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
 // candidates, and the last block to finish selects into `out`. Dynamic shared
 // memory as score_single; the tiles are reused by the selection. (Counting
 // each block's own rows before one barrier, as score_single does, was not
-// faster here: bench/gpu/NOTES.md, v13.)
+// faster here: bench/gpu/NOTES.md, v13; nor was counting each score in a
+// shared histogram as it is written, which slowed the scoring loop: v17.)
 #define SEARCH_WARPS 32
 #define SEARCH_RT 2
 #define SEARCH_DEPTH 4
