@@ -244,14 +244,16 @@ fn fits_shared(f: cu::CUfunction, dynamic: usize) -> Result<bool, CudaError> {
     Ok(fixed.max(0) as usize + dynamic <= limit.max(0) as usize)
 }
 
-/// Declares a mutable copy of each named value and `$args`, the array of
-/// pointers to them that `cuLaunchKernel` takes, in the order named (the
-/// kernel's parameter order).
+/// Declares a mutable local for each argument, `name` (a copy of that value)
+/// or `name = value`, and `$args`, the array of pointers to them that
+/// `cuLaunchKernel` takes, in the order named (the kernel's parameter order).
 macro_rules! kernel_args {
-    ($args:ident = [$($v:ident),* $(,)?]) => {
-        $(let mut $v = $v;)*
+    ($args:ident = [$($v:ident $(= $e:expr)?),* $(,)?]) => {
+        $(let mut $v = kernel_args!(@value $v $(, $e)?);)*
         let mut $args = [$(&mut $v as *mut _ as *mut c_void),*];
     };
+    (@value $v:ident) => { $v };
+    (@value $v:ident, $e:expr) => { $e };
 }
 
 /// Function handles of the loaded modules.
@@ -536,16 +538,22 @@ impl Kernels {
         k: u32,
         grid: u32,
     ) -> Result<(), CudaError> {
-        let SelectBufs {
-            scores,
-            area,
-            cand,
-            maybe,
-            out,
-            ..
-        } = *bufs;
         let blocks = n.div_ceil(SEARCH_ROWS).clamp(1, grid.max(1));
-        kernel_args!(args = [corpus, rnorm, n, d, query, scores, area, k, cand, maybe, out]);
+        kernel_args!(
+            args = [
+                corpus,
+                rnorm,
+                n,
+                d,
+                query,
+                scores = bufs.scores,
+                area = bufs.area,
+                k,
+                cand = bufs.cand,
+                maybe = bufs.maybe,
+                out = bufs.out
+            ]
+        );
         // SAFETY: the parameter list of topk_search1*_*; buffers per the
         // contract; the grid fits the device at once (prepare_search), as the
         // kernel's barriers require, and the driver checks it again.
@@ -754,16 +762,19 @@ impl Kernels {
         nq: u32,
         k: u32,
     ) -> Result<(), CudaError> {
-        let SelectBufs {
-            scores,
-            area,
-            cand,
-            maybe,
-            out,
-            ..
-        } = *bufs;
         let stride = k + 1;
-        kernel_args!(args = [scores, n, area, cand, maybe, k, out, stride]);
+        kernel_args!(
+            args = [
+                scores = bufs.scores,
+                n,
+                area = bufs.area,
+                cand = bufs.cand,
+                maybe = bufs.maybe,
+                k,
+                out = bufs.out,
+                stride
+            ]
+        );
         let dynamic = small_smem(n) as u32;
         // SAFETY: the parameter list of topk_select_small; buffers per the
         // contract; the stash and scratch fit the shared memory allowed at
@@ -796,10 +807,7 @@ impl Kernels {
         nq: u32,
         k: u32,
     ) -> Result<(), CudaError> {
-        let SelectBufs {
-            scores, area, th, ..
-        } = *bufs;
-        kernel_args!(args = [scores, n, area, k, th]);
+        kernel_args!(args = [scores = bufs.scores, n, area = bufs.area, k, th = bufs.th]);
         // SAFETY: the parameter list of topk_hist; buffers per the contract.
         unsafe {
             Self::launch(
@@ -830,16 +838,20 @@ impl Kernels {
         nq: u32,
         k: u32,
     ) -> Result<(), CudaError> {
-        let SelectBufs {
-            scores,
-            area,
-            th,
-            cand,
-            maybe,
-            out,
-        } = *bufs;
         let stride = k + 1;
-        kernel_args!(args = [scores, n, area, th, cand, maybe, k, out, stride]);
+        kernel_args!(
+            args = [
+                scores = bufs.scores,
+                n,
+                area = bufs.area,
+                th = bufs.th,
+                cand = bufs.cand,
+                maybe = bufs.maybe,
+                k,
+                out = bufs.out,
+                stride
+            ]
+        );
         // SAFETY: the parameter list of topk_gather; buffers per the
         // contract; its scratch is the dynamic shared memory allowed at load.
         unsafe {
