@@ -91,16 +91,13 @@ __global__ void __launch_bounds__(256)
 }
 
 template <int EPI>
-static void fuse_epi_run(unsigned n, unsigned d, int sms, float* corpus, float* query,
+static void fuse_epi_run(unsigned n, unsigned d, float* corpus, float* query,
                          float* scores, unsigned* area, TopkThreshold* th) {
     const size_t smem = (size_t)d * 4 + TOPK_TILE_ALIGN + 3 * 32 * 128 * 4;
-    CK(cudaFuncSetAttribute(fuse_epi<EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)smem));
     int per = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, fuse_epi<EPI>, 256, smem));
+    const unsigned blocks = lab_staged_grid(fuse_epi<EPI>, 256, smem, n, 32, &per);
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, fuse_epi<EPI>));
-    const unsigned blocks = std::min<unsigned>((n + 31) / 32, per * sms);
     const float t = lab_event_ms(5, 30, [&] {
         fuse_epi<EPI><<<blocks, 256, smem>>>(corpus, n, d, query, scores, area, 100, th + 1);
     });
@@ -143,11 +140,8 @@ int main() {
 #else
         const size_t smem = (size_t)d * 4 + TOPK_TILE_ALIGN + 3 * 32 * 128 * 4;
 #endif
-        CK(cudaFuncSetAttribute(topk_score1_dot, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem));
         int per = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, topk_score1_dot, 256, smem));
-        const unsigned blocks = std::min<unsigned>((n + 31) / 32, per * sms);
+        const unsigned blocks = lab_staged_grid(topk_score1_dot, 256, smem, n, 32, &per);
         const unsigned hist_blocks = std::min<unsigned>((n + 16383) / 16384, sms);
         const float t_read = lab_event_ms(5, 30, [&] {
             fuse_read<<<sms * 8, 512>>>((const float4*)corpus, (size_t)n * d / 4, sink);
@@ -194,11 +188,11 @@ int main() {
             continue;
         }
         printf("{\"kind\":\"epilogue-align\",\"align\":%d}\n", FUSE_EPI_ALIGN);
-        fuse_epi_run<0>(c.n, c.d, sms, corpus, query, scores, area, th);
-        fuse_epi_run<1>(c.n, c.d, sms, corpus, query, scores, area, th);
-        fuse_epi_run<2>(c.n, c.d, sms, corpus, query, scores, area, th);
-        fuse_epi_run<3>(c.n, c.d, sms, corpus, query, scores, area, th);
-        fuse_epi_run<4>(c.n, c.d, sms, corpus, query, scores, area, th);
+        fuse_epi_run<0>(c.n, c.d, corpus, query, scores, area, th);
+        fuse_epi_run<1>(c.n, c.d, corpus, query, scores, area, th);
+        fuse_epi_run<2>(c.n, c.d, corpus, query, scores, area, th);
+        fuse_epi_run<3>(c.n, c.d, corpus, query, scores, area, th);
+        fuse_epi_run<4>(c.n, c.d, corpus, query, scores, area, th);
     }
 #endif
     return 0;

@@ -19,6 +19,22 @@
         }                                                                                    \
     } while (0)
 
+// The grid the engine gives a staged kernel `f` of `threads` threads with
+// `smem` bytes of dynamic shared memory (which it lets `f` use) over n rows
+// taken `rows` at a time by a block: every block that fits the device at
+// once, but no more than there are row groups. With `per_sm`, also the
+// blocks that fit one SM.
+template <typename F>
+static unsigned lab_staged_grid(F* f, int threads, size_t smem, unsigned n, unsigned rows,
+                                int* per_sm = nullptr) {
+    CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int per = 0, sms = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, f, threads, smem));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (per_sm != nullptr) *per_sm = per;
+    return std::min<unsigned>((n + rows - 1) / rows, (unsigned)(per * sms));
+}
+
 static float lab_median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];

@@ -165,13 +165,9 @@ int main() {
     const unsigned ds[] = {384, 1024};
     for (unsigned d : ds) {
         const size_t smem = (size_t)d * 4 + TOPK_TILE_ALIGN + SEARCH_TILE_BYTES;
-        CK(cudaFuncSetAttribute(topk_search1_dot, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem));
-        int per = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, topk_search1_dot, SEARCH_THREADS,
-                                                         smem));
         for (unsigned n : ns1) {
-            unsigned blocks = std::min<unsigned>((n + SEARCH_ROWS - 1) / SEARCH_ROWS, per * sms);
+            const unsigned blocks =
+                lab_staged_grid(topk_search1_dot, SEARCH_THREADS, smem, n, SEARCH_ROWS);
             for (int dup = 0; dup < 2; ++dup) {
                 for (unsigned k : ks) {
                     const float* rn = nullptr;
@@ -194,11 +190,7 @@ int main() {
     {
         const unsigned n = 500000, d = 384;
         const size_t smem = (size_t)d * 4 + TOPK_TILE_ALIGN + SINGLE_TILE_BYTES;
-        CK(cudaFuncSetAttribute(topk_score1_dot, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem));
-        int per = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, topk_score1_dot, 256, smem));
-        const unsigned blocks = std::min<unsigned>((n + 31) / 32, per * sms);
+        const unsigned blocks = lab_staged_grid(topk_score1_dot, 256, smem, n, 32);
         const unsigned gblocks = std::min<unsigned>((n + 4095) / 4096, sms);
         for (int dup = 0; dup < 2; ++dup) {
             for (unsigned k : ks) {
