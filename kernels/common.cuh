@@ -75,30 +75,38 @@ __device__ __forceinline__ float topk_butterfly(float p) {
     return p;
 }
 
-// The same five butterfly steps applied to 32 outputs at once: on entry
-// v[i] is this lane's partial of output i; on exit v[0] holds the full sum of
-// output `lane`. Step H pairs lane j with j ^ H exactly as topk_butterfly
-// does, so every output is added up by the same tree (and __fadd_rn is
-// commutative, so the operand order within a pair does not matter); each
-// lane then keeps the half of the outputs that its bit H selects and sends
-// the other half, which takes 31 shuffles instead of 160.
-template <int H>
-__device__ __forceinline__ void topk_reduce32_step(float (&v)[32], unsigned lane) {
-    const bool up = (lane & H) != 0;
+// The same five butterfly steps applied to 32 outputs at once, with each
+// lane's outputs placed so that no lane has to choose what to send. Lane j's
+// v[i] is its partial of output i ^ topk_slot_perm(j), a permutation of the
+// lane's bits: lane bits 4, 3, 2 become slot bits 2, 1, 0 and lane bits 1, 0
+// become slot bits 4, 3 (topk_slot_perm(j ^ H) = topk_slot_perm(j) ^ S for
+// step H's slot bit S). Step H pairs lane j with j ^ H exactly as
+// topk_butterfly does, so every output is added up by the same tree
+// (__fadd_rn is commutative, so the operand order within a pair does not
+// matter): each lane keeps its slots with bit S clear and adds the partner's
+// slot i | S, which holds the same output. That is 31 shuffles and 31 adds
+// for 32 outputs (topk_butterfly per output takes 160 of each), and no
+// selects. On exit v[0] holds the full sum of output topk_slot_perm(lane).
+__device__ __forceinline__ unsigned topk_slot_perm(unsigned lane) {
+    return ((lane >> 2) & 7u) | ((lane & 3u) << 3);
+}
+
+template <int H, int S, int DONE>
+__device__ __forceinline__ void topk_reduce32_step(float (&v)[32]) {
 #pragma unroll
-    for (int i = 0; i < H; ++i) {
-        const float send = up ? v[i] : v[i + H];
-        const float keep = up ? v[i + H] : v[i];
-        v[i] = __fadd_rn(keep, __shfl_xor_sync(TOPK_FULL_MASK, send, H));
+    for (int i = 0; i < 32; ++i) {
+        if ((i & (DONE | S)) == 0) {
+            v[i] = __fadd_rn(v[i], __shfl_xor_sync(TOPK_FULL_MASK, v[i | S], H));
+        }
     }
 }
 
-__device__ __forceinline__ float topk_reduce32(float (&v)[32], unsigned lane) {
-    topk_reduce32_step<16>(v, lane);
-    topk_reduce32_step<8>(v, lane);
-    topk_reduce32_step<4>(v, lane);
-    topk_reduce32_step<2>(v, lane);
-    topk_reduce32_step<1>(v, lane);
+__device__ __forceinline__ float topk_reduce32(float (&v)[32]) {
+    topk_reduce32_step<16, 4, 0>(v);
+    topk_reduce32_step<8, 2, 4>(v);
+    topk_reduce32_step<4, 1, 6>(v);
+    topk_reduce32_step<2, 16, 7>(v);
+    topk_reduce32_step<1, 8, 23>(v);
     return v[0];
 }
 

@@ -379,6 +379,13 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
 // stored permuted so that lane j's four columns of a chunk (32 s + j,
 // s = 0..3) are adjacent and one 128-bit load fetches them.
 //
+// Register slot (query qi, row r) of lane j holds output (qi ^ (j & 3),
+// r ^ ((j >> 2) & 7)), the placement topk_reduce32 needs (each group of 32
+// slots is 4 queries x 8 rows). The loads stay the same for every lane: the
+// stores do the permuting. Lane j's columns of query q sit at query place
+// q ^ (j & 3); the 16-byte copy of columns 4m..4m+3 of tile row t goes to
+// stage row t ^ (m & 7), and lane j reads columns with m & 7 = (j >> 2) & 7.
+//
 // Dynamic shared memory: DEPTH row stages of BR x BCH_CH floats, then BQ
 // queries of D floats rounded up to whole chunks (topk-cuda mirrors this).
 #define BCH_CH 128
@@ -397,7 +404,7 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
     constexpr unsigned BR = WR * RT;
     constexpr unsigned BQ = WQ * QT;
     constexpr unsigned STAGE = BR * BCH_CH;
-    static_assert((RT * QT) % TOPK_WARP == 0, "whole groups of 32 outputs");
+    static_assert(RT == 8 && QT % 4 == 0, "groups of 4 queries x 8 rows (topk_slot_perm)");
     static_assert(BCH_CH == 4 * TOPK_WARP, "four columns per lane per chunk");
     extern __shared__ float4 topk_dyn_smem[];
     float* stages = reinterpret_cast<float*>(topk_dyn_smem);
@@ -416,26 +423,31 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
     if (rb >= nrb) {
         return;
     }
-    // The block's queries, permuted within each chunk (one group).
+    // The block's queries, permuted within each chunk (one group), lane j's
+    // columns of query qi at place qi ^ (j & 3).
     for (unsigned idx = threadIdx.x; idx < BQ * d; idx += THREADS) {
         const unsigned qi = idx / d;
         const unsigned col = idx % d;
         if (q0 + qi < nq) {
-            topk_cp_async4(qs + qi * dp + col / BCH_CH * BCH_CH + bch_perm(col % BCH_CH),
+            topk_cp_async4(qs + (qi ^ (col & 3u)) * dp + col / BCH_CH * BCH_CH +
+                               bch_perm(col % BCH_CH),
                            queries + (q0 + qi) * d + col);
         }
     }
     topk_cp_async_commit();
 
     // Copy state: the next (row block, chunk) to stage and its slot. Thread
-    // t copies column `col` of rows t / PER_ROW + k * ROWS of a stage.
+    // t copies column `col` of rows t / PER_ROW + k * ROWS of a stage, tile
+    // row t going to stage row t ^ swz.
     constexpr unsigned ROWS16 = THREADS / (BCH_CH / 4);
+    static_assert(ROWS16 % 8 == 0, "a 16-byte copy's rows stay 8-aligned");
     const bool vec16 = (d % 4) == 0;
     const unsigned per_row = vec16 ? BCH_CH / 4 : BCH_CH;
     const unsigned col = (threadIdx.x % per_row) * (vec16 ? 4 : 1);
     const unsigned row_t = threadIdx.x / per_row;
     const unsigned rows_pass = THREADS / per_row;
-    const unsigned dst0 = (unsigned)__cvta_generic_to_shared(stages + row_t * BCH_CH + col);
+    const unsigned swz = (col >> 2) & 7u;
+    const unsigned dst0 = (unsigned)__cvta_generic_to_shared(stages + col);
     const size_t src_pass = (size_t)rows_pass * d;
     unsigned issue_rb = rb;
     unsigned issue_c = 0;
@@ -448,16 +460,19 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
             const unsigned dst = dst0 + issue_slot * STAGE * 4;
             if (c0 + col < d) {
                 if (vec16) {
+                    // (row_t + k ROWS16) ^ swz = (row_t ^ swz) + k ROWS16.
+                    const unsigned dst16 = dst + (row_t ^ swz) * BCH_CH * 4;
 #pragma unroll
                     for (unsigned k = 0; k < BR / ROWS16; ++k) {
                         if (r + k * ROWS16 < n) {
-                            topk_cp_async16_s(dst + k * ROWS16 * BCH_CH * 4, src + k * src_pass);
+                            topk_cp_async16_s(dst16 + k * ROWS16 * BCH_CH * 4, src + k * src_pass);
                         }
                     }
                 } else {
                     for (unsigned k = 0; k * rows_pass < BR; ++k) {
                         if (r + k * rows_pass < n) {
-                            topk_cp_async4_s(dst + k * rows_pass * BCH_CH * 4, src + k * src_pass);
+                            const unsigned tr = (row_t + k * rows_pass) ^ swz;
+                            topk_cp_async4_s(dst + tr * BCH_CH * 4, src + k * src_pass);
                         }
                     }
                 }
@@ -515,8 +530,9 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
             }
         }
         if (++c == nchunks) {
-            const size_t r0 = (size_t)rb * BR + wr * RT;
-            const size_t qb = q0 + wq * QT;
+            // This lane's output of each group: query (j & 3), row (j >> 2) & 7.
+            const size_t r0 = (size_t)rb * BR + wr * RT + ((lane >> 2) & 7u);
+            const size_t qb = q0 + wq * QT + (lane & 3u);
 #pragma unroll
             for (int g = 0; g < RT * QT / TOPK_WARP; ++g) {
                 float v[TOPK_WARP];
@@ -525,10 +541,9 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
                     v[k] = acc[g * TOPK_WARP + k];
                     acc[g * TOPK_WARP + k] = 0.0f;
                 }
-                const float sc = topk_reduce32(v, lane);
-                const unsigned o = g * TOPK_WARP + lane;
-                const size_t row = r0 + o % RT;
-                const size_t q = qb + o / RT;
+                const float sc = topk_reduce32(v);
+                const size_t row = r0;
+                const size_t q = qb + g * 4;
                 if (row < n && q < nq) {
                     const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
                     const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;

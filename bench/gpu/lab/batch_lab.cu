@@ -15,7 +15,7 @@
 // The variants keep the canonical split of D (lane j owns d = j, j+32, ...)
 // but stage a tile of rows and a tile of queries through shared memory with
 // cp.async, give each lane an RT x QT register tile, and reduce the 32
-// partials of 32 outputs at once (topk_reduce32: the butterfly's tree, 31
+// partials of 32 outputs at once (lab_reduce32: the butterfly's tree, 31
 // shuffles instead of 160). The engine's kernels (topk_scoreq32_*,
 // topk_scoreq16_*) are timed beside them.
 #include <algorithm>
@@ -27,6 +27,34 @@
 #include "score.cu"
 #include "lab.cuh"
 
+
+// The lab variants' reduction (the engine's before its outputs were placed
+// per lane, common.cuh): the five butterfly steps on 32 outputs: on entry
+// v[i] is this lane's partial of output i; on exit v[0] holds the full sum of
+// output `lane`. Step H pairs lane j with j ^ H exactly as topk_butterfly
+// does, so every output is added up by the same tree (and __fadd_rn is
+// commutative, so the operand order within a pair does not matter); each
+// lane then keeps the half of the outputs that its bit H selects and sends
+// the other half, which takes 31 shuffles instead of 160.
+template <int H>
+__device__ __forceinline__ void lab_reduce32_step(float (&v)[32], unsigned lane) {
+    const bool up = (lane & H) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+        const float send = up ? v[i] : v[i + H];
+        const float keep = up ? v[i + H] : v[i];
+        v[i] = __fadd_rn(keep, __shfl_xor_sync(TOPK_FULL_MASK, send, H));
+    }
+}
+
+__device__ __forceinline__ float lab_reduce32(float (&v)[32], unsigned lane) {
+    lab_reduce32_step<16>(v, lane);
+    lab_reduce32_step<8>(v, lane);
+    lab_reduce32_step<4>(v, lane);
+    lab_reduce32_step<2>(v, lane);
+    lab_reduce32_step<1>(v, lane);
+    return v[0];
+}
 
 // One staged chunk of CH columns for a warp's RT x QT tile, one canonical
 // step per column: rows at rt (row stride CH), queries at qp (row stride
@@ -57,7 +85,7 @@ __device__ __forceinline__ void lab_chunk(float (&acc)[RT * QT], const float* rt
 
 // The end of a lab kernel's tile (the engine's epilogue before it zeroed the
 // accumulators itself): the 32 lane partials of 32 outputs at a time added by
-// the butterfly's tree (topk_reduce32), then the scores written.
+// the butterfly's tree (lab_reduce32), then the scores written.
 template <int METRIC, int RT, int QT>
 __device__ __forceinline__ void lab_write_tile(const float (&acc)[RT * QT], unsigned lane,
                                                size_t r0, size_t q0, unsigned n, unsigned nq,
@@ -70,7 +98,7 @@ __device__ __forceinline__ void lab_write_tile(const float (&acc)[RT * QT], unsi
         for (int k = 0; k < 32; ++k) {
             v[k] = acc[g * 32 + k];
         }
-        const float s = topk_reduce32(v, lane);
+        const float s = lab_reduce32(v, lane);
         const unsigned o = g * 32 + lane;
         const size_t row = r0 + o % RT;
         const size_t q = q0 + o / RT;

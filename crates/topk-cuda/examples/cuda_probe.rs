@@ -3,8 +3,11 @@
 //!
 //! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--ds D1,…] [--ks K1,…] [--trials T]
 //! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]
-//! [--copy-queries]`
-//! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K; R and S set
+//! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]`
+//! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
+//! `--batches` times batches of those sizes (K = 100, B trials, default 10)
+//! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
+//! leaves out the single-query and round-trip lines; R and S set
 //! `CudaOptions::fuse_rows` and `CudaOptions::single_launch_rows`;
 //! `--no-graphs` clears `CudaOptions::graphs`, `--copy-results`
 //! `CudaOptions::mapped_results`, `--copy-queries`
@@ -139,6 +142,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vec![384, 768, 1024]
     };
     let ks = flag_list(&args, "--ks").unwrap_or_else(|| vec![8, 32, 100, 1000]);
+    let batches = flag_list(&args, "--batches");
+    let batch_trials = flag_value(&args, "--batch-trials").unwrap_or(10).max(1);
+    let single = !args.iter().any(|a| a == "--no-single");
     let cpu_k = *ks.iter().max().unwrap_or(&1000);
     for &n in &ns {
         for &d in &ds {
@@ -146,9 +152,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let query = gaussian_rows(1, d, 7);
             let gpu = CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, opts.clone())?;
             let dq = gpu.upload_query(&query)?;
-            let expect = reference(&corpus, d, &query, cpu_k);
+            let expect = if single {
+                reference(&corpus, d, &query, cpu_k)
+            } else {
+                Vec::new()
+            };
             let floor_ms = (n * d * 4) as f64 / bw * 1e3;
-            for &k in &ks {
+            for &k in ks.iter().filter(|_| single) {
                 let mut out = Vec::new();
                 gpu.search_host(&query, k, &mut out)?;
                 let ok_host = same_bits(&out, &expect[..k.min(n)]);
@@ -184,35 +194,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         "stages_ms": stage_json, "correct": ok_host && ok_dev})
                 );
             }
-            if n == 1_000_000 && d == 1024 {
-                let q = 256;
-                let queries = gaussian_rows(q, d, 9);
-                let mut tb = Vec::new();
-                let mut first = None;
-                for i in 0..4 {
-                    let t = Instant::now();
-                    let r = gpu.search_batch_rowmajor(&queries, 100)?;
-                    if i > 0 {
-                        tb.push(t.elapsed().as_secs_f64() * 1e3);
-                    } else {
-                        first = Some(r);
-                    }
-                }
-                let ok = first.is_some_and(|r| {
-                    same_bits(&r[0], &reference(&corpus, d, &queries[..d], 100))
-                        && same_bits(
-                            &r[q - 1],
-                            &reference(&corpus, d, &queries[(q - 1) * d..], 100),
-                        )
-                });
-                let (bm, bmin, bmax) = stats(tb);
-                println!(
-                    "{}",
-                    serde_json::json!({"kind": "batch", "n": n, "d": d, "k": 100, "q": q,
-                        "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok})
-                );
+            let qs = match &batches {
+                Some(list) => list.clone(),
+                None if n == 1_000_000 && d == 1024 => vec![256],
+                None => Vec::new(),
+            };
+            for q in qs {
+                let trials = if batches.is_some() { batch_trials } else { 3 };
+                println!("{}", time_batch(&gpu, &corpus, d, q, trials)?);
             }
-            if n <= 100_000 {
+            if single && n <= 100_000 {
                 let cpu = topk_cpu_oracle(&corpus, d);
                 let mut rt = RoundTrip::new(&gpu, 1000)?;
                 let mut out = Vec::new();
@@ -232,6 +223,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// Host-clock times of `trials` batches of `q` queries (K = 100) after one
+/// untimed batch, whose first and last answers are checked bit for bit.
+fn time_batch(
+    gpu: &CudaRetriever,
+    corpus: &[f32],
+    d: usize,
+    q: usize,
+    trials: usize,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let n = corpus.len() / d;
+    let queries = gaussian_rows(q, d, 9);
+    let first = gpu.search_batch_rowmajor(&queries, 100)?;
+    let ok = same_bits(&first[0], &reference(corpus, d, &queries[..d], 100))
+        && same_bits(
+            &first[q - 1],
+            &reference(corpus, d, &queries[(q - 1) * d..], 100),
+        );
+    let mut tb = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        let t = Instant::now();
+        let r = gpu.search_batch_rowmajor(&queries, 100)?;
+        tb.push(t.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box(r);
+    }
+    let (bm, bmin, bmax) = stats(tb);
+    Ok(
+        serde_json::json!({"kind": "batch", "n": n, "d": d, "k": 100, "q": q,
+        "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok}),
+    )
 }
 
 fn topk_cpu_oracle(corpus: &[f32], d: usize) -> topk_cpu::Oracle {

@@ -145,8 +145,9 @@ fn ptr<T: cust::memory::DeviceCopy>(b: &DeviceSlice<T>) -> DPtr {
     b.as_device_ptr().as_raw()
 }
 
-/// Scratch of one concurrent search: a stream, device buffers for a chunk of
-/// queries and the pinned staging of its inputs and outputs.
+/// Scratch of one concurrent search: a stream, the query and result buffers
+/// (device and pinned host) of a whole staged batch, and the scoring and
+/// selection scratch of one chunk of it.
 struct Slot {
     stream: Stream,
     queries: DeviceBuffer<f32>,
@@ -221,16 +222,39 @@ fn second_use(seen: &mut Vec<GraphKey>, built: bool, key: GraphKey) -> bool {
 }
 
 /// Device bytes one slot needs, for the up-front memory check.
-fn slot_bytes(n: usize, d: usize, chunk: usize, max_k: usize, gather: usize) -> usize {
-    chunk * d * 4
+fn slot_bytes(n: usize, d: usize, sizes: Sizes, max_k: usize, gather: usize) -> usize {
+    let Sizes { staged, chunk } = sizes;
+    staged * d * 4
         + chunk * 4
         + chunk * n * 4
         + chunk * AREA_STRIDE * 4
         + chunk * 16
         + chunk * CAND_CAP * 8
         + chunk * MAYBE_CAP * 8
-        + chunk * (max_k + 1) * 8
+        + staged * (max_k + 1) * 8
         + gather * 12
+}
+
+/// How many queries a slot holds: `staged` queries and their results at
+/// once (a batch call's turn), scored and selected `chunk` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sizes {
+    staged: usize,
+    chunk: usize,
+}
+
+impl Sizes {
+    /// `max_batch` queries staged (at most [`MAX_STAGED`]); chunks as large
+    /// as `batch_scratch` bytes of scores allow over `n` rows, at least
+    /// [`BATCH_CHUNK`] (a smaller chunk would read the corpus more often
+    /// than the scoring needs) and at most the staged queries.
+    fn new(n: usize, max_batch: usize, batch_scratch: usize) -> Self {
+        let staged = max_batch.min(MAX_STAGED);
+        let chunk = (batch_scratch / (4 * n.max(1)))
+            .max(BATCH_CHUNK)
+            .min(staged);
+        Sizes { staged, chunk }
+    }
 }
 
 /// The device's address for page-locked host memory at `host` from
@@ -247,42 +271,45 @@ fn device_address(host: *mut c_void) -> Result<DPtr, CudaError> {
 }
 
 impl Slot {
-    /// The buffers the selection kernels take (results where `out_dev` says).
-    fn select_bufs(&self) -> launch::SelectBufs {
+    /// The buffers the selection kernels take, results from row `first` of
+    /// rows of `k + 1` entries where `out_dev` says.
+    fn select_bufs(&self, first: usize, k: usize) -> launch::SelectBufs {
+        let row = (first * (k + 1) * std::mem::size_of::<DevNeighbor>()) as DPtr;
         launch::SelectBufs {
             scores: ptr(&self.scores),
             area: ptr(&self.area),
             th: ptr(&self.th),
             cand: ptr(&self.cand),
             maybe: ptr(&self.maybe),
-            out: self.out_dev,
+            out: self.out_dev + row,
         }
     }
 
     fn new(
         n: usize,
         d: usize,
-        chunk: usize,
+        sizes: Sizes,
         max_k: usize,
         gather: usize,
         map_results: bool,
         map_queries: bool,
     ) -> Result<Self, CudaError> {
+        let Sizes { staged, chunk } = sizes;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
         let mut slot = Slot {
-            queries: alloc("query staging", chunk * d)?,
+            queries: alloc("query staging", staged * d)?,
             qnorm: alloc("query norms", chunk)?,
             scores: alloc("score buffer", chunk * n)?,
             area: alloc("selection areas", chunk * AREA_STRIDE)?,
             th: alloc("thresholds", chunk)?,
             cand: alloc("candidate keys", chunk * CAND_CAP)?,
             maybe: alloc("threshold-bin keys", chunk * MAYBE_CAP)?,
-            out: alloc("results", chunk * (max_k + 1))?,
+            out: alloc("results", staged * (max_k + 1))?,
             ids: alloc("gather ids", gather)?,
             owner: alloc("gather owners", gather)?,
             id_scores: alloc("gather scores", gather)?,
-            q_host: pinned(chunk * d)?,
-            out_host: pinned(chunk * (max_k + 1))?,
+            q_host: pinned(staged * d)?,
+            out_host: pinned(staged * (max_k + 1))?,
             scores_host: pinned(n)?,
             ids_host: pinned(gather)?,
             owner_host: pinned(gather)?,
@@ -326,7 +353,7 @@ pub(crate) struct Engine {
     d: usize,
     metric: Metric,
     opts: CudaOptions,
-    chunk: usize,
+    sizes: Sizes,
     info: DeviceInfo,
     kernels: Kernels,
     /// Grids of the scoring kernels for this D.
@@ -344,8 +371,15 @@ pub(crate) struct Engine {
     ctx: Arc<Ctx>,
 }
 
-/// Queries per batch launch: bounds the score buffer at `chunk × N` floats.
+/// Fewest queries per batch chunk (see [`Sizes::new`]).
 const BATCH_CHUNK: usize = 64;
+
+/// Most queries a slot stages at once; a larger `max_batch` runs in turns.
+const MAX_STAGED: usize = 1024;
+
+/// Bytes of the pinned staging buffer copied before each piece is queued
+/// for the device (see [`Engine::stage_queries`]).
+const STAGE_PIECE_BYTES: usize = 256 * 1024;
 
 impl Engine {
     pub(crate) fn new(
@@ -383,8 +417,8 @@ impl Engine {
         opts.check()?;
         let (ctx, dev) = open(opts.device)?;
         let info = info_of(dev)?;
-        let chunk = opts.max_batch.min(BATCH_CHUNK);
-        let per_slot = slot_bytes(n, d, chunk, opts.max_k, opts.max_gather);
+        let sizes = Sizes::new(n, opts.max_batch, opts.batch_scratch);
+        let per_slot = slot_bytes(n, d, sizes, opts.max_k, opts.max_gather);
         let requested = n * d * 4 + n * 4 + per_slot * opts.streams;
         let available = launch::free_memory()?;
         if requested > available {
@@ -429,7 +463,7 @@ impl Engine {
             slots.push(Mutex::new(Slot::new(
                 n,
                 d,
-                chunk,
+                sizes,
                 opts.max_k,
                 opts.max_gather,
                 map_results,
@@ -452,13 +486,13 @@ impl Engine {
                 .synchronize()
                 .op("cuStreamSynchronize (row norms)")?;
         }
-        tracing::debug!(n, d, %metric, streams = opts.streams, chunk, "topk-cuda engine ready");
+        tracing::debug!(n, d, %metric, streams = opts.streams, ?sizes, "topk-cuda engine ready");
         Ok(Engine {
             n,
             d,
             metric,
             opts,
-            chunk,
+            sizes,
             info,
             kernels,
             plan,
@@ -507,21 +541,31 @@ impl Engine {
     }
 
     /// Queues scoring and selection of `nq` queries already in `queries` (on
-    /// the slot's stream). Selection runs on the device when `k` fits the
+    /// the slot's stream), their results going to rows `first..first + nq`
+    /// of the result buffer. Selection runs on the device when `k` fits the
     /// result buffers; otherwise only the scores are produced.
-    fn enqueue(&self, slot: &Slot, queries: DPtr, nq: usize, k: usize) -> Result<(), CudaError> {
+    fn enqueue(
+        &self,
+        slot: &Slot,
+        queries: DPtr,
+        first: usize,
+        nq: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
         let s = Queue::Stream(slot.stream.as_inner());
-        self.enqueue_marked(slot, s, queries, nq, k, &mut |_| Ok(()))
+        self.enqueue_marked(slot, s, queries, first, nq, k, &mut |_| Ok(()))
     }
 
     /// [`Self::enqueue`] on `s` (the slot's stream, or a graph being built
     /// for it), calling `mark` with a stage name after the launch that ends
     /// each stage (for [`Self::stage_times`]).
+    #[allow(clippy::too_many_arguments)]
     fn enqueue_marked(
         &self,
         slot: &Slot,
         s: Queue<'_>,
         queries: DPtr,
+        first: usize,
         nq: usize,
         k: usize,
         mark: &mut dyn FnMut(&'static str) -> Result<(), CudaError>,
@@ -543,7 +587,7 @@ impl Engine {
                     n,
                     d,
                     queries,
-                    &slot.select_bufs(),
+                    &slot.select_bufs(first, k),
                     k as u32,
                     grid,
                 )?;
@@ -576,8 +620,8 @@ impl Engine {
                 // The host selects from the scores.
                 return Ok(());
             }
+            let bufs = slot.select_bufs(first, k);
             let (nq, k) = (nq as u32, k as u32);
-            let bufs = slot.select_bufs();
             if !grid_select {
                 self.kernels.select_small(s, &bufs, n, nq, k)?;
             } else {
@@ -621,29 +665,49 @@ impl Engine {
 
     /// Copies `queries` (at most `chunk` rows of D) through the pinned
     /// staging buffer to the slot's device query buffer, on its stream, and
-    /// returns that buffer's address.
+    /// returns that buffer's address. A large batch goes in pieces of about
+    /// [`STAGE_PIECE_BYTES`], each queued for the device as soon as it is in
+    /// the staging buffer, so the device copies one piece while the host
+    /// writes the next.
     fn stage_queries(slot: &mut Slot, queries: &[f32]) -> Result<DPtr, CudaError> {
-        slot.q_host.as_mut_slice()[..queries.len()].copy_from_slice(queries);
-        // SAFETY: q_host (pinned) and queries both hold chunk × d >= the
-        // copied floats; the stream is ordered before q_host is rewritten.
-        unsafe {
-            launch::h2d(
-                Queue::Stream(slot.stream.as_inner()),
-                ptr(&slot.queries),
-                slot.q_host.as_ptr() as *const c_void,
-                queries.len() * 4,
-            )?;
+        let piece = STAGE_PIECE_BYTES / 4;
+        let base = ptr(&slot.queries);
+        let staging = &mut slot.q_host.as_mut_slice()[..queries.len()];
+        for (i, (dst, src)) in staging
+            .chunks_mut(piece)
+            .zip(queries.chunks(piece))
+            .enumerate()
+        {
+            dst.copy_from_slice(src);
+            let offset = (i * piece * 4) as DPtr;
+            // SAFETY: dst lies in q_host (pinned) and the device buffer holds
+            // chunk × d >= queries.len() floats, so [offset, offset + 4 ×
+            // dst.len()) is inside both; the previous search on this slot
+            // was waited for, so no queued copy still reads this piece.
+            unsafe {
+                launch::h2d(
+                    Queue::Stream(slot.stream.as_inner()),
+                    base + offset,
+                    dst.as_ptr() as *const c_void,
+                    dst.len() * 4,
+                )?;
+            }
         }
-        Ok(ptr(&slot.queries))
+        Ok(base)
     }
 
     /// Reads query `qi`'s results into `out`, finishing it on the host from its
-    /// scores when the device path did not (k > max_k or too many ties).
+    /// scores when the device path did not (k > max_k or too many ties). A
+    /// query of a batch names its device copy in `rescore`: its scores may
+    /// have been overwritten by a later chunk's, so it is scored again alone
+    /// (the same canonical scores) before the host selects; a single query's
+    /// scores are still in row `qi`.
     fn collect(
         &self,
         slot: &mut Slot,
         qi: usize,
         k: usize,
+        rescore: Option<DPtr>,
         out: &mut Vec<Neighbor>,
     ) -> Result<(), CudaError> {
         out.clear();
@@ -668,7 +732,14 @@ impl Engine {
                 }
             }
         }
-        self.select_on_host(slot, qi, k, out)
+        match rescore {
+            Some(query) => {
+                // K past max_k queues the scoring alone, into row 0.
+                self.enqueue(slot, query, 0, 1, self.opts.max_k + 1)?;
+                self.select_on_host(slot, 0, k, out)
+            }
+            None => self.select_on_host(slot, qi, k, out),
+        }
     }
 
     /// The slower exact path: brings query `qi`'s N scores to the host and
@@ -724,7 +795,7 @@ impl Engine {
         if self.opts.graphs && k <= self.opts.max_k {
             slot.q_host.as_mut_slice()[..query.len()].copy_from_slice(query);
             if self.run_graph(&mut slot, (k, QuerySource::Host))? {
-                return self.collect(&mut slot, 0, k, out);
+                return self.collect(&mut slot, 0, k, None, out);
             }
         }
         let qptr = Self::stage_queries(&mut slot, query)?;
@@ -861,7 +932,7 @@ impl Engine {
             // that length at this very address (`search_device`).
             QuerySource::Device(p) => p,
         };
-        self.enqueue_marked(slot, s, query, 1, k, &mut |_| Ok(()))?;
+        self.enqueue_marked(slot, s, query, 0, 1, k, &mut |_| Ok(()))?;
         Self::copy_results(slot, s, 1, k)?;
         graph.finish()
     }
@@ -873,11 +944,11 @@ impl Engine {
         k: usize,
         out: &mut Vec<Neighbor>,
     ) -> Result<(), CudaError> {
-        self.enqueue(slot, qptr, 1, k)?;
+        self.enqueue(slot, qptr, 0, 1, k)?;
         if k <= self.opts.max_k {
             self.fetch_results(slot, 1, k)?;
         }
-        self.collect(slot, 0, k, out)
+        self.collect(slot, 0, k, None, out)
     }
 
     /// One query already on the device. With `wait_on`, the search first waits
@@ -907,7 +978,7 @@ impl Engine {
         if self.opts.graphs && k <= self.opts.max_k {
             let key = (k, QuerySource::Device(ptr(query)));
             if Self::device_graph_wanted(&mut slot, key) && self.run_graph(&mut slot, key)? {
-                return self.collect(&mut slot, 0, k, out);
+                return self.collect(&mut slot, 0, k, None, out);
             }
         }
         self.finish_one(&mut slot, ptr(query), k, out)
@@ -940,7 +1011,9 @@ impl Engine {
         let qptr = Self::stage_queries(slot, query)?;
         record("h2d", &slot.stream)?;
         let s = Queue::Stream(slot.stream.as_inner());
-        self.enqueue_marked(slot, s, qptr, 1, k, &mut |name| record(name, &slot.stream))?;
+        self.enqueue_marked(slot, s, qptr, 0, 1, k, &mut |name| {
+            record(name, &slot.stream)
+        })?;
         let s = Queue::Stream(slot.stream.as_inner());
         Self::copy_results(slot, s, 1, k)?;
         record("d2h", &slot.stream)?;
@@ -955,7 +1028,10 @@ impl Engine {
         Ok(out)
     }
 
-    /// A batch of `nq` row-major queries, in chunks of the slot's capacity.
+    /// A batch of `nq` row-major queries: staged a turn of up to the slot's
+    /// `staged` queries at a time, whose chunks are all queued before the
+    /// host waits once for the turn's results (with K past `max_k`, each
+    /// chunk's scores are read back before the next chunk overwrites them).
     pub(crate) fn search_batch(
         &self,
         queries: &[f32],
@@ -964,21 +1040,33 @@ impl Engine {
         let d = self.d;
         let k = validate::k(k, self.n)?;
         let nq = queries.len() / d;
+        let Sizes { staged, chunk } = self.sizes;
         let mut results = Vec::with_capacity(nq);
         let mut slot = self.slot()?;
-        for (c, chunk) in queries.chunks(self.chunk * d).enumerate() {
-            let cq = chunk.len() / d;
-            let qptr = Self::stage_queries(&mut slot, chunk)?;
-            self.enqueue(&slot, qptr, cq, k)?;
+        for (t, turn) in queries.chunks(staged * d).enumerate() {
+            let tq = turn.len() / d;
+            let qptr = Self::stage_queries(&mut slot, turn)?;
+            let query_at = |i: usize| qptr + (i * d * 4) as DPtr;
+            for first in (0..tq).step_by(chunk) {
+                let cq = chunk.min(tq - first);
+                self.enqueue(&slot, query_at(first), first, cq, k)?;
+                if k > self.opts.max_k {
+                    for qi in 0..cq {
+                        let mut v = Vec::with_capacity(k);
+                        self.select_on_host(&mut slot, qi, k, &mut v)?;
+                        results.push(v);
+                    }
+                }
+            }
             if k <= self.opts.max_k {
-                self.fetch_results(&mut slot, cq, k)?;
+                self.fetch_results(&mut slot, tq, k)?;
+                for qi in 0..tq {
+                    let mut v = Vec::with_capacity(k);
+                    self.collect(&mut slot, qi, k, Some(query_at(qi)), &mut v)?;
+                    results.push(v);
+                }
             }
-            for qi in 0..cq {
-                let mut v = Vec::with_capacity(k);
-                self.collect(&mut slot, qi, k, &mut v)?;
-                results.push(v);
-            }
-            tracing::trace!(chunk = c, queries = cq, "batch chunk done");
+            tracing::trace!(turn = t, queries = tq, chunk, "batch turn done");
         }
         Ok(results)
     }
@@ -1004,11 +1092,12 @@ impl Engine {
         for (i, q) in queries.chunks(d).enumerate() {
             validate::query_at(q, d, i)?;
         }
-        if nq > self.chunk {
+        let max_queries = self.opts.max_batch.min(BATCH_CHUNK);
+        if nq > max_queries {
             return Err(CudaError::OverCapacity {
                 what: "queries",
                 got: nq,
-                max: self.chunk,
+                max: max_queries,
             });
         }
         if ids.len() > self.opts.max_gather {
@@ -1170,6 +1259,48 @@ mod tests {
 
     fn dev(k: usize, p: DPtr) -> GraphKey {
         (k, QuerySource::Device(p))
+    }
+
+    #[test]
+    fn batch_chunks_grow_with_the_scratch_and_stay_in_bounds() {
+        let scratch = crate::DEFAULT_BATCH_SCRATCH;
+        // 64-query chunks at 1M rows, as before the scratch was an option.
+        assert_eq!(
+            Sizes::new(1 << 20, 256, scratch),
+            Sizes {
+                staged: 256,
+                chunk: 64
+            }
+        );
+        // Smaller corpora take a whole default batch in one chunk.
+        assert_eq!(Sizes::new(262_144, 256, scratch).chunk, 256);
+        assert_eq!(Sizes::new(300_000, 256, scratch).chunk, 223);
+        assert_eq!(Sizes::new(10_000, 256, scratch).chunk, 256);
+        // Never fewer than 64 (nor more than staged), whatever the scratch.
+        assert_eq!(Sizes::new(10_000_000, 256, scratch).chunk, 64);
+        assert_eq!(Sizes::new(10_000, 256, 0).chunk, 64);
+        assert_eq!(
+            Sizes::new(10_000, 5, scratch),
+            Sizes {
+                staged: 5,
+                chunk: 5
+            }
+        );
+        // Staging stops at MAX_STAGED queries; a larger max_batch runs in turns.
+        assert_eq!(
+            Sizes::new(10, 1 << 20, scratch),
+            Sizes {
+                staged: 1024,
+                chunk: 1024
+            }
+        );
+        assert_eq!(
+            Sizes::new(0, 3, 0),
+            Sizes {
+                staged: 3,
+                chunk: 3
+            }
+        );
     }
 
     #[test]

@@ -116,9 +116,15 @@ pub struct CudaOptions {
     /// Largest K selected on the device (1..=2048). Larger K still works,
     /// finished on the host from the scores.
     pub max_k: usize,
-    /// Queries per batch launch; larger batches run in chunks of at most 64
-    /// queries, each needing `64 × N` floats of score scratch per stream.
+    /// Queries a batch stages at once (at most 1,024; a larger batch runs in
+    /// turns): each stream holds their inputs and results, and queues all of
+    /// a turn's chunks before waiting once.
     pub max_batch: usize,
+    /// Bytes of score scratch per stream for batches: a turn is scored and
+    /// selected in chunks of `batch_scratch / (4 N)` queries, but at least 64
+    /// (then `64 × N` floats) and at most `max_batch`. Larger chunks mean
+    /// fewer, fuller launches.
+    pub batch_scratch: usize,
     /// Capacity of [`CudaRetriever::score_ids`] in ids per call.
     pub max_gather: usize,
     /// Concurrent searches (streams and scratch slots), at least 1.
@@ -160,6 +166,7 @@ impl Default for CudaOptions {
             device: 0,
             max_k: 2048,
             max_batch: 256,
+            batch_scratch: DEFAULT_BATCH_SCRATCH,
             max_gather: 65_536,
             streams: 2,
             fuse_rows: DEFAULT_FUSE_ROWS,
@@ -170,6 +177,11 @@ impl Default for CudaOptions {
         }
     }
 }
+
+/// Default of [`CudaOptions::batch_scratch`]: 256 MiB, what 64-query chunks
+/// need at 1M rows; smaller corpora get larger chunks (all 256 queries of a
+/// default batch up to 262,144 rows).
+pub const DEFAULT_BATCH_SCRATCH: usize = 256 << 20;
 
 /// Default of [`CudaOptions::fuse_rows`]: where one block reading every score
 /// twice still costs less than a second launch.

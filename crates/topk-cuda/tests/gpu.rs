@@ -242,7 +242,12 @@ fn many_blocks_and_batches_past_one_chunk() {
     }
     let (n, d) = (200_000, 96);
     let data = corpus(5, n, d, 0);
-    let (gpu, oracle) = engine(&data, d, Metric::Cosine, CudaOptions::default());
+    // No scratch beyond the 64-query minimum: a 70-query batch is two chunks.
+    let opts = CudaOptions {
+        batch_scratch: 0,
+        ..CudaOptions::default()
+    };
+    let (gpu, oracle) = engine(&data, d, Metric::Cosine, opts);
     let nq = 70; // more than one 64-query chunk
     let queries = corpus(6, nq, d, 0);
     let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
@@ -278,6 +283,49 @@ fn many_blocks_and_batches_past_one_chunk() {
         &oracle3.search(&q3, 40).expect("oracle"),
         "D = 6000",
     );
+}
+
+#[test]
+fn batch_turns_chunks_and_tie_overflows_are_exact() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    // Turns of 100 staged queries, each scored in chunks of 64 (no scratch
+    // beyond the minimum): 150 queries make chunks of 64 + 36, then 50. Half
+    // the rows are one row repeated, so a query scoring that row near the
+    // top ties past the device's candidate cap, and the host must select
+    // from its scores after later chunks have overwritten the score buffer.
+    let (n, d) = (6000, 48);
+    let mut data = corpus(31, n, d, 1);
+    for i in 1..n / 2 {
+        data.copy_within(0..d, i * d);
+    }
+    let nq = 150;
+    let queries: Vec<f32> = (0..nq)
+        .flat_map(|i| {
+            let row = (i * 37) % n;
+            data[row * d..(row + 1) * d].to_vec()
+        })
+        .collect();
+    let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
+    for metric in [Metric::Dot, Metric::Cosine] {
+        let opts = CudaOptions {
+            max_batch: 100,
+            batch_scratch: 0,
+            ..CudaOptions::default()
+        };
+        let (gpu, oracle) = engine(&data, d, metric, opts);
+        for k in [10, 1000, 2049] {
+            let got = gpu.search_batch(qs, k).expect("batch");
+            assert_eq!(got.len(), nq);
+            for (i, row) in got.iter().enumerate() {
+                let want = oracle
+                    .search(&queries[i * d..(i + 1) * d], k)
+                    .expect("oracle");
+                assert_same(row, &want, &format!("{metric} k {k} query {i}"));
+            }
+        }
+    }
 }
 
 #[test]
