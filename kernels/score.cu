@@ -381,10 +381,12 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
 //
 // Register slot (query qi, row r) of lane j holds output (qi ^ (j & 3),
 // r ^ ((j >> 2) & 7)), the placement topk_reduce32 needs (each group of 32
-// slots is 4 queries x 8 rows). The loads stay the same for every lane: the
-// stores do the permuting. Lane j's columns of query q sit at query place
-// q ^ (j & 3); the 16-byte copy of columns 4m..4m+3 of tile row t goes to
-// stage row t ^ (m & 7), and lane j reads columns with m & 7 = (j >> 2) & 7.
+// slots is 4 queries x 8 rows). The resident queries are stored permuted
+// (lane j's columns of query q at query place q ^ (j & 3)), so their loads
+// stay the same for every lane; each lane reads its rows in its own order.
+// (Permuting the staged rows instead, so that the row loads were the same
+// for every lane too, scattered each 128-byte line of a cp.async copy over
+// eight stage rows: the kernel ran 26-55 % slower.)
 //
 // Dynamic shared memory: DEPTH row stages of BR x BCH_CH floats, then BQ
 // queries of D floats rounded up to whole chunks (topk-cuda mirrors this).
@@ -437,17 +439,14 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
     topk_cp_async_commit();
 
     // Copy state: the next (row block, chunk) to stage and its slot. Thread
-    // t copies column `col` of rows t / PER_ROW + k * ROWS of a stage, tile
-    // row t going to stage row t ^ swz.
+    // t copies column `col` of rows t / PER_ROW + k * ROWS of a stage.
     constexpr unsigned ROWS16 = THREADS / (BCH_CH / 4);
-    static_assert(ROWS16 % 8 == 0, "a 16-byte copy's rows stay 8-aligned");
     const bool vec16 = (d % 4) == 0;
     const unsigned per_row = vec16 ? BCH_CH / 4 : BCH_CH;
     const unsigned col = (threadIdx.x % per_row) * (vec16 ? 4 : 1);
     const unsigned row_t = threadIdx.x / per_row;
     const unsigned rows_pass = THREADS / per_row;
-    const unsigned swz = (col >> 2) & 7u;
-    const unsigned dst0 = (unsigned)__cvta_generic_to_shared(stages + col);
+    const unsigned dst0 = (unsigned)__cvta_generic_to_shared(stages + row_t * BCH_CH + col);
     const size_t src_pass = (size_t)rows_pass * d;
     unsigned issue_rb = rb;
     unsigned issue_c = 0;
@@ -460,19 +459,16 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
             const unsigned dst = dst0 + issue_slot * STAGE * 4;
             if (c0 + col < d) {
                 if (vec16) {
-                    // (row_t + k ROWS16) ^ swz = (row_t ^ swz) + k ROWS16.
-                    const unsigned dst16 = dst + (row_t ^ swz) * BCH_CH * 4;
 #pragma unroll
                     for (unsigned k = 0; k < BR / ROWS16; ++k) {
                         if (r + k * ROWS16 < n) {
-                            topk_cp_async16_s(dst16 + k * ROWS16 * BCH_CH * 4, src + k * src_pass);
+                            topk_cp_async16_s(dst + k * ROWS16 * BCH_CH * 4, src + k * src_pass);
                         }
                     }
                 } else {
                     for (unsigned k = 0; k * rows_pass < BR; ++k) {
                         if (r + k * rows_pass < n) {
-                            const unsigned tr = (row_t + k * rows_pass) ^ swz;
-                            topk_cp_async4_s(dst + tr * BCH_CH * 4, src + k * src_pass);
+                            topk_cp_async4_s(dst + k * rows_pass * BCH_CH * 4, src + k * src_pass);
                         }
                     }
                 }
@@ -508,9 +504,11 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
         const float* st = stages + slot * STAGE + (wr * RT) * BCH_CH + lane;
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
+            // Slot r holds tile row r ^ ((lane >> 2) & 7).
+            const float* row = st + (r ^ ((lane >> 2) & 7u)) * BCH_CH;
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
-                rv[s][r] = st[r * BCH_CH + s * TOPK_WARP];
+                rv[s][r] = row[s * TOPK_WARP];
             }
         }
         const float* qp = qs + (wq * QT) * dp + c * BCH_CH + lane * 4;

@@ -245,14 +245,14 @@ struct Sizes {
 
 impl Sizes {
     /// `max_batch` queries staged (at most [`MAX_STAGED`]); chunks as large
-    /// as `batch_scratch` bytes of scores allow over `n` rows, at least
-    /// [`BATCH_CHUNK`] (a smaller chunk would read the corpus more often
-    /// than the scoring needs) and at most the staged queries.
+    /// as `batch_scratch` bytes of scores allow over `n` rows, in whole
+    /// 32-query tiles of the batch kernel, at least [`BATCH_CHUNK`] (a
+    /// smaller chunk would read the corpus more often than the scoring
+    /// needs) and at most the staged queries.
     fn new(n: usize, max_batch: usize, batch_scratch: usize) -> Self {
         let staged = max_batch.min(MAX_STAGED);
-        let chunk = (batch_scratch / (4 * n.max(1)))
-            .max(BATCH_CHUNK)
-            .min(staged);
+        let fit = batch_scratch / (4 * n.max(1));
+        let chunk = (fit - fit % 32).max(BATCH_CHUNK).min(staged);
         Sizes { staged, chunk }
     }
 }
@@ -1274,7 +1274,9 @@ mod tests {
         );
         // Smaller corpora take a whole default batch in one chunk.
         assert_eq!(Sizes::new(262_144, 256, scratch).chunk, 256);
-        assert_eq!(Sizes::new(300_000, 256, scratch).chunk, 223);
+        // Whole 32-query tiles: 223 fit at 300k rows, 67 at 1M.
+        assert_eq!(Sizes::new(300_000, 256, scratch).chunk, 192);
+        assert_eq!(Sizes::new(1_000_000, 256, scratch).chunk, 64);
         assert_eq!(Sizes::new(10_000, 256, scratch).chunk, 256);
         // Never fewer than 64 (nor more than staged), whatever the scratch.
         assert_eq!(Sizes::new(10_000_000, 256, scratch).chunk, 64);
