@@ -467,12 +467,12 @@ typedef void (*BatchKernel)(const float*, const float*, unsigned, unsigned, cons
                             unsigned, const float*, float*);
 
 // The engine's resident-query kernels, launched as topk-cuda launches them.
-template <unsigned BR, unsigned BQ, unsigned THREADS, unsigned DEPTH>
+template <unsigned BR, unsigned BQ, unsigned THREADS, unsigned DEPTH, unsigned SUB>
 static void run_engine_q(const char* name, BatchKernel k, const Cfg& c, const float* corpus,
                          const float* rnorm, const float* queries, const float* qnorm, float* out,
                          const std::vector<float>& ref, int sms, int trials) {
     const unsigned dp = (c.d + BCH_CH - 1) / BCH_CH * BCH_CH;
-    const size_t smem = ((size_t)DEPTH * BR * BCH_CH + (size_t)BQ * dp) * sizeof(float);
+    const size_t smem = ((size_t)DEPTH * BR * BCH_CH * SUB + (size_t)BQ * dp) * sizeof(float);
     if (smem > 227 * 1024) {
         return;
     }
@@ -518,6 +518,10 @@ static void run_cfg(const Cfg& c, int sms, int trials) {
                c.n, c.d, c.q, c.metric, ms, 2.0 * c.n * (double)c.d * c.q / (ms * 1e-3) / 1e12);
         fflush(stdout);
     }
+    // LAB_ENGINE_ONLY=1: the engine's kernels only (variants of score.cu's
+    // BQ*_DEPTH and BQ*_SUB are separate builds, -D on the command line).
+    const bool engine_only = getenv("LAB_ENGINE_ONLY") != nullptr;
+    if (!engine_only) {
     run_variant<METRIC, VEC16, 4, 2, 8, 16, 2>("w4x2_r8q16_d2", c, corpus, rnorm, queries, qnorm,
                                                out, ref, sms, trials);
     run_res<METRIC, VEC16, 4, 2, 8, 16, 3>("res_w4x2_r8q16_d3", c, corpus, rnorm, queries, qnorm,
@@ -526,12 +530,13 @@ static void run_cfg(const Cfg& c, int sms, int trials) {
                                               qnorm, out, ref, sms, trials);
     run_res<METRIC, VEC16, 8, 1, 8, 16, 4, 1>("res_w8x1_r8q16_d4_p1", c, corpus, rnorm, queries,
                                               qnorm, out, ref, sms, trials);
-    run_engine_q<BQ32_WR * BQ32_RT, BQ32_WQ * BQ32_QT, BQ32_THREADS, BQ32_DEPTH>(
+    }
+    run_engine_q<BQ32_WR * BQ32_RT, BQ32_WQ * BQ32_QT, BQ32_THREADS, BQ32_DEPTH, BQ32_SUB>(
         "engine_q32", METRIC == TOPK_DOT ? topk_scoreq32_dot
                       : METRIC == TOPK_COSINE ? topk_scoreq32_cosine
                                               : topk_scoreq32_l2,
         c, corpus, rnorm, queries, qnorm, out, ref, sms, trials);
-    run_engine_q<BQ16_WR * BQ16_RT, BQ16_WQ * BQ16_QT, BQ16_THREADS, BQ16_DEPTH>(
+    run_engine_q<BQ16_WR * BQ16_RT, BQ16_WQ * BQ16_QT, BQ16_THREADS, BQ16_DEPTH, BQ16_SUB>(
         "engine_q16", METRIC == TOPK_DOT ? topk_scoreq16_dot
                       : METRIC == TOPK_COSINE ? topk_scoreq16_cosine
                                               : topk_scoreq16_l2,

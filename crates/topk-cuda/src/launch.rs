@@ -34,13 +34,14 @@ pub(crate) const BATCH_QT: u32 = 8;
 const BATCH_ROWS_PER_WARP: u32 = 4;
 /// One shape of the resident-query batch kernels (`BQ32_*`, `BQ16_*` in
 /// `kernels/score.cu`): a block keeps `queries` queries in shared memory and
-/// walks blocks of `rows` rows through `depth` staged chunks.
+/// walks blocks of `rows` rows through `depth` stages of `sub` chunks each.
 #[derive(Clone, Copy, Debug)]
 struct BatchShape {
     queries: u32,
     rows: u32,
     threads: u32,
     depth: u32,
+    sub: u32,
 }
 
 /// Columns per staged chunk of the batch kernels (`BCH_CH`).
@@ -51,7 +52,8 @@ const BATCH_Q32: BatchShape = BatchShape {
     queries: 32,
     rows: 32,
     threads: 256,
-    depth: 3,
+    depth: 2,
+    sub: 2,
 };
 /// 16 queries × 64 rows per block: smaller batches (in the H200 lab, faster
 /// than the 32-query shape at 16, 33, 37 and 40 queries, slower on one tiny
@@ -60,7 +62,8 @@ const BATCH_Q16: BatchShape = BatchShape {
     queries: 16,
     rows: 64,
     threads: 256,
-    depth: 4,
+    depth: 2,
+    sub: 2,
 };
 /// Largest batch that takes [`BATCH_Q16`] when both shapes fit.
 const BATCH_SMALL_MAX: u32 = 48;
@@ -69,7 +72,7 @@ impl BatchShape {
     /// Dynamic shared memory for dimension `d`: the row stages, then the
     /// queries padded to whole chunks.
     fn smem(&self, d: usize) -> usize {
-        let stages = (self.depth * self.rows) as usize * BATCH_CHUNK_COLS;
+        let stages = (self.depth * self.sub * self.rows) as usize * BATCH_CHUNK_COLS;
         (stages + self.queries as usize * d.next_multiple_of(BATCH_CHUNK_COLS)) * 4
     }
 
@@ -1377,8 +1380,8 @@ mod tests {
                 assert!(shape.smem(d) <= 227 * 1024, "{shape:?} at d = {d}");
             }
         }
-        assert_eq!(BATCH_Q32.smem(1), (3 * 32 * 128 + 32 * 128) * 4);
-        assert_eq!(BATCH_Q16.smem(129), (4 * 64 * 128 + 16 * 256) * 4);
+        assert_eq!(BATCH_Q32.smem(1), (2 * 2 * 32 * 128 + 32 * 128) * 4);
+        assert_eq!(BATCH_Q16.smem(129), (2 * 2 * 64 * 128 + 16 * 256) * 4);
     }
 
     #[test]
