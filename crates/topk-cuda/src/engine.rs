@@ -1040,35 +1040,57 @@ impl Engine {
         let d = self.d;
         let k = validate::k(k, self.n)?;
         let nq = queries.len() / d;
-        let Sizes { staged, chunk } = self.sizes;
         let mut results = Vec::with_capacity(nq);
         let mut slot = self.slot()?;
+        let outcome = self.batch_turns(&mut slot, queries, k, &mut results);
+        if outcome.is_err() {
+            // A failure part way through a turn can leave its earlier chunks
+            // running; let them finish, so that none of them writes a result
+            // header after the slot's next search has marked it pending.
+            if let Err(e) = slot.stream.synchronize() {
+                tracing::debug!("batch stream after an error: {e}");
+            }
+        }
+        outcome.map(|()| results)
+    }
+
+    /// The turns of [`Self::search_batch`] on `slot`, appending each query's
+    /// answer to `results`.
+    fn batch_turns(
+        &self,
+        slot: &mut Slot,
+        queries: &[f32],
+        k: usize,
+        results: &mut Vec<Vec<Neighbor>>,
+    ) -> Result<(), CudaError> {
+        let d = self.d;
+        let Sizes { staged, chunk } = self.sizes;
         for (t, turn) in queries.chunks(staged * d).enumerate() {
             let tq = turn.len() / d;
-            let qptr = Self::stage_queries(&mut slot, turn)?;
+            let qptr = Self::stage_queries(slot, turn)?;
             let query_at = |i: usize| qptr + (i * d * 4) as DPtr;
             for first in (0..tq).step_by(chunk) {
                 let cq = chunk.min(tq - first);
-                self.enqueue(&slot, query_at(first), first, cq, k)?;
+                self.enqueue(slot, query_at(first), first, cq, k)?;
                 if k > self.opts.max_k {
                     for qi in 0..cq {
                         let mut v = Vec::with_capacity(k);
-                        self.select_on_host(&mut slot, qi, k, &mut v)?;
+                        self.select_on_host(slot, qi, k, &mut v)?;
                         results.push(v);
                     }
                 }
             }
             if k <= self.opts.max_k {
-                self.fetch_results(&mut slot, tq, k)?;
+                self.fetch_results(slot, tq, k)?;
                 for qi in 0..tq {
                     let mut v = Vec::with_capacity(k);
-                    self.collect(&mut slot, qi, k, Some(query_at(qi)), &mut v)?;
+                    self.collect(slot, qi, k, Some(query_at(qi)), &mut v)?;
                     results.push(v);
                 }
             }
             tracing::trace!(turn = t, queries = tq, chunk, "batch turn done");
         }
-        Ok(results)
+        Ok(())
     }
 
     /// Canonical scores of listed rows per query (the graph index's batched
