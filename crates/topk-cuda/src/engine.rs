@@ -571,9 +571,11 @@ impl Engine {
         mark: &mut dyn FnMut(&'static str) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
         let (n, d) = (self.n as u32, self.d as u32);
-        // SAFETY: every buffer was sized at construction for `chunk` queries
-        // (nq <= chunk), N rows, D columns and max_k results (k <= max_k on
-        // the device path); `queries` holds nq × d floats (checked by callers).
+        // SAFETY: the scoring and selection scratch was sized at construction
+        // for `chunk` queries (nq <= chunk) and the result rows for `staged`
+        // (first + nq <= staged), N rows, D columns and max_k results (k <=
+        // max_k on the device path); `queries` holds nq × d floats (checked
+        // by callers).
         unsafe {
             let one_launch = self.n > self.opts.fuse_rows && self.n <= self.opts.single_launch_rows;
             if let (1, true, true, Some(grid)) =
@@ -651,8 +653,8 @@ impl Engine {
             return Ok(());
         }
         let entries = nq * (k + 1);
-        // SAFETY: out_host holds chunk × (max_k + 1) >= entries elements (nq
-        // <= chunk, k <= max_k); callers synchronise before reading them.
+        // SAFETY: out_host holds staged × (max_k + 1) >= entries elements
+        // (nq <= staged, k <= max_k); callers synchronise before reading them.
         unsafe {
             launch::d2h(
                 s,
@@ -663,7 +665,7 @@ impl Engine {
         }
     }
 
-    /// Copies `queries` (at most `chunk` rows of D) through the pinned
+    /// Copies `queries` (at most `staged` rows of D) through the pinned
     /// staging buffer to the slot's device query buffer, on its stream, and
     /// returns that buffer's address. A large batch goes in pieces of about
     /// [`STAGE_PIECE_BYTES`], each queued for the device as soon as it is in
@@ -681,7 +683,7 @@ impl Engine {
             dst.copy_from_slice(src);
             let offset = (i * piece * 4) as DPtr;
             // SAFETY: dst lies in q_host (pinned) and the device buffer holds
-            // chunk × d >= queries.len() floats, so [offset, offset + 4 ×
+            // staged × d >= queries.len() floats, so [offset, offset + 4 ×
             // dst.len()) is inside both; the previous search on this slot
             // was waited for, so no queued copy still reads this piece.
             unsafe {
@@ -909,7 +911,7 @@ impl Engine {
             QuerySource::Host => {
                 // SAFETY: as in `stage_queries`: q_host (pinned, at its host
                 // or mapped device address) and the device query buffer hold
-                // chunk × d >= d floats; both live as long as the slot that
+                // staged × d >= d floats; both live as long as the slot that
                 // keeps the graph, and the host rewrites q_host only after
                 // the previous replay's results are in.
                 unsafe {
