@@ -2,6 +2,9 @@
 //!
 //! - `latency_k{K}`: latency against N, one panel per D, for ours, the
 //!   anchors, the CPU baseline and the memory floor;
+//! - `batch_q{Q}_k{K}`: the same for batches of Q queries per call (time per
+//!   call; no floor: a batch reads the corpus once but is bound by its
+//!   arithmetic);
 //! - `speedup_heatmap`: our speedup over the main rival across (N, D), one
 //!   panel per K;
 //! - `floor`: measured time against the memory floor for every single-query
@@ -125,7 +128,26 @@ pub fn plot_dir(dir: &Path, rows: &[Row]) -> Result<Vec<PathBuf>> {
             &out,
             &format!("latency_k{k}"),
             (width, 500),
-            &Latency { rows, k },
+            &Latency { rows, k, batch: 1 },
+        )?);
+    }
+    let batches: BTreeSet<(usize, usize)> = rows
+        .iter()
+        .filter(|r| r.key.batch > 1)
+        .map(|r| (r.key.batch, r.key.k))
+        .collect();
+    for &(batch, k) in &batches {
+        let rows: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.key.batch == batch && r.key.k == k)
+            .collect();
+        let ds: BTreeSet<usize> = rows.iter().map(|r| r.key.d).collect();
+        let width = 480 * ds.len().max(1) as u32 + 40;
+        files.extend(render(
+            &out,
+            &format!("batch_q{batch}_k{k}"),
+            (width, 500),
+            &Latency { rows, k, batch },
         )?);
     }
     let width = 420 * ks.len().max(1) as u32 + 40;
@@ -179,16 +201,26 @@ fn label_n(n: f64) -> String {
     }
 }
 
-/// Latency against N for one K, a panel per D.
+/// Latency against N for one K and batch size, a panel per D (the memory
+/// floor drawn for single queries only).
 struct Latency<'a> {
     rows: Vec<&'a Row>,
     k: usize,
+    batch: usize,
 }
 
 impl Figure for Latency<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Drawn {
         root.fill(&WHITE).map_err(err)?;
-        let title = format!("Single-query latency vs N, K = {} (log-log)", self.k);
+        let title = if self.batch == 1 {
+            format!("Single-query latency vs N, K = {} (log-log)", self.k)
+        } else {
+            format!(
+                "Batch latency vs N, Q = {} queries per call, K = {} (log-log)",
+                self.batch, self.k
+            )
+        };
+        let single = self.batch == 1;
         let root = root.titled(&title, (FAMILY, 22)).map_err(err)?;
         let ds: Vec<usize> = self
             .rows
@@ -204,7 +236,10 @@ impl Figure for Latency<'_> {
             let rows: Vec<&Row> = self.rows.iter().copied().filter(|r| r.key.d == d).collect();
             let all: Vec<f64> = rows
                 .iter()
-                .flat_map(|r| r.median_ms.values().copied().chain(r.floor_ms))
+                .flat_map(|r| {
+                    let floor = r.floor_ms.filter(|_| single);
+                    r.median_ms.values().copied().chain(floor)
+                })
                 .filter(|v| *v > 0.0)
                 .collect();
             let (ymin, ymax) = bounds(&all);
@@ -220,7 +255,11 @@ impl Figure for Latency<'_> {
             chart
                 .configure_mesh()
                 .x_desc("N (rows)")
-                .y_desc("median latency")
+                .y_desc(if single {
+                    "median latency"
+                } else {
+                    "median time per call"
+                })
                 .x_labels(6)
                 .y_labels(8)
                 .x_label_formatter(&|x| label_n(*x))
@@ -237,7 +276,13 @@ impl Figure for Latency<'_> {
                 if pts.is_empty() {
                     continue;
                 }
-                let c = colour(name);
+                // Beside the GPU path, the CPU one is the baseline: grey, as
+                // the round trip is on single-query plots.
+                let c = if name == TOPK_CPU && names.iter().any(|n| n == TOPK_GPU) {
+                    colour(CPU_ROUNDTRIP)
+                } else {
+                    colour(name)
+                };
                 chart
                     .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                     .map_err(err)?
@@ -251,6 +296,7 @@ impl Figure for Latency<'_> {
             }
             let floor: Vec<(f64, f64)> = rows
                 .iter()
+                .filter(|_| single)
                 .filter_map(|r| r.floor_ms.map(|f| (r.key.n as f64, f)))
                 .collect();
             if !floor.is_empty() {

@@ -276,11 +276,23 @@ fn plots_are_drawn_as_png_and_svg() {
             records.push(rec("torch", "resident", n, k, ms * 3.0));
             records.push(rec("cuda", "cpu_roundtrip", n, k, ms * 20.0));
         }
+        // A batch of 16: ours, torch and the CPU's host batch.
+        for (backend, scale) in [("cuda", 1.0), ("torch", 2.0), ("cpu", 40.0)] {
+            let mut r = rec(backend, "resident", n, 100, 0.1 * (i + 1) as f64 * scale);
+            r.batch = 16;
+            records.push(r);
+        }
     }
     let rows = join::join(&records);
     let files = topk_bench::plot::plot_dir(dir.path(), &rows).unwrap();
-    // latency_k8, latency_k100, speedup_heatmap, floor — each as PNG and SVG.
-    assert_eq!(files.len(), 8);
+    // latency_k8, latency_k100, batch_q16_k100, speedup_heatmap, floor —
+    // each as PNG and SVG.
+    assert_eq!(files.len(), 10);
+    let batch = std::fs::read_to_string(dir.path().join("plots/batch_q16_k100.svg")).unwrap();
+    assert!(
+        batch.contains("Q = 16") && batch.contains("torch") && batch.contains("topk_cpu"),
+        "the batch plot names its size and contenders"
+    );
     for f in &files {
         let len = std::fs::metadata(f).unwrap().len();
         assert!(len > 1000, "{} is {len} bytes", f.display());
