@@ -120,32 +120,23 @@ pub fn plot_dir(dir: &Path, rows: &[Row]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(&out).map_err(|e| BenchError::io(&out, e))?;
     let ks: BTreeSet<usize> = singles.iter().map(|r| r.key.k).collect();
     let mut files = Vec::new();
-    for &k in &ks {
-        let rows: Vec<&Row> = singles.iter().copied().filter(|r| r.key.k == k).collect();
-        let ds: BTreeSet<usize> = rows.iter().map(|r| r.key.d).collect();
-        let width = 480 * ds.len().max(1) as u32 + 40;
-        files.extend(render(
-            &out,
-            &format!("latency_k{k}"),
-            (width, 500),
-            &Latency { rows, k, batch: 1 },
-        )?);
-    }
-    let batches: BTreeSet<(usize, usize)> = rows
-        .iter()
-        .filter(|r| r.key.batch > 1)
-        .map(|r| (r.key.batch, r.key.k))
-        .collect();
-    for &(batch, k) in &batches {
+    // One latency figure per (batch size, K): single queries first.
+    let groups: BTreeSet<(usize, usize)> = rows.iter().map(|r| (r.key.batch, r.key.k)).collect();
+    for &(batch, k) in &groups {
         let rows: Vec<&Row> = rows
             .iter()
             .filter(|r| r.key.batch == batch && r.key.k == k)
             .collect();
         let ds: BTreeSet<usize> = rows.iter().map(|r| r.key.d).collect();
         let width = 480 * ds.len().max(1) as u32 + 40;
+        let stem = if batch == 1 {
+            format!("latency_k{k}")
+        } else {
+            format!("batch_q{batch}_k{k}")
+        };
         files.extend(render(
             &out,
-            &format!("batch_q{batch}_k{k}"),
+            &stem,
             (width, 500),
             &Latency { rows, k, batch },
         )?);
