@@ -162,6 +162,20 @@ __device__ __forceinline__ float topk_step(float q, float r, float p) {
     }
 }
 
+// The canonical score of one (query, row) pair, computed by one whole warp
+// (lane j walks d = j, j+32, ...; then the butterfly and the metric's finish):
+// listed pairs, a warp each (score.cu's score_ids, filter.cu's rescoring).
+template <int METRIC>
+__device__ __forceinline__ float topk_warp_score(const float* __restrict__ qv,
+                                                 const float* __restrict__ rv, unsigned d,
+                                                 float qn, float rn, unsigned lane) {
+    float p = 0.0f;
+    for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
+        p = topk_step<METRIC>(qv[dd], __ldg(rv + dd), p);
+    }
+    return topk_finish<METRIC>(topk_butterfly(p), qn, rn);
+}
+
 // Canonical norm sqrt(canon_dot(v, v)) of a vector of length d, computed by
 // one whole warp (lane j walks d = j, j+32, ...; then the butterfly).
 __device__ __forceinline__ float topk_warp_norm(const float* v, unsigned d, unsigned lane) {
@@ -171,6 +185,28 @@ __device__ __forceinline__ float topk_warp_norm(const float* v, unsigned d, unsi
         p = __fmaf_rn(a, a, p);
     }
     return __fsqrt_rn(topk_butterfly(p));
+}
+
+// Asynchronous global-to-shared copies (cp.async), by shared-memory address
+// or by generic pointer.
+__device__ __forceinline__ void topk_cp_async16_s(unsigned smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
+}
+__device__ __forceinline__ void topk_cp_async4_s(unsigned smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
+}
+__device__ __forceinline__ void topk_cp_async16(void* smem, const void* gmem) {
+    topk_cp_async16_s((unsigned)__cvta_generic_to_shared(smem), gmem);
+}
+__device__ __forceinline__ void topk_cp_async4(void* smem, const void* gmem) {
+    topk_cp_async4_s((unsigned)__cvta_generic_to_shared(smem), gmem);
+}
+__device__ __forceinline__ void topk_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void topk_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Stage marks, for the trace lab (bench/gpu/lab/trace_lab.cu) only: built

@@ -16,28 +16,6 @@
 // Columns per staged tile.
 #define STAGE_CW 128
 
-// Asynchronous global-to-shared copies (cp.async), by shared-memory address
-// or by generic pointer.
-__device__ __forceinline__ void topk_cp_async16_s(unsigned smem, const void* gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
-}
-__device__ __forceinline__ void topk_cp_async4_s(unsigned smem, const void* gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
-}
-__device__ __forceinline__ void topk_cp_async16(void* smem, const void* gmem) {
-    topk_cp_async16_s((unsigned)__cvta_generic_to_shared(smem), gmem);
-}
-__device__ __forceinline__ void topk_cp_async4(void* smem, const void* gmem) {
-    topk_cp_async4_s((unsigned)__cvta_generic_to_shared(smem), gmem);
-}
-__device__ __forceinline__ void topk_cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void topk_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Rows of a staged tile are WARPS * RT consecutive corpus rows (warp w owns
 // RT of them) by STAGE_CW columns; DEPTH tiles are in flight.
 template <int WARPS, int RT, int DEPTH>
@@ -521,14 +499,14 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
             }
             const bool full = (cc + 1) * BCH_CH <= d;
             float rv[4][RT];
-            const float* st = stages + slot * STAGE + (wr * RT) * SW + h * BCH_CH + lane;
+            const float* st = stages + slot * STAGE + (wr * RT) * SW + h * BCH_CH;
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 // Slot r holds tile row r ^ ((lane >> 2) & 7).
                 const float* row = st + (r ^ ((lane >> 2) & 7u)) * SW;
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
-                    rv[s][r] = row[s * TOPK_WARP];
+                    rv[s][r] = row[s * TOPK_WARP + lane];
                 }
             }
             const float* qp = qs + (wq * QT) * dp + cc * BCH_CH + lane * 4;
@@ -607,17 +585,12 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
          i += warps) {
         const unsigned row = ids[i];
         const unsigned q = owner[i];
-        const float* r = corpus + (size_t)row * d;
-        const float* qv = queries + (size_t)q * d;
-        float p = 0.0f;
-        for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
-            p = topk_step<METRIC>(qv[dd], __ldg(r + dd), p);
-        }
-        p = topk_butterfly(p);
+        const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
+        const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
+        const float s = topk_warp_score<METRIC>(queries + (size_t)q * d,
+                                                corpus + (size_t)row * d, d, qn, rn, lane);
         if (lane == 0) {
-            float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
-            float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
-            out[i] = topk_finish<METRIC>(p, qn, rn);
+            out[i] = s;
         }
     }
 }
@@ -631,10 +604,16 @@ __device__ void score_ids(const float* __restrict__ corpus, const float* __restr
 // faster than three or four stages of one chunk at 100k-1M rows on an H200,
 // 13 % with the copies addressed incrementally, 16.0 against 18.6 ms at
 // 1M x 1024 x 256; at most 0.7 us slower on the smallest lab shapes).
+#ifndef BQ32_WR
 #define BQ32_WR 4
+#endif
+#ifndef BQ32_WQ
 #define BQ32_WQ 2
+#endif
 #define BQ32_RT 8
+#ifndef BQ32_QT
 #define BQ32_QT 16
+#endif
 #ifndef BQ32_DEPTH
 #define BQ32_DEPTH 2
 #endif

@@ -309,7 +309,7 @@ if only sanitizer; then
 for t in {sanitized}; do
   TOPK_GPU_CASES="${{SANITIZER_CASES:-4}}" step "memcheck $(basename $t)" "$O/sanitizer.log" \
     timeout 900 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --test-threads=1 \
-    bitwise_equal large_k score_ids concurrent batch_shapes batch_turns reused_device
+    bitwise_equal large_k score_ids concurrent batch_shapes batch_turns filtered reused_device
   TOPK_GPU_CASES="${{SANITIZER_CASES:-4}}" step "racecheck $(basename $t)" "$O/sanitizer.log" \
     timeout 900 compute-sanitizer --tool racecheck --error-exitcode 9 "$t" --test-threads=1 \
     bitwise_equal large_k

@@ -3,12 +3,14 @@
 //!
 //! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--ds D1,…] [--ks K1,…] [--trials T]
 //! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]
-//! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]`
+//! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
+//! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
-//! leaves out the single-query and round-trip lines; R and S set
-//! `CudaOptions::fuse_rows` and `CudaOptions::single_launch_rows`;
+//! leaves out the single-query and round-trip lines; R, S, F, FQ and BYTES
+//! set `CudaOptions::fuse_rows`, `single_launch_rows`, `filter_rows`,
+//! `filter_queries` and `batch_scratch`;
 //! `--no-graphs` clears `CudaOptions::graphs`, `--copy-results`
 //! `CudaOptions::mapped_results`, `--copy-queries`
 //! `CudaOptions::mapped_queries`). Rows are seeded Gaussian,
@@ -112,7 +114,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let graphs = !args.iter().any(|a| a == "--no-graphs");
     let mapped_results = !args.iter().any(|a| a == "--copy-results");
     let mapped_queries = !args.iter().any(|a| a == "--copy-queries");
+    let filter_rows: usize =
+        flag_value(&args, "--filter-rows").unwrap_or(topk_cuda::DEFAULT_FILTER_ROWS);
+    let batch_scratch: usize =
+        flag_value(&args, "--batch-scratch").unwrap_or(topk_cuda::DEFAULT_BATCH_SCRATCH);
+    let filter_queries: usize =
+        flag_value(&args, "--filter-queries").unwrap_or(topk_cuda::DEFAULT_FILTER_QUERIES);
     let opts = CudaOptions {
+        filter_rows,
+        filter_queries,
+        batch_scratch,
         fuse_rows,
         single_launch_rows,
         graphs,
@@ -252,7 +263,10 @@ fn time_batch(
     let (bm, bmin, bmax) = stats(tb);
     Ok(
         serde_json::json!({"kind": "batch", "n": n, "d": d, "k": 100, "q": q,
-        "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok}),
+        "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok,
+        "filter_rows": gpu.options().filter_rows,
+        "filter_queries": gpu.options().filter_queries, "filter_reruns": gpu.filter_reruns(),
+        "batch_scratch": gpu.options().batch_scratch}),
     )
 }
 

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cust::context::{Context, CurrentContext};
 use cust::device::{Device, DeviceAttribute};
 use cust::event::{Event, EventFlags};
-use cust::memory::{DeviceBuffer, DeviceSlice, LockedBuffer};
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice, LockedBuffer};
 use cust::module::Module;
 use cust::stream::{Stream, StreamFlags, StreamWaitEventFlags};
 use ndarray::ArrayView2;
@@ -161,6 +161,11 @@ struct Slot {
     ids: DeviceBuffer<u32>,
     owner: DeviceBuffer<u32>,
     id_scores: DeviceBuffer<f32>,
+    /// The filtered batch's listed rows, CAND_CAP per query of a chunk.
+    flist: DeviceBuffer<u32>,
+    /// Per chunk of a turn a flag asking the host to run the chunk again on
+    /// the canonical path, then per query of the turn its listed rows.
+    fcount: DeviceBuffer<u32>,
     q_host: LockedBuffer<f32>,
     out_host: LockedBuffer<DevNeighbor>,
     /// Where the kernels write results: `out_host`'s device address when
@@ -222,7 +227,14 @@ fn second_use(seen: &mut Vec<GraphKey>, built: bool, key: GraphKey) -> bool {
 }
 
 /// Device bytes one slot needs, for the up-front memory check.
-fn slot_bytes(n: usize, d: usize, sizes: Sizes, max_k: usize, gather: usize) -> usize {
+fn slot_bytes(
+    n: usize,
+    d: usize,
+    sizes: Sizes,
+    max_k: usize,
+    gather: usize,
+    filter_list: usize,
+) -> usize {
     let Sizes { staged, chunk } = sizes;
     staged * d * 4
         + chunk * 4
@@ -233,6 +245,8 @@ fn slot_bytes(n: usize, d: usize, sizes: Sizes, max_k: usize, gather: usize) -> 
         + chunk * MAYBE_CAP * 8
         + staged * (max_k + 1) * 8
         + gather * 12
+        + filter_list * 4
+        + (staged.div_ceil(chunk) + staged) * 4
 }
 
 /// How many queries a slot holds: `staged` queries and their results at
@@ -285,12 +299,14 @@ impl Slot {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new(
         n: usize,
         d: usize,
         sizes: Sizes,
         max_k: usize,
         gather: usize,
+        filter_list: usize,
         map_results: bool,
         map_queries: bool,
     ) -> Result<Self, CudaError> {
@@ -308,6 +324,8 @@ impl Slot {
             ids: alloc("gather ids", gather)?,
             owner: alloc("gather owners", gather)?,
             id_scores: alloc("gather scores", gather)?,
+            flist: alloc("filtered rows", filter_list.max(1))?,
+            fcount: alloc("filter counts", staged.div_ceil(chunk) + staged)?,
             q_host: pinned(staged * d)?,
             out_host: pinned(staged * (max_k + 1))?,
             scores_host: pinned(n)?,
@@ -365,11 +383,17 @@ pub(crate) struct Engine {
     rnorm: DeviceBuffer<f32>,
     slots: Vec<Mutex<Slot>>,
     next: AtomicUsize,
+    /// Filtered batch chunks the host ran again on the canonical path.
+    reruns: AtomicUsize,
     // Declared after the buffers that live in them: fields drop in order.
     _score_module: Module,
     _select_module: Module,
+    _filter_module: Module,
     ctx: Arc<Ctx>,
 }
+
+/// Largest K of the filtered batch path ([`Engine::filtered`]).
+const FILTER_MAX_K: usize = 1024;
 
 /// Fewest queries per batch chunk (see [`Sizes::new`]).
 const BATCH_CHUNK: usize = 64;
@@ -418,7 +442,12 @@ impl Engine {
         let (ctx, dev) = open(opts.device)?;
         let info = info_of(dev)?;
         let sizes = Sizes::new(n, opts.max_batch, opts.batch_scratch);
-        let per_slot = slot_bytes(n, d, sizes, opts.max_k, opts.max_gather);
+        let filter_list = if Self::filter_fits(n, d, &opts) {
+            sizes.chunk * CAND_CAP
+        } else {
+            0
+        };
+        let per_slot = slot_bytes(n, d, sizes, opts.max_k, opts.max_gather, filter_list);
         let requested = n * d * 4 + n * 4 + per_slot * opts.streams;
         let available = launch::free_memory()?;
         if requested > available {
@@ -438,7 +467,17 @@ impl Engine {
                 module: "select",
                 reason: e.to_string(),
             })?;
-        let kernels = Kernels::load(&score_module, &select_module, info.multiprocessors)?;
+        let filter_module =
+            Module::from_ptx(ptx::FILTER_PTX, &[]).map_err(|e| CudaError::ModuleLoad {
+                module: "filter",
+                reason: e.to_string(),
+            })?;
+        let kernels = Kernels::load(
+            &score_module,
+            &select_module,
+            &filter_module,
+            info.multiprocessors,
+        )?;
         let plan = kernels.prepare_score(metric, d)?;
         let search_grid = if device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? {
             kernels.prepare_search(metric, d)?
@@ -453,7 +492,9 @@ impl Engine {
             },
             other => CudaError::driver("cuMemcpyHtoD (corpus)", other),
         })?;
-        let rnorm = alloc::<f32>("row norms", if metric == Metric::Cosine { n } else { 1 })?;
+        // Row norms: cosine scores divide by them, filtered batches bound
+        // every metric's scores with them.
+        let rnorm = alloc::<f32>("row norms", n)?;
         let mut slots = Vec::with_capacity(opts.streams);
         let can_map = device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?
             && device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?;
@@ -466,11 +507,12 @@ impl Engine {
                 sizes,
                 opts.max_k,
                 opts.max_gather,
+                filter_list,
                 map_results,
                 map_queries,
             )?));
         }
-        if metric == Metric::Cosine {
+        {
             let slot = slots[0].lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: corpus holds n × d floats and rnorm n.
             unsafe {
@@ -501,8 +543,10 @@ impl Engine {
             rnorm,
             slots,
             next: AtomicUsize::new(0),
+            reruns: AtomicUsize::new(0),
             _score_module: score_module,
             _select_module: select_module,
+            _filter_module: filter_module,
             ctx,
         })
     }
@@ -516,6 +560,10 @@ impl Engine {
     pub(crate) fn metric(&self) -> Metric {
         self.metric
     }
+    pub(crate) fn filter_reruns(&self) -> usize {
+        self.reruns.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn options(&self) -> &CudaOptions {
         &self.opts
     }
@@ -634,6 +682,91 @@ impl Engine {
                 self.kernels.gather(s, &bufs, n, nq, k)?;
             }
             mark("select")?;
+        }
+        Ok(())
+    }
+
+    /// Whether batches over `n` rows of `d` columns can take the filtered
+    /// path under `opts` (the tensor-core kernel stages whole 16-byte pieces).
+    fn filter_fits(n: usize, d: usize, opts: &CudaOptions) -> bool {
+        n >= opts.filter_rows && d % 4 == 0 && n <= u32::MAX as usize
+    }
+
+    /// Whether a batch with this K may take the filtered path: K at most
+    /// [`FILTER_MAX_K`] (and `max_k`), so that the rows listed besides the
+    /// best K usually fit the CAND_CAP a query may list.
+    fn filtered(&self, k: usize) -> bool {
+        Self::filter_fits(self.n, self.d, &self.opts) && k <= self.opts.max_k.min(FILTER_MAX_K)
+    }
+
+    /// Queues the filtered path (kernels/filter.cu) for `nq` queries of a
+    /// batch chunk, chunk `ci` of its turn, results to rows `first..first +
+    /// nq`: lower bounds, the selection over them, the listing of rows that
+    /// may reach the top K, their canonical scores and the selection among
+    /// them. `fcount` (zeroed by the caller) gets the chunk's flag (run it
+    /// again on the canonical path) and each query's count of listed rows.
+    fn enqueue_filtered(
+        &self,
+        slot: &Slot,
+        queries: DPtr,
+        first: usize,
+        nq: usize,
+        k: usize,
+        ci: usize,
+    ) -> Result<(), CudaError> {
+        let s = Queue::Stream(slot.stream.as_inner());
+        let (n, d) = (self.n as u32, self.d as u32);
+        let chunks = self.sizes.staged.div_ceil(self.sizes.chunk);
+        let flag = ptr(&slot.fcount) + (ci * 4) as DPtr;
+        let count = ptr(&slot.fcount) + ((chunks + first) * 4) as DPtr;
+        let list = ptr(&slot.flist);
+        let bufs = slot.select_bufs(first, k);
+        let (nq32, k32) = (nq as u32, k as u32);
+        let (corpus, rnorm, qnorm) = (ptr(&self.corpus), ptr(&self.rnorm), ptr(&slot.qnorm));
+        let metric = self.metric;
+        // SAFETY: as in enqueue_marked: the scratch holds `chunk` queries' N
+        // scores (nq <= chunk) and their selection buffers, the result rows
+        // `staged` (first + nq <= staged); rnorm holds N norms and qnorm
+        // `chunk`; `queries` holds nq × d floats at a 16-byte aligned address
+        // (d % 4 == 0, checked by filtered()); flist holds CAND_CAP words per
+        // query of a chunk, fcount a word per chunk of a turn (ci < chunks)
+        // then a word per query of the turn; k <= FILTER_MAX_K <= CAND_CAP / 2.
+        unsafe {
+            let ks = &self.kernels;
+            ks.norms(s, queries, nq32, d, qnorm)?;
+            ks.approx(
+                s,
+                metric,
+                corpus,
+                rnorm,
+                n,
+                d,
+                queries,
+                nq32,
+                qnorm,
+                bufs.scores,
+            )?;
+            ks.hist(s, &bufs, n, nq32, k32)?;
+            ks.gather(s, &bufs, n, nq32, k32)?;
+            ks.filter(
+                s, metric, &bufs, rnorm, n, d, nq32, qnorm, k32, list, count, flag,
+            )?;
+            ks.rescore(
+                s,
+                metric,
+                corpus,
+                rnorm,
+                n,
+                d,
+                queries,
+                nq32,
+                qnorm,
+                list,
+                count,
+                flag,
+                bufs.scores,
+            )?;
+            ks.select_listed(s, bufs.scores, n, nq32, list, count, flag, k32, bufs.out)?;
         }
         Ok(())
     }
@@ -1067,13 +1200,24 @@ impl Engine {
     ) -> Result<(), CudaError> {
         let d = self.d;
         let Sizes { staged, chunk } = self.sizes;
+        let filtered = self.filtered(k);
         for (t, turn) in queries.chunks(staged * d).enumerate() {
             let tq = turn.len() / d;
+            if filtered {
+                // SAFETY: fcount holds exactly its own length in words.
+                unsafe {
+                    launch::zero32(slot.stream.as_inner(), ptr(&slot.fcount), slot.fcount.len())?;
+                }
+            }
             let qptr = Self::stage_queries(slot, turn)?;
             let query_at = |i: usize| qptr + (i * d * 4) as DPtr;
-            for first in (0..tq).step_by(chunk) {
+            for (ci, first) in (0..tq).step_by(chunk).enumerate() {
                 let cq = chunk.min(tq - first);
-                self.enqueue(slot, query_at(first), first, cq, k)?;
+                if filtered && cq >= self.opts.filter_queries {
+                    self.enqueue_filtered(slot, query_at(first), first, cq, k, ci)?;
+                } else {
+                    self.enqueue(slot, query_at(first), first, cq, k)?;
+                }
                 if k > self.opts.max_k {
                     for qi in 0..cq {
                         let mut v = Vec::with_capacity(k);
@@ -1084,6 +1228,9 @@ impl Engine {
             }
             if k <= self.opts.max_k {
                 self.fetch_results(slot, tq, k)?;
+                if filtered && self.refilter(slot, tq, k, &query_at)? {
+                    self.fetch_results(slot, tq, k)?;
+                }
                 for qi in 0..tq {
                     let mut v = Vec::with_capacity(k);
                     self.collect(slot, qi, k, Some(query_at(qi)), &mut v)?;
@@ -1093,6 +1240,48 @@ impl Engine {
             tracing::trace!(turn = t, queries = tq, chunk, "batch turn done");
         }
         Ok(())
+    }
+
+    /// After a filtered turn of `tq` queries has finished: queues the
+    /// canonical path for every chunk the device flagged (its bounds did
+    /// not separate the top K within the list's capacity, or its first
+    /// selection did not finish on the device) and says whether there were
+    /// any.
+    fn refilter(
+        &self,
+        slot: &mut Slot,
+        tq: usize,
+        k: usize,
+        query_at: &dyn Fn(usize) -> DPtr,
+    ) -> Result<bool, CudaError> {
+        let chunk = self.sizes.chunk;
+        let mut counts = vec![0u32; slot.fcount.len()];
+        slot.fcount
+            .copy_to(&mut counts[..])
+            .op("cuMemcpyDtoH (filter counts)")?;
+        let chunks = self.sizes.staged.div_ceil(chunk);
+        let mut again = false;
+        for (ci, first) in (0..tq).step_by(chunk).enumerate() {
+            let cq = chunk.min(tq - first);
+            let listed = &counts[chunks + first..chunks + first + cq];
+            let most = listed.iter().copied().max().unwrap_or(0);
+            tracing::trace!(
+                chunk = ci,
+                most,
+                "filtered chunk: most rows listed by a query"
+            );
+            if counts[ci] != 0 {
+                tracing::debug!(
+                    chunk = ci,
+                    most,
+                    "bounds did not separate the top K; canonical path"
+                );
+                self.enqueue(slot, query_at(first), first, cq, k)?;
+                self.reruns.fetch_add(1, Ordering::Relaxed);
+                again = true;
+            }
+        }
+        Ok(again)
     }
 
     /// Canonical scores of listed rows per query (the graph index's batched

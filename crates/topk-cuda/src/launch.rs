@@ -28,6 +28,17 @@ const SEARCH_THREADS: u32 = 1024;
 const SEARCH_ROWS: u32 = 64;
 /// Shared-memory bytes of its row tiles (`SEARCH_DEPTH` tiles).
 const SEARCH_TILE_BYTES: usize = 4 * 64 * 128 * 4;
+/// Block tile of `topk_approx_*` (`AX_BQ` queries × `AX_BR` rows, 256
+/// threads) and its dynamic shared memory (`AX_STAGES` × (`AX_BQ` +
+/// `AX_BR`) × `AX_LD` floats).
+const APPROX_QUERIES: u32 = 64;
+const APPROX_ROWS: u32 = 128;
+const APPROX_SMEM: usize = 3 * (64 + 128) * 36 * 4;
+/// Threads of `topk_filter_*` and `topk_rescore_*` (`FILTER_THREADS`).
+const FILTER_THREADS: u32 = 256;
+/// Blocks per multiprocessor of `topk_filter_*`, shared among the chunk's
+/// queries: enough loads in flight to stream the lower bounds.
+const FILTER_BLOCKS_PER_SM: u32 = 16;
 /// Queries per tile of the batch kernel (`BATCH_QT`).
 pub(crate) const BATCH_QT: u32 = 8;
 /// Rows per warp of the batch kernel (`BATCH_RT`).
@@ -278,6 +289,12 @@ pub(crate) struct Kernels {
     scoreq32: [cu::CUfunction; 3],
     scoreq16: [cu::CUfunction; 3],
     ids: [cu::CUfunction; 3],
+    /// Filtered batches (`kernels/filter.cu`): tensor-core lower bounds,
+    /// the listing of rows that may reach the top K, their canonical scores.
+    approx: [cu::CUfunction; 3],
+    filter: [cu::CUfunction; 3],
+    rescore: [cu::CUfunction; 3],
+    select_listed: cu::CUfunction,
     norms: cu::CUfunction,
     fetch_query: cu::CUfunction,
     select_small: cu::CUfunction,
@@ -343,13 +360,24 @@ pub(crate) struct SelectBufs {
 }
 
 impl Kernels {
-    /// Looks up every kernel of the two modules.
-    pub(crate) fn load(score: &Module, select: &Module, sm_count: u32) -> Result<Self, CudaError> {
+    /// Looks up every kernel of the three modules.
+    pub(crate) fn load(
+        score: &Module,
+        select: &Module,
+        filter: &Module,
+        sm_count: u32,
+    ) -> Result<Self, CudaError> {
         let select_small = function(select, "topk_select_small")?;
         let gather = function(select, "topk_gather")?;
+        let approx = family!(filter, "topk_approx");
+        let select_listed = function(filter, "topk_select_listed")?;
         for (f, dynamic) in [
             (select_small, small_smem(STASH_ROWS)),
             (gather, RANK_TMP_BYTES),
+            (select_listed, RANK_TMP_BYTES),
+            (approx[0], APPROX_SMEM),
+            (approx[1], APPROX_SMEM),
+            (approx[2], APPROX_SMEM),
         ] {
             // SAFETY: the function handle is live; the attribute takes a byte count.
             check("cuFuncSetAttribute", unsafe {
@@ -369,6 +397,10 @@ impl Kernels {
             scoreq32: family!(score, "topk_scoreq32"),
             scoreq16: family!(score, "topk_scoreq16"),
             ids: family!(score, "topk_score_ids"),
+            approx,
+            filter: family!(filter, "topk_filter"),
+            rescore: family!(filter, "topk_rescore"),
+            select_listed,
             norms: function(score, "topk_norms")?,
             fetch_query: function(score, "topk_fetch_query")?,
             select_small,
@@ -869,6 +901,177 @@ impl Kernels {
         }
     }
 
+    /// Lower bounds of the canonical scores of `nq` queries against the
+    /// corpus, from TF32 tensor cores, into `scores` (`nq × n`).
+    ///
+    /// # Safety
+    /// `corpus` n × d (d % 4 == 0, 16-byte aligned rows), `rnorm` n,
+    /// `queries` nq × d (16-byte aligned), `qnorm` nq, `scores` nq × n floats.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn approx(
+        &self,
+        q: Queue<'_>,
+        metric: Metric,
+        corpus: DPtr,
+        rnorm: DPtr,
+        n: u32,
+        d: u32,
+        queries: DPtr,
+        nq: u32,
+        qnorm: DPtr,
+        scores: DPtr,
+    ) -> Result<(), CudaError> {
+        let blocks = nq.div_ceil(APPROX_QUERIES) * n.div_ceil(APPROX_ROWS);
+        kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
+        // SAFETY: the parameter list of topk_approx_*; buffers per the
+        // contract; the dynamic shared memory was allowed at load.
+        unsafe {
+            Self::launch(
+                "topk_approx",
+                self.approx[metric_slot(metric)],
+                (blocks, 1),
+                SCORE_THREADS,
+                APPROX_SMEM as u32,
+                q,
+                &mut args,
+                false,
+            )
+        }
+    }
+
+    /// Lists, per query, the rows whose upper bound reaches the K-th lower
+    /// bound the first selection wrote into `bufs.out` (rows of k + 1),
+    /// into `list` (CAND_CAP rows per query), counted in `count` (one word
+    /// per query); `flag` becomes nonzero when a query lists more rows or
+    /// its selection did not finish on the device.
+    ///
+    /// # Safety
+    /// `bufs.scores` nq × n lower bounds, `bufs.out` nq rows of k + 1
+    /// entries written by the selection, `rnorm` n, `qnorm` nq, `list`
+    /// nq × CAND_CAP words, `count` nq zeroed words, `flag` one zeroed word.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn filter(
+        &self,
+        q: Queue<'_>,
+        metric: Metric,
+        bufs: &SelectBufs,
+        rnorm: DPtr,
+        n: u32,
+        d: u32,
+        nq: u32,
+        qnorm: DPtr,
+        k: u32,
+        list: DPtr,
+        count: DPtr,
+        flag: DPtr,
+    ) -> Result<(), CudaError> {
+        let per_query = n
+            .div_ceil(FILTER_THREADS * 4)
+            .clamp(1, (FILTER_BLOCKS_PER_SM * self.sm_count / nq.max(1)).max(1));
+        kernel_args!(
+            args = [
+                scores = bufs.scores,
+                rnorm,
+                n,
+                d,
+                qnorm,
+                out = bufs.out,
+                k,
+                list,
+                count,
+                flag
+            ]
+        );
+        // SAFETY: the parameter list of topk_filter_*; buffers per the contract.
+        unsafe {
+            Self::launch(
+                "topk_filter",
+                self.filter[metric_slot(metric)],
+                (per_query, nq),
+                FILTER_THREADS,
+                0,
+                q,
+                &mut args,
+                false,
+            )
+        }
+    }
+
+    /// Canonical scores of the rows [`Self::filter`] listed, into `scores`.
+    ///
+    /// # Safety
+    /// As [`Self::filter`], with `corpus` n × d and `queries` nq × d.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn rescore(
+        &self,
+        q: Queue<'_>,
+        metric: Metric,
+        corpus: DPtr,
+        rnorm: DPtr,
+        n: u32,
+        d: u32,
+        queries: DPtr,
+        nq: u32,
+        qnorm: DPtr,
+        list: DPtr,
+        count: DPtr,
+        flag: DPtr,
+        scores: DPtr,
+    ) -> Result<(), CudaError> {
+        let per_query = (4 * self.sm_count / nq.max(1)).clamp(1, 16);
+        kernel_args!(args = [corpus, rnorm, n, d, queries, qnorm, list, count, flag, scores]);
+        // SAFETY: the parameter list of topk_rescore_*; buffers per the contract.
+        unsafe {
+            Self::launch(
+                "topk_rescore",
+                self.rescore[metric_slot(metric)],
+                (per_query, nq),
+                FILTER_THREADS,
+                0,
+                q,
+                &mut args,
+                false,
+            )
+        }
+    }
+
+    /// The exact best `k` of each query's listed rows, by their canonical
+    /// scores, into `out` (rows of k + 1).
+    ///
+    /// # Safety
+    /// As [`Self::rescore`], after it; `out` nq rows of k + 1 entries;
+    /// k <= CAND_CAP / 2.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn select_listed(
+        &self,
+        q: Queue<'_>,
+        scores: DPtr,
+        n: u32,
+        nq: u32,
+        list: DPtr,
+        count: DPtr,
+        flag: DPtr,
+        k: u32,
+        out: DPtr,
+    ) -> Result<(), CudaError> {
+        kernel_args!(args = [scores, n, list, count, flag, k, out]);
+        // SAFETY: the parameter list of topk_select_listed; buffers per the
+        // contract; its ranking scratch is the dynamic shared memory allowed
+        // at load.
+        unsafe {
+            Self::launch(
+                "topk_select_listed",
+                self.select_listed,
+                (1, nq),
+                SEL_THREADS,
+                RANK_TMP_BYTES as u32,
+                q,
+                &mut args,
+                false,
+            )
+        }
+    }
+
     /// Scores `count` (query, row) pairs: pair `i` is row `ids[i]` against
     /// query `owner[i]`, into `out[i]`.
     ///
@@ -1286,6 +1489,16 @@ mod tests {
                 "{name} missing from score.ptx"
             );
         }
+        assert!(crate::ptx::FILTER_PTX.contains(".entry topk_select_listed("));
+        for f in ["topk_approx", "topk_filter", "topk_rescore"] {
+            for m in ["dot", "cosine", "l2"] {
+                let name = format!("{f}_{m}");
+                assert!(
+                    crate::ptx::FILTER_PTX.contains(&format!(".entry {name}(")),
+                    "{name} missing from filter.ptx"
+                );
+            }
+        }
         for name in ["topk_select_small", "topk_hist", "topk_gather"] {
             assert!(
                 crate::ptx::SELECT_PTX.contains(&format!(".entry {name}(")),
@@ -1316,6 +1529,17 @@ mod tests {
         assert_eq!(
             define(&src, "TOPK_STATUS_OVERFLOW"),
             STATUS_OVERFLOW as usize
+        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/filter.cu");
+        let filter = std::fs::read_to_string(path).expect("kernels/filter.cu");
+        let (bq, br) = (define(&filter, "AX_BQ"), define(&filter, "AX_BR"));
+        assert_eq!((bq as u32, br as u32), (APPROX_QUERIES, APPROX_ROWS));
+        assert_eq!(define(&filter, "AX_THREADS"), SCORE_THREADS as usize);
+        assert_eq!(define(&filter, "FILTER_THREADS"), FILTER_THREADS as usize);
+        let ld = define(&filter, "AX_BK") + 4;
+        assert_eq!(
+            APPROX_SMEM,
+            define(&filter, "AX_STAGES") * (bq + br) * ld * 4
         );
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels/score.cu");
         let score = std::fs::read_to_string(path).expect("kernels/score.cu");

@@ -158,6 +158,18 @@ pub struct CudaOptions {
     /// instead of a host-to-device copy node (used where host memory can be
     /// mapped with unified addressing; otherwise the copy stays).
     pub mapped_queries: bool,
+    /// Batch chunks of at least `filter_queries` queries over corpora of at
+    /// least `filter_rows` rows (D % 4 == 0, K <= 1,024 and `max_k`) are
+    /// filtered: TF32 tensor cores bound every score, and only the rows
+    /// whose bound reaches the K-th best lower bound (at most 4,096 per
+    /// query) are scored canonically (`kernels/filter.cu`). The answer is
+    /// the same, bit for bit; a chunk whose bounds do not separate (heavy
+    /// ties) runs again on the canonical path
+    /// ([`CudaRetriever::filter_reruns`] counts them). `usize::MAX` turns
+    /// it off.
+    pub filter_rows: usize,
+    /// See `filter_rows`.
+    pub filter_queries: usize,
 }
 
 impl Default for CudaOptions {
@@ -174,6 +186,8 @@ impl Default for CudaOptions {
             graphs: true,
             mapped_results: true,
             mapped_queries: true,
+            filter_rows: DEFAULT_FILTER_ROWS,
+            filter_queries: DEFAULT_FILTER_QUERIES,
         }
     }
 }
@@ -182,6 +196,15 @@ impl Default for CudaOptions {
 /// need at 1M rows; smaller corpora get larger chunks (all 256 queries of a
 /// default batch up to 262,144 rows).
 pub const DEFAULT_BATCH_SCRATCH: usize = 256 << 20;
+
+/// Default of [`CudaOptions::filter_rows`] and
+/// [`CudaOptions::filter_queries`]: where the filtered path was faster on an
+/// H200 (K = 100: 0.55-0.95x the canonical path's time from 64 queries at
+/// 50k-1M rows of 384 and 1,024 columns, one case 1.06x; 1.2-2.1x at 10k
+/// rows or 16 queries; `bench/gpu/NOTES.md`, v20).
+pub const DEFAULT_FILTER_ROWS: usize = 50_000;
+/// See [`DEFAULT_FILTER_ROWS`].
+pub const DEFAULT_FILTER_QUERIES: usize = 64;
 
 /// Default of [`CudaOptions::fuse_rows`]: where one block reading every score
 /// twice still costs less than a second launch.
@@ -287,6 +310,14 @@ impl CudaRetriever {
     /// The limits the engine was built with.
     pub fn options(&self) -> &CudaOptions {
         self.engine.options()
+    }
+
+    /// Chunks of filtered batches (see [`CudaOptions::filter_rows`]) whose
+    /// bounds did not separate the top K, so the engine ran them again on
+    /// the canonical path, since construction: a count that grows with
+    /// every batch means the filter costs time on this corpus.
+    pub fn filter_reruns(&self) -> usize {
+        self.engine.filter_reruns()
     }
 
     /// The device the corpus lives on.

@@ -20,7 +20,7 @@ pub const NVCC_FLAGS: &[&str] = &[
 ];
 
 /// The kernel families, one `.cu` (and one `.ptx`) each.
-pub const KERNEL_NAMES: &[&str] = &["score", "select"];
+pub const KERNEL_NAMES: &[&str] = &["score", "select", "filter"];
 
 /// First-line marker of a generated PTX file, followed by the hash.
 pub const HASH_MARKER: &str = "// topk kernel sources hash: ";
@@ -29,6 +29,9 @@ pub const HASH_MARKER: &str = "// topk kernel sources hash: ";
 pub const SCORE_PTX: &str = include_str!("../../../kernels/score.ptx");
 /// PTX of `kernels/select.cu`: threshold and exact selection.
 pub const SELECT_PTX: &str = include_str!("../../../kernels/select.ptx");
+/// PTX of `kernels/filter.cu`: tensor-core bounds and the filtered batch's
+/// listing and rescoring.
+pub const FILTER_PTX: &str = include_str!("../../../kernels/filter.ptx");
 
 /// A stable 64-bit FNV-1a hash of the flags and every source file given as
 /// `(file name, contents)`, in name order, as 16 hex digits.
@@ -98,7 +101,11 @@ mod tests {
     #[test]
     fn embedded_ptx_matches_kernel_sources() {
         let want = source_hash(NVCC_FLAGS, &sources());
-        for (name, ptx) in [("score", SCORE_PTX), ("select", SELECT_PTX)] {
+        for (name, ptx) in [
+            ("score", SCORE_PTX),
+            ("select", SELECT_PTX),
+            ("filter", FILTER_PTX),
+        ] {
             let got = recorded_hash(ptx);
             assert_eq!(
                 got,
@@ -123,8 +130,8 @@ mod tests {
 
     #[test]
     fn every_kernel_family_is_embedded() {
-        assert_eq!(KERNEL_NAMES, &["score", "select"]);
-        for ptx in [SCORE_PTX, SELECT_PTX] {
+        assert_eq!(KERNEL_NAMES, &["score", "select", "filter"]);
+        for ptx in [SCORE_PTX, SELECT_PTX, FILTER_PTX] {
             assert!(
                 ptx.contains(".version 9.0"),
                 "PTX ISA must be 9.0 (CUDA 13.0)"

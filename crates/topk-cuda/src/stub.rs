@@ -40,6 +40,9 @@ impl Engine {
     pub(crate) fn options(&self) -> &CudaOptions {
         match *self {}
     }
+    pub(crate) fn filter_reruns(&self) -> usize {
+        match *self {}
+    }
     pub(crate) fn info(&self) -> &DeviceInfo {
         match *self {}
     }

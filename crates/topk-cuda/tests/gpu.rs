@@ -106,7 +106,7 @@ fn engine(data: &[f32], d: usize, metric: Metric, opts: CudaOptions) -> (CudaRet
 
 /// The three selection paths of a single query: 0 the one-launch search,
 /// 1 separate launches with one block selecting, 2 separate launches with
-/// the histogram and gather grids.
+/// the histogram and gather grids (batches: 0 canonical, 1 and 2 filtered).
 fn path_opts(path: u8) -> CudaOptions {
     CudaOptions {
         single_launch_rows: if path == 0 { usize::MAX } else { 0 },
@@ -117,6 +117,9 @@ fn path_opts(path: u8) -> CudaOptions {
         // host queries from, and write results into, mapped host memory.
         mapped_results: path != 2,
         mapped_queries: path != 2,
+        // Paths 1 and 2 filter every batch through tensor-core bounds.
+        filter_rows: if path == 0 { usize::MAX } else { 0 },
+        filter_queries: 0,
         ..CudaOptions::default()
     }
 }
@@ -308,10 +311,17 @@ fn batch_turns_chunks_and_tie_overflows_are_exact() {
         })
         .collect();
     let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
-    for metric in [Metric::Dot, Metric::Cosine] {
+    for (metric, filter_rows) in [
+        (Metric::Dot, usize::MAX),
+        (Metric::Cosine, usize::MAX),
+        (Metric::Dot, 0),
+        (Metric::L2, 0),
+    ] {
         let opts = CudaOptions {
             max_batch: 100,
             batch_scratch: 0,
+            filter_rows,
+            filter_queries: 0,
             ..CudaOptions::default()
         };
         let (gpu, oracle) = engine(&data, d, metric, opts);
@@ -322,7 +332,11 @@ fn batch_turns_chunks_and_tie_overflows_are_exact() {
                 let want = oracle
                     .search(&queries[i * d..(i + 1) * d], k)
                     .expect("oracle");
-                assert_same(row, &want, &format!("{metric} k {k} query {i}"));
+                assert_same(
+                    row,
+                    &want,
+                    &format!("{metric} filter {filter_rows} k {k} query {i}"),
+                );
             }
         }
     }
@@ -345,7 +359,12 @@ fn batch_shapes_partial_chunks_and_wide_batches_are_exact() {
     ] {
         let n = 3001;
         let data = corpus(d as u64, n, d, kind);
-        let (gpu, oracle) = engine(&data, d, metric, CudaOptions::default());
+        let opts = CudaOptions {
+            filter_rows: if kind == 0 { 0 } else { usize::MAX },
+            filter_queries: 0,
+            ..CudaOptions::default()
+        };
+        let (gpu, oracle) = engine(&data, d, metric, opts);
         for nq in [1usize, 16, 17, 48, 49, 64] {
             let queries = corpus(d as u64 + 1, nq, d, kind);
             let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
@@ -358,6 +377,81 @@ fn batch_shapes_partial_chunks_and_wide_batches_are_exact() {
             }
         }
     }
+}
+
+#[test]
+fn filtered_batches_are_exact_and_fall_back_where_bounds_tie() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    // Plain floats: the tensor-core bounds separate the top K, so no chunk
+    // runs again; 70 queries are two chunks (no scratch beyond 64 queries),
+    // D from a partial 32-column stage to several, every metric, K up to
+    // the filtered path's 1,024 and past it to max_k (each K's answer is a
+    // prefix of the largest one's).
+    let ks = [1usize, 10, 100, 1000, 1024, 2048];
+    for (n, d, metric) in [
+        (20_000usize, 36usize, Metric::Dot),
+        (12_000, 384, Metric::Cosine),
+        (9_000, 100, Metric::L2),
+    ] {
+        let data = corpus(n as u64, n, d, 0);
+        let opts = CudaOptions {
+            filter_rows: 0,
+            filter_queries: 0,
+            batch_scratch: 0,
+            ..CudaOptions::default()
+        };
+        let (gpu, oracle) = engine(&data, d, metric, opts);
+        let nq = 70;
+        let queries = corpus(n as u64 + 1, nq, d, 0);
+        let qs = ArrayView2::from_shape((nq, d), &queries[..]).expect("shape");
+        let want: Vec<Vec<Neighbor>> = (0..nq)
+            .map(|i| {
+                oracle
+                    .search(&queries[i * d..(i + 1) * d], ks[ks.len() - 1])
+                    .expect("oracle")
+            })
+            .collect();
+        for k in ks {
+            let got = gpu.search_batch(qs, k).expect("batch");
+            for (i, row) in got.iter().enumerate() {
+                assert_same(
+                    row,
+                    &want[i][..k],
+                    &format!("n {n} d {d} {metric} k {k} query {i}"),
+                );
+            }
+        }
+        assert_eq!(
+            gpu.filter_reruns(),
+            0,
+            "n {n} d {d} {metric}: chunks ran again"
+        );
+    }
+    // Every row the same: all lower bounds tie, the first selection cannot
+    // finish on the device, and every chunk runs again, still exact.
+    let (n, d) = (5_000, 64);
+    let row: Vec<f32> = (0..d).map(|i| (i % 7) as f32 - 3.0).collect();
+    let data: Vec<f32> = row.iter().copied().cycle().take(n * d).collect();
+    let opts = CudaOptions {
+        filter_rows: 0,
+        filter_queries: 0,
+        ..CudaOptions::default()
+    };
+    let (gpu, oracle) = engine(&data, d, Metric::Dot, opts);
+    let queries = corpus(77, 5, d, 1);
+    let qs = ArrayView2::from_shape((5, d), &queries[..]).expect("shape");
+    for k in [1, 100, 2048] {
+        let got = gpu.search_batch(qs, k).expect("batch");
+        for (i, r) in got.iter().enumerate() {
+            let want = oracle
+                .search(&queries[i * d..(i + 1) * d], k)
+                .expect("oracle");
+            assert_same(r, &want, &format!("all rows equal k {k} query {i}"));
+        }
+    }
+    assert!(gpu.filter_reruns() > 0, "tied bounds must send chunks back");
 }
 
 #[test]
