@@ -651,20 +651,19 @@ impl Engine {
             // A single query's scoring kernel also finds its threshold.
             let threshold =
                 (grid_select && nq == 1).then(|| (ptr(&slot.area), k as u32, ptr(&slot.th)));
-            let fused = self.kernels.score(
-                s,
-                self.metric,
-                ptr(&self.corpus),
-                ptr(&self.rnorm),
+            let ops = launch::Operands {
+                corpus: ptr(&self.corpus),
+                rnorm: ptr(&self.rnorm),
                 n,
                 d,
                 queries,
-                nq as u32,
-                ptr(&slot.qnorm),
-                ptr(&slot.scores),
-                &self.plan,
-                threshold,
-            )?;
+                nq: nq as u32,
+                qnorm: ptr(&slot.qnorm),
+                scores: ptr(&slot.scores),
+            };
+            let fused = self
+                .kernels
+                .score(s, self.metric, &ops, &self.plan, threshold)?;
             mark("score")?;
             if k > self.opts.max_k {
                 // The host selects from the scores.
@@ -715,15 +714,24 @@ impl Engine {
         ci: usize,
     ) -> Result<(), CudaError> {
         let s = Queue::Stream(slot.stream.as_inner());
-        let (n, d) = (self.n as u32, self.d as u32);
         let chunks = self.sizes.staged.div_ceil(self.sizes.chunk);
-        let flag = ptr(&slot.fcount) + (ci * 4) as DPtr;
-        let count = ptr(&slot.fcount) + ((chunks + first) * 4) as DPtr;
-        let list = ptr(&slot.flist);
+        let lists = launch::Listed {
+            list: ptr(&slot.flist),
+            count: ptr(&slot.fcount) + ((chunks + first) * 4) as DPtr,
+            flag: ptr(&slot.fcount) + (ci * 4) as DPtr,
+        };
         let bufs = slot.select_bufs(first, k);
-        let (nq32, k32) = (nq as u32, k as u32);
-        let (corpus, rnorm, qnorm) = (ptr(&self.corpus), ptr(&self.rnorm), ptr(&slot.qnorm));
-        let metric = self.metric;
+        let ops = launch::Operands {
+            corpus: ptr(&self.corpus),
+            rnorm: ptr(&self.rnorm),
+            n: self.n as u32,
+            d: self.d as u32,
+            queries,
+            nq: nq as u32,
+            qnorm: ptr(&slot.qnorm),
+            scores: bufs.scores,
+        };
+        let (k32, metric, ks) = (k as u32, self.metric, &self.kernels);
         // SAFETY: as in enqueue_marked: the scratch holds `chunk` queries' N
         // scores (nq <= chunk) and their selection buffers, the result rows
         // `staged` (first + nq <= staged); rnorm holds N norms and qnorm
@@ -732,41 +740,13 @@ impl Engine {
         // query of a chunk, fcount a word per chunk of a turn (ci < chunks)
         // then a word per query of the turn; k <= FILTER_MAX_K <= CAND_CAP / 2.
         unsafe {
-            let ks = &self.kernels;
-            ks.norms(s, queries, nq32, d, qnorm)?;
-            ks.approx(
-                s,
-                metric,
-                corpus,
-                rnorm,
-                n,
-                d,
-                queries,
-                nq32,
-                qnorm,
-                bufs.scores,
-            )?;
-            ks.hist(s, &bufs, n, nq32, k32)?;
-            ks.gather(s, &bufs, n, nq32, k32)?;
-            ks.filter(
-                s, metric, &bufs, rnorm, n, d, nq32, qnorm, k32, list, count, flag,
-            )?;
-            ks.rescore(
-                s,
-                metric,
-                corpus,
-                rnorm,
-                n,
-                d,
-                queries,
-                nq32,
-                qnorm,
-                list,
-                count,
-                flag,
-                bufs.scores,
-            )?;
-            ks.select_listed(s, bufs.scores, n, nq32, list, count, flag, k32, bufs.out)?;
+            ks.norms(s, queries, ops.nq, ops.d, ops.qnorm)?;
+            ks.approx(s, metric, &ops)?;
+            ks.hist(s, &bufs, ops.n, ops.nq, k32)?;
+            ks.gather(s, &bufs, ops.n, ops.nq, k32)?;
+            ks.filter(s, metric, &ops, bufs.out, k32, &lists)?;
+            ks.rescore(s, metric, &ops, &lists)?;
+            ks.select_listed(s, &ops, &lists, k32, bufs.out)?;
         }
         Ok(())
     }

@@ -359,6 +359,30 @@ pub(crate) struct SelectBufs {
     pub(crate) out: DPtr,
 }
 
+/// The operands of a scoring launch: `nq` queries (`queries`, nq × d
+/// floats, and their norms `qnorm`) against the corpus (`corpus`, n × d,
+/// and its row norms `rnorm`), into `scores` (nq × n).
+#[derive(Clone, Copy)]
+pub(crate) struct Operands {
+    pub(crate) corpus: DPtr,
+    pub(crate) rnorm: DPtr,
+    pub(crate) n: u32,
+    pub(crate) d: u32,
+    pub(crate) queries: DPtr,
+    pub(crate) nq: u32,
+    pub(crate) qnorm: DPtr,
+    pub(crate) scores: DPtr,
+}
+
+/// A filtered chunk's lists: CAND_CAP listed rows per query (`list`), a
+/// count per query (`count`) and the chunk's flag word (`flag`).
+#[derive(Clone, Copy)]
+pub(crate) struct Listed {
+    pub(crate) list: DPtr,
+    pub(crate) count: DPtr,
+    pub(crate) flag: DPtr,
+}
+
 impl Kernels {
     /// Looks up every kernel of the three modules.
     pub(crate) fn load(
@@ -684,22 +708,24 @@ impl Kernels {
     /// nq × d, `qnorm` nq norms (cosine, batch path), `scores` nq × n; with
     /// `threshold`, as [`Self::hist`] for one query: `area` AREA_STRIDE
     /// zeroed words, `th` room for one threshold, 1 <= k <= n.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn score(
         &self,
         q: Queue<'_>,
         metric: Metric,
-        corpus: DPtr,
-        rnorm: DPtr,
-        n: u32,
-        d: u32,
-        queries: DPtr,
-        nq: u32,
-        qnorm: DPtr,
-        scores: DPtr,
+        ops: &Operands,
         plan: &ScorePlan,
         threshold: Option<(DPtr, u32, DPtr)>,
     ) -> Result<bool, CudaError> {
+        let Operands {
+            corpus,
+            rnorm,
+            n,
+            d,
+            queries,
+            nq,
+            qnorm,
+            scores,
+        } = *ops;
         let warps = SCORE_THREADS / 32;
         if single_path(nq as usize, d as usize) {
             let groups = n.div_ceil(SINGLE_ROWS);
@@ -901,26 +927,28 @@ impl Kernels {
         }
     }
 
-    /// Lower bounds of the canonical scores of `nq` queries against the
-    /// corpus, from TF32 tensor cores, into `scores` (`nq × n`).
+    /// Lower bounds of the canonical scores of the queries against the
+    /// corpus, from TF32 tensor cores, into `ops.scores`.
     ///
     /// # Safety
-    /// `corpus` n × d (d % 4 == 0, 16-byte aligned rows), `rnorm` n,
-    /// `queries` nq × d (16-byte aligned), `qnorm` nq, `scores` nq × n floats.
-    #[allow(clippy::too_many_arguments)]
+    /// `ops` as [`Operands`] says, every norm included; d % 4 == 0 and
+    /// `corpus` and `queries` 16-byte aligned.
     pub(crate) unsafe fn approx(
         &self,
         q: Queue<'_>,
         metric: Metric,
-        corpus: DPtr,
-        rnorm: DPtr,
-        n: u32,
-        d: u32,
-        queries: DPtr,
-        nq: u32,
-        qnorm: DPtr,
-        scores: DPtr,
+        ops: &Operands,
     ) -> Result<(), CudaError> {
+        let Operands {
+            corpus,
+            rnorm,
+            n,
+            d,
+            queries,
+            nq,
+            qnorm,
+            scores,
+        } = *ops;
         let blocks = nq.div_ceil(APPROX_QUERIES) * n.div_ceil(APPROX_ROWS);
         kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
         // SAFETY: the parameter list of topk_approx_*; buffers per the
@@ -940,48 +968,38 @@ impl Kernels {
     }
 
     /// Lists, per query, the rows whose upper bound reaches the K-th lower
-    /// bound the first selection wrote into `bufs.out` (rows of k + 1),
-    /// into `list` (CAND_CAP rows per query), counted in `count` (one word
-    /// per query); `flag` becomes nonzero when a query lists more rows or
-    /// its selection did not finish on the device.
+    /// bound in `ops.scores` that the first selection wrote into `out`
+    /// (rows of k + 1): into `lists` (see [`Listed`]); the flag becomes
+    /// nonzero when a query lists more than CAND_CAP rows or its selection
+    /// did not finish on the device.
     ///
     /// # Safety
-    /// `bufs.scores` nq × n lower bounds, `bufs.out` nq rows of k + 1
-    /// entries written by the selection, `rnorm` n, `qnorm` nq, `list`
-    /// nq × CAND_CAP words, `count` nq zeroed words, `flag` one zeroed word.
-    #[allow(clippy::too_many_arguments)]
+    /// `ops` as [`Operands`] says with `scores` holding the lower bounds;
+    /// `out` nq rows of k + 1 entries written by the selection; `lists` as
+    /// [`Listed`] says for nq queries, counts and flag zeroed.
     pub(crate) unsafe fn filter(
         &self,
         q: Queue<'_>,
         metric: Metric,
-        bufs: &SelectBufs,
-        rnorm: DPtr,
-        n: u32,
-        d: u32,
-        nq: u32,
-        qnorm: DPtr,
+        ops: &Operands,
+        out: DPtr,
         k: u32,
-        list: DPtr,
-        count: DPtr,
-        flag: DPtr,
+        lists: &Listed,
     ) -> Result<(), CudaError> {
+        let Operands {
+            rnorm,
+            n,
+            d,
+            nq,
+            qnorm,
+            scores,
+            ..
+        } = *ops;
+        let Listed { list, count, flag } = *lists;
         let per_query = n
             .div_ceil(FILTER_THREADS * 4)
             .clamp(1, (FILTER_BLOCKS_PER_SM * self.sm_count / nq.max(1)).max(1));
-        kernel_args!(
-            args = [
-                scores = bufs.scores,
-                rnorm,
-                n,
-                d,
-                qnorm,
-                out = bufs.out,
-                k,
-                list,
-                count,
-                flag
-            ]
-        );
+        kernel_args!(args = [scores, rnorm, n, d, qnorm, out, k, list, count, flag]);
         // SAFETY: the parameter list of topk_filter_*; buffers per the contract.
         unsafe {
             Self::launch(
@@ -997,27 +1015,29 @@ impl Kernels {
         }
     }
 
-    /// Canonical scores of the rows [`Self::filter`] listed, into `scores`.
+    /// Canonical scores of the rows [`Self::filter`] listed, into
+    /// `ops.scores`.
     ///
     /// # Safety
-    /// As [`Self::filter`], with `corpus` n × d and `queries` nq × d.
-    #[allow(clippy::too_many_arguments)]
+    /// As [`Self::filter`], after it.
     pub(crate) unsafe fn rescore(
         &self,
         q: Queue<'_>,
         metric: Metric,
-        corpus: DPtr,
-        rnorm: DPtr,
-        n: u32,
-        d: u32,
-        queries: DPtr,
-        nq: u32,
-        qnorm: DPtr,
-        list: DPtr,
-        count: DPtr,
-        flag: DPtr,
-        scores: DPtr,
+        ops: &Operands,
+        lists: &Listed,
     ) -> Result<(), CudaError> {
+        let Operands {
+            corpus,
+            rnorm,
+            n,
+            d,
+            queries,
+            nq,
+            qnorm,
+            scores,
+        } = *ops;
+        let Listed { list, count, flag } = *lists;
         let per_query = (4 * self.sm_count / nq.max(1)).clamp(1, 16);
         kernel_args!(args = [corpus, rnorm, n, d, queries, qnorm, list, count, flag, scores]);
         // SAFETY: the parameter list of topk_rescore_*; buffers per the contract.
@@ -1036,24 +1056,21 @@ impl Kernels {
     }
 
     /// The exact best `k` of each query's listed rows, by their canonical
-    /// scores, into `out` (rows of k + 1).
+    /// scores in `ops.scores`, into `out` (rows of k + 1).
     ///
     /// # Safety
     /// As [`Self::rescore`], after it; `out` nq rows of k + 1 entries;
     /// k <= CAND_CAP / 2.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn select_listed(
         &self,
         q: Queue<'_>,
-        scores: DPtr,
-        n: u32,
-        nq: u32,
-        list: DPtr,
-        count: DPtr,
-        flag: DPtr,
+        ops: &Operands,
+        lists: &Listed,
         k: u32,
         out: DPtr,
     ) -> Result<(), CudaError> {
+        let Operands { n, nq, scores, .. } = *ops;
+        let Listed { list, count, flag } = *lists;
         kernel_args!(args = [scores, n, list, count, flag, k, out]);
         // SAFETY: the parameter list of topk_select_listed; buffers per the
         // contract; its ranking scratch is the dynamic shared memory allowed
