@@ -226,27 +226,36 @@ fn second_use(seen: &mut Vec<GraphKey>, built: bool, key: GraphKey) -> bool {
     false
 }
 
-/// Device bytes one slot needs, for the up-front memory check.
-fn slot_bytes(
+/// What one slot's buffers are sized for: N rows of D columns, the slot's
+/// [`Sizes`], `max_k` results per query, `gather` listed ids and
+/// `filter_list` rows listed by a filtered chunk (0 where batches are never
+/// filtered).
+struct SlotShape {
     n: usize,
     d: usize,
     sizes: Sizes,
     max_k: usize,
     gather: usize,
     filter_list: usize,
-) -> usize {
-    let Sizes { staged, chunk } = sizes;
-    staged * d * 4
-        + chunk * 4
-        + chunk * n * 4
-        + chunk * AREA_STRIDE * 4
-        + chunk * 16
-        + chunk * CAND_CAP * 8
-        + chunk * MAYBE_CAP * 8
-        + staged * (max_k + 1) * 8
-        + gather * 12
-        + filter_list * 4
-        + (staged.div_ceil(chunk) + staged) * 4
+}
+
+impl SlotShape {
+    /// Device bytes one slot needs, for the up-front memory check.
+    fn bytes(&self) -> usize {
+        let Sizes { staged, chunk } = self.sizes;
+        let (n, d) = (self.n, self.d);
+        staged * d * 4
+            + chunk * 4
+            + chunk * n * 4
+            + chunk * AREA_STRIDE * 4
+            + chunk * 16
+            + chunk * CAND_CAP * 8
+            + chunk * MAYBE_CAP * 8
+            + staged * (self.max_k + 1) * 8
+            + self.gather * 12
+            + self.filter_list * 4
+            + (staged.div_ceil(chunk) + staged) * 4
+    }
 }
 
 /// How many queries a slot holds: `staged` queries and their results at
@@ -299,18 +308,15 @@ impl Slot {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        n: usize,
-        d: usize,
-        sizes: Sizes,
-        max_k: usize,
-        gather: usize,
-        filter_list: usize,
-        map_results: bool,
-        map_queries: bool,
-    ) -> Result<Self, CudaError> {
-        let Sizes { staged, chunk } = sizes;
+    fn new(shape: &SlotShape, map_results: bool, map_queries: bool) -> Result<Self, CudaError> {
+        let SlotShape {
+            n,
+            d,
+            sizes: Sizes { staged, chunk },
+            max_k,
+            gather,
+            filter_list,
+        } = *shape;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
         let mut slot = Slot {
             queries: alloc("query staging", staged * d)?,
@@ -447,8 +453,15 @@ impl Engine {
         } else {
             0
         };
-        let per_slot = slot_bytes(n, d, sizes, opts.max_k, opts.max_gather, filter_list);
-        let requested = n * d * 4 + n * 4 + per_slot * opts.streams;
+        let shape = SlotShape {
+            n,
+            d,
+            sizes,
+            max_k: opts.max_k,
+            gather: opts.max_gather,
+            filter_list,
+        };
+        let requested = n * d * 4 + n * 4 + shape.bytes() * opts.streams;
         let available = launch::free_memory()?;
         if requested > available {
             return Err(CudaError::OutOfMemory {
@@ -494,25 +507,17 @@ impl Engine {
         })?;
         // Row norms: cosine scores divide by them, filtered batches bound
         // every metric's scores with them.
-        let rnorm = alloc::<f32>("row norms", n)?;
+        let norms = metric == Metric::Cosine || filter_list > 0;
+        let rnorm = alloc::<f32>("row norms", if norms { n } else { 1 })?;
         let mut slots = Vec::with_capacity(opts.streams);
         let can_map = device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?
             && device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?;
         let map_results = opts.mapped_results && can_map;
         let map_queries = opts.mapped_queries && can_map;
         for _ in 0..opts.streams {
-            slots.push(Mutex::new(Slot::new(
-                n,
-                d,
-                sizes,
-                opts.max_k,
-                opts.max_gather,
-                filter_list,
-                map_results,
-                map_queries,
-            )?));
+            slots.push(Mutex::new(Slot::new(&shape, map_results, map_queries)?));
         }
-        {
+        if norms {
             let slot = slots[0].lock().unwrap_or_else(|p| p.into_inner());
             // SAFETY: corpus holds n × d floats and rnorm n.
             unsafe {
