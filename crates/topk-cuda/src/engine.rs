@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cust::context::{Context, CurrentContext};
 use cust::device::{Device, DeviceAttribute};
 use cust::event::{Event, EventFlags};
-use cust::memory::{CopyDestination, DeviceBuffer, DeviceSlice, LockedBuffer};
+use cust::memory::{DeviceBuffer, DeviceSlice, LockedBuffer};
 use cust::module::Module;
 use cust::stream::{Stream, StreamFlags, StreamWaitEventFlags};
 use ndarray::ArrayView2;
@@ -166,6 +166,8 @@ struct Slot {
     /// Per chunk of a turn a flag asking the host to run the chunk again on
     /// the canonical path, then per query of the turn its listed rows.
     fcount: DeviceBuffer<u32>,
+    /// `fcount` copied back after a filtered turn.
+    fcount_host: LockedBuffer<u32>,
     q_host: LockedBuffer<f32>,
     out_host: LockedBuffer<DevNeighbor>,
     /// Where the kernels write results: `out_host`'s device address when
@@ -332,6 +334,7 @@ impl Slot {
             id_scores: alloc("gather scores", gather)?,
             flist: alloc("filtered rows", filter_list.max(1))?,
             fcount: alloc("filter counts", staged.div_ceil(chunk) + staged)?,
+            fcount_host: pinned(staged.div_ceil(chunk) + staged)?,
             q_host: pinned(staged * d)?,
             out_host: pinned(staged * (max_k + 1))?,
             scores_host: pinned(n)?,
@@ -1212,6 +1215,18 @@ impl Engine {
                 }
             }
             if k <= self.opts.max_k {
+                if filtered {
+                    // SAFETY: fcount_host (pinned) and fcount have the same
+                    // length; the host reads it after fetch_results waits.
+                    unsafe {
+                        launch::d2h(
+                            Queue::Stream(slot.stream.as_inner()),
+                            slot.fcount_host.as_mut_ptr() as *mut c_void,
+                            ptr(&slot.fcount),
+                            slot.fcount.len() * 4,
+                        )?;
+                    }
+                }
                 self.fetch_results(slot, tq, k)?;
                 if filtered && self.refilter(slot, tq, k, &query_at)? {
                     self.fetch_results(slot, tq, k)?;
@@ -1227,7 +1242,8 @@ impl Engine {
         Ok(())
     }
 
-    /// After a filtered turn of `tq` queries has finished: queues the
+    /// After a filtered turn of `tq` queries has finished and its counts
+    /// are in `fcount_host`: queues the
     /// canonical path for every chunk the device flagged (its bounds did
     /// not separate the top K within the list's capacity, or its first
     /// selection did not finish on the device) and says whether there were
@@ -1240,10 +1256,7 @@ impl Engine {
         query_at: &dyn Fn(usize) -> DPtr,
     ) -> Result<bool, CudaError> {
         let chunk = self.sizes.chunk;
-        let mut counts = vec![0u32; slot.fcount.len()];
-        slot.fcount
-            .copy_to(&mut counts[..])
-            .op("cuMemcpyDtoH (filter counts)")?;
+        let counts = slot.fcount_host.as_slice();
         let chunks = self.sizes.staged.div_ceil(chunk);
         let mut again = false;
         for (ci, first) in (0..tq).step_by(chunk).enumerate() {
