@@ -256,7 +256,7 @@ impl SlotShape {
             + staged * (self.max_k + 1) * 8
             + self.gather * 12
             + self.filter_list * 4
-            + (staged.div_ceil(chunk) + staged) * 4
+            + (self.sizes.turn_chunks() + staged) * 4
     }
 }
 
@@ -279,6 +279,11 @@ impl Sizes {
         let fit = batch_scratch / (4 * n.max(1));
         let chunk = (fit - fit % 32).max(BATCH_CHUNK).min(staged);
         Sizes { staged, chunk }
+    }
+
+    /// Chunks of a full turn.
+    fn turn_chunks(&self) -> usize {
+        self.staged.div_ceil(self.chunk)
     }
 }
 
@@ -314,11 +319,13 @@ impl Slot {
         let SlotShape {
             n,
             d,
-            sizes: Sizes { staged, chunk },
+            sizes,
             max_k,
             gather,
             filter_list,
         } = *shape;
+        let Sizes { staged, chunk } = sizes;
+        let counts = sizes.turn_chunks() + staged;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
         let mut slot = Slot {
             queries: alloc("query staging", staged * d)?,
@@ -333,8 +340,8 @@ impl Slot {
             owner: alloc("gather owners", gather)?,
             id_scores: alloc("gather scores", gather)?,
             flist: alloc("filtered rows", filter_list.max(1))?,
-            fcount: alloc("filter counts", staged.div_ceil(chunk) + staged)?,
-            fcount_host: pinned(staged.div_ceil(chunk) + staged)?,
+            fcount: alloc("filter counts", counts)?,
+            fcount_host: pinned(counts)?,
             q_host: pinned(staged * d)?,
             out_host: pinned(staged * (max_k + 1))?,
             scores_host: pinned(n)?,
@@ -659,16 +666,7 @@ impl Engine {
             // A single query's scoring kernel also finds its threshold.
             let threshold =
                 (grid_select && nq == 1).then(|| (ptr(&slot.area), k as u32, ptr(&slot.th)));
-            let ops = launch::Operands {
-                corpus: ptr(&self.corpus),
-                rnorm: ptr(&self.rnorm),
-                n,
-                d,
-                queries,
-                nq: nq as u32,
-                qnorm: ptr(&slot.qnorm),
-                scores: ptr(&slot.scores),
-            };
+            let ops = self.operands(slot, queries, nq);
             let fused = self
                 .kernels
                 .score(s, self.metric, &ops, &self.plan, threshold)?;
@@ -693,43 +691,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether batches over `n` rows of `d` columns can take the filtered
-    /// path under `opts` (the tensor-core kernel stages whole 16-byte pieces).
-    fn filter_fits(n: usize, d: usize, opts: &CudaOptions) -> bool {
-        n >= opts.filter_rows && d % 4 == 0 && n <= u32::MAX as usize
-    }
-
-    /// Whether a batch with this K may take the filtered path: K at most
-    /// [`FILTER_MAX_K`] (and `max_k`), so that the rows listed besides the
-    /// best K usually fit the CAND_CAP a query may list.
-    fn filtered(&self, k: usize) -> bool {
-        Self::filter_fits(self.n, self.d, &self.opts) && k <= self.opts.max_k.min(FILTER_MAX_K)
-    }
-
-    /// Queues the filtered path (kernels/filter.cu) for `nq` queries of a
-    /// batch chunk, chunk `ci` of its turn, results to rows `first..first +
-    /// nq`: lower bounds, the selection over them, the listing of rows that
-    /// may reach the top K, their canonical scores and the selection among
-    /// them. `fcount` (zeroed by the caller) gets the chunk's flag (run it
-    /// again on the canonical path) and each query's count of listed rows.
-    fn enqueue_filtered(
-        &self,
-        slot: &Slot,
-        queries: DPtr,
-        first: usize,
-        nq: usize,
-        k: usize,
-        ci: usize,
-    ) -> Result<(), CudaError> {
-        let s = Queue::Stream(slot.stream.as_inner());
-        let chunks = self.sizes.staged.div_ceil(self.sizes.chunk);
-        let lists = launch::Listed {
-            list: ptr(&slot.flist),
-            count: ptr(&slot.fcount) + ((chunks + first) * 4) as DPtr,
-            flag: ptr(&slot.fcount) + (ci * 4) as DPtr,
-        };
-        let bufs = slot.select_bufs(first, k);
-        let ops = launch::Operands {
+    /// The scoring operands of `nq` queries at `queries` against the corpus,
+    /// into the slot's scores.
+    fn operands(&self, slot: &Slot, queries: DPtr, nq: usize) -> launch::Operands {
+        launch::Operands {
             corpus: ptr(&self.corpus),
             rnorm: ptr(&self.rnorm),
             n: self.n as u32,
@@ -737,16 +702,59 @@ impl Engine {
             queries,
             nq: nq as u32,
             qnorm: ptr(&slot.qnorm),
-            scores: bufs.scores,
+            scores: ptr(&slot.scores),
+        }
+    }
+
+    /// Whether batches over `n` rows of `d` columns can take the filtered
+    /// path under `opts` (the tensor-core kernel stages whole 16-byte pieces).
+    fn filter_fits(n: usize, d: usize, opts: &CudaOptions) -> bool {
+        n >= opts.filter_rows && d % 4 == 0 && n <= u32::MAX as usize
+    }
+
+    /// Whether a batch chunk of `cq` queries with this K takes the filtered
+    /// path: at least `filter_queries` queries, K at most [`FILTER_MAX_K`]
+    /// (and `max_k`), so that the rows listed besides the best K usually
+    /// fit the CAND_CAP a query may list.
+    fn filtered(&self, k: usize, cq: usize) -> bool {
+        Self::filter_fits(self.n, self.d, &self.opts)
+            && k <= self.opts.max_k.min(FILTER_MAX_K)
+            && cq >= self.opts.filter_queries
+    }
+
+    /// Queues the filtered path (kernels/filter.cu) for `nq` queries of a
+    /// batch chunk, results to rows `first..first + nq` of the turn (`first`
+    /// a multiple of the chunk size): lower bounds, the selection over them,
+    /// the listing of rows that may reach the top K, their canonical scores
+    /// and the selection among them. `fcount` (zeroed by the caller) gets
+    /// the chunk's flag (run it again on the canonical path) and each
+    /// query's count of listed rows.
+    fn enqueue_filtered(
+        &self,
+        slot: &Slot,
+        queries: DPtr,
+        first: usize,
+        nq: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        let s = Queue::Stream(slot.stream.as_inner());
+        let ci = first / self.sizes.chunk;
+        let lists = launch::Listed {
+            list: ptr(&slot.flist),
+            count: ptr(&slot.fcount) + ((self.sizes.turn_chunks() + first) * 4) as DPtr,
+            flag: ptr(&slot.fcount) + (ci * 4) as DPtr,
         };
+        let bufs = slot.select_bufs(first, k);
+        let ops = self.operands(slot, queries, nq);
         let (k32, metric, ks) = (k as u32, self.metric, &self.kernels);
         // SAFETY: as in enqueue_marked: the scratch holds `chunk` queries' N
         // scores (nq <= chunk) and their selection buffers, the result rows
         // `staged` (first + nq <= staged); rnorm holds N norms and qnorm
         // `chunk`; `queries` holds nq × d floats at a 16-byte aligned address
         // (d % 4 == 0, checked by filtered()); flist holds CAND_CAP words per
-        // query of a chunk, fcount a word per chunk of a turn (ci < chunks)
-        // then a word per query of the turn; k <= FILTER_MAX_K <= CAND_CAP / 2.
+        // query of a chunk, fcount a word per chunk of a turn (ci <
+        // turn_chunks) then a word per query of the turn; k <= FILTER_MAX_K
+        // <= CAND_CAP / 2.
         unsafe {
             ks.norms(s, queries, ops.nq, ops.d, ops.qnorm)?;
             ks.approx(s, metric, &ops)?;
@@ -1188,9 +1196,11 @@ impl Engine {
     ) -> Result<(), CudaError> {
         let d = self.d;
         let Sizes { staged, chunk } = self.sizes;
-        let filtered = self.filtered(k);
         for (t, turn) in queries.chunks(staged * d).enumerate() {
             let tq = turn.len() / d;
+            // The first chunk is the largest: a turn filters any chunk only
+            // if it filters that one.
+            let filtered = self.filtered(k, chunk.min(tq));
             if filtered {
                 // SAFETY: fcount holds exactly its own length in words.
                 unsafe {
@@ -1199,10 +1209,10 @@ impl Engine {
             }
             let qptr = Self::stage_queries(slot, turn)?;
             let query_at = |i: usize| qptr + (i * d * 4) as DPtr;
-            for (ci, first) in (0..tq).step_by(chunk).enumerate() {
+            for first in (0..tq).step_by(chunk) {
                 let cq = chunk.min(tq - first);
-                if filtered && cq >= self.opts.filter_queries {
-                    self.enqueue_filtered(slot, query_at(first), first, cq, k, ci)?;
+                if self.filtered(k, cq) {
+                    self.enqueue_filtered(slot, query_at(first), first, cq, k)?;
                 } else {
                     self.enqueue(slot, query_at(first), first, cq, k)?;
                 }
@@ -1257,7 +1267,7 @@ impl Engine {
     ) -> Result<bool, CudaError> {
         let chunk = self.sizes.chunk;
         let counts = slot.fcount_host.as_slice();
-        let chunks = self.sizes.staged.div_ceil(chunk);
+        let chunks = self.sizes.turn_chunks();
         let mut again = false;
         for (ci, first) in (0..tq).step_by(chunk).enumerate() {
             let cq = chunk.min(tq - first);

@@ -374,6 +374,24 @@ pub(crate) struct Operands {
     pub(crate) scores: DPtr,
 }
 
+impl Operands {
+    /// Pointers to the fields in the order of the batch scoring kernels'
+    /// parameter list (`topk_scoreq*_*`, `topk_scoreb_*`, `topk_approx_*`),
+    /// for `cuLaunchKernel`; valid while `self` is.
+    fn batch_args(&mut self) -> [*mut c_void; 8] {
+        [
+            &mut self.corpus as *mut DPtr as *mut c_void,
+            &mut self.rnorm as *mut DPtr as *mut c_void,
+            &mut self.n as *mut u32 as *mut c_void,
+            &mut self.d as *mut u32 as *mut c_void,
+            &mut self.queries as *mut DPtr as *mut c_void,
+            &mut self.nq as *mut u32 as *mut c_void,
+            &mut self.qnorm as *mut DPtr as *mut c_void,
+            &mut self.scores as *mut DPtr as *mut c_void,
+        ]
+    }
+}
+
 /// A filtered chunk's lists: CAND_CAP listed rows per query (`list`), a
 /// count per query (`count`) and the chunk's flag word (`flag`).
 #[derive(Clone, Copy)]
@@ -716,6 +734,8 @@ impl Kernels {
         plan: &ScorePlan,
         threshold: Option<(DPtr, u32, DPtr)>,
     ) -> Result<bool, CudaError> {
+        // The single-query kernel's own parameter list; the batch kernels
+        // take Operands::batch_args.
         let Operands {
             corpus,
             rnorm,
@@ -723,8 +743,8 @@ impl Kernels {
             d,
             queries,
             nq,
-            qnorm,
             scores,
+            ..
         } = *ops;
         let warps = SCORE_THREADS / 32;
         if single_path(nq as usize, d as usize) {
@@ -757,7 +777,8 @@ impl Kernels {
                 BatchKind::Q16 => self.scoreq16[metric_slot(metric)],
             };
             let blocks = shape.grid(n, nq, resident);
-            kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
+            let mut o = *ops;
+            let mut args = o.batch_args();
             // SAFETY: the parameter list of topk_scoreq*_*; buffers per the
             // contract; the dynamic shared memory is the size the kernel was
             // prepared for (prepare_score) for this d.
@@ -784,7 +805,8 @@ impl Kernels {
                     value: row_blocks as usize * tiles as usize,
                     reason: "the batch grid exceeds 2^32 blocks; use a smaller max_batch",
                 })?;
-            kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
+            let mut o = *ops;
+            let mut args = o.batch_args();
             // SAFETY: the parameter list of topk_scoreb_*; buffers per the contract.
             unsafe {
                 Self::launch(
@@ -939,18 +961,9 @@ impl Kernels {
         metric: Metric,
         ops: &Operands,
     ) -> Result<(), CudaError> {
-        let Operands {
-            corpus,
-            rnorm,
-            n,
-            d,
-            queries,
-            nq,
-            qnorm,
-            scores,
-        } = *ops;
-        let blocks = nq.div_ceil(APPROX_QUERIES) * n.div_ceil(APPROX_ROWS);
-        kernel_args!(args = [corpus, rnorm, n, d, queries, nq, qnorm, scores]);
+        let mut o = *ops;
+        let blocks = o.nq.div_ceil(APPROX_QUERIES) * o.n.div_ceil(APPROX_ROWS);
+        let mut args = o.batch_args();
         // SAFETY: the parameter list of topk_approx_*; buffers per the
         // contract; the dynamic shared memory was allowed at load.
         unsafe {
