@@ -1,5 +1,5 @@
 // Shared device helpers of the topk kernels: the canonical butterfly
-// (DESIGN.md §2), the ranking key (§3) and the metric epilogue.
+// (docs/CONTRACTS.md §2), the ranking key (§3) and the metric epilogue.
 //
 // Every floating-point operation is written with an explicit round-to-nearest
 // intrinsic (__fmaf_rn, __fadd_rn, ...) so that no compiler contraction or
@@ -137,7 +137,7 @@ __device__ __forceinline__ unsigned topk_key_index(unsigned long long key) {
     return 0xffffffffu - (unsigned)(key & 0xffffffffull);
 }
 
-// Turns a reduced accumulator into the metric's score (DESIGN.md §2).
+// Turns a reduced accumulator into the metric's score (docs/CONTRACTS.md §2).
 template <int METRIC>
 __device__ __forceinline__ float topk_finish(float acc, float qnorm, float rnorm) {
     if (METRIC == TOPK_DOT) {
@@ -164,7 +164,7 @@ __device__ __forceinline__ float topk_step(float q, float r, float p) {
 
 // The canonical score of one (query, row) pair, computed by one whole warp
 // (lane j walks d = j, j+32, ...; then the butterfly and the metric's finish):
-// listed pairs, a warp each (score.cu's score_ids, filter.cu's rescoring).
+// listed pairs, a warp each (pairs.cuh: score_ids.cu and filter.cu's rescoring).
 template <int METRIC>
 __device__ __forceinline__ float topk_warp_score(const float* __restrict__ qv,
                                                  const float* __restrict__ rv, unsigned d,

@@ -1,7 +1,7 @@
 // Filtered batches: exact top-K of many queries with the bulk of the
 // arithmetic on TF32 tensor cores.
 //
-// The canonical score (DESIGN.md §2) fixes the order of every fp32 operation,
+// The canonical score (docs/CONTRACTS.md §2) fixes the order of every fp32 operation,
 // which tensor cores cannot follow. They can still bound it: with inputs
 // rounded to TF32 (11 significant bits) and fp32 accumulation, the
 // tensor-core dot product `a` of a query and a row differs from the exact dot
@@ -25,6 +25,7 @@
 // A chunk where a query lists more rows, or whose first selection did not
 // finish on the device (too many tied lower bounds), is flagged, and the
 // host runs it again on the canonical path.
+#include "pairs.cuh"
 #include "select.cuh"
 
 // Block tile of the approximate scores: AX_BQ queries x AX_BR rows, staged
@@ -310,7 +311,8 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
 }
 
 // The canonical score of every row query blockIdx.y listed, into
-// scores[q * n + row], a warp per row; nothing when the chunk is flagged.
+// scores[q * n + row], a warp per row (pairs.cuh); nothing when the chunk is
+// flagged.
 template <int METRIC>
 __device__ void rescore_rows(const float* __restrict__ corpus, const float* __restrict__ rnorm,
                              unsigned n, unsigned d, const float* __restrict__ queries,
@@ -322,19 +324,8 @@ __device__ void rescore_rows(const float* __restrict__ corpus, const float* __re
         return;
     }
     const unsigned total = count[q];
-    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
-    constexpr unsigned WARPS = FILTER_THREADS / TOPK_WARP;
-    const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
-    const float* qv = queries + (size_t)q * d;
-    for (unsigned i = blockIdx.x * WARPS + threadIdx.x / TOPK_WARP; i < total;
-         i += gridDim.x * WARPS) {
-        const unsigned row = list[(size_t)q * TOPK_CAND_CAP + i];
-        const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
-        const float s = topk_warp_score<METRIC>(qv, corpus + (size_t)row * d, d, qn, rn, lane);
-        if (lane == 0) {
-            scores[(size_t)q * n + row] = s;
-        }
-    }
+    topk_score_pairs<METRIC, false, FILTER_THREADS / TOPK_WARP, unsigned>(
+        corpus, rnorm, n, d, queries, qnorm, list, nullptr, q, total, scores);
 }
 
 // grid: (1, queries), TOPK_SEL_THREADS threads. The exact best k of query

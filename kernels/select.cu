@@ -1,5 +1,5 @@
-// Exact top-K selection over the scores written by score.cu, in the order of
-// DESIGN.md §3 (64-bit key: ordered score bits, then the complement of the row
+// Exact top-K selection over the scores written by the scoring kernels, in the order of
+// docs/CONTRACTS.md §3 (64-bit key: ordered score bits, then the complement of the row
 // index). The steps are the helpers of select.cuh:
 // - topk_select_small: one block per query does all of them, for corpora
 //   small enough that one block reading every score beats two more launches;

@@ -1,6 +1,6 @@
-// Block-level helpers of the exact top-k selection (DESIGN.md §3), used by
-// the kernels of select.cu. Every function here is run by a whole block of
-// TOPK_SEL_THREADS threads. These passes are short and latency-bound, so
+// Block-level helpers of the exact top-k selection (docs/CONTRACTS.md §3),
+// used by the kernels of select.cu, score_single.cu and filter.cu. Every
+// function here is run by a whole block of TOPK_SEL_THREADS threads. These passes are short and latency-bound, so
 // they are written for few instructions per row: whole warps load several
 // rows at once, and only warps holding a candidate take the append path.
 //
@@ -116,7 +116,7 @@ __device__ __forceinline__ bool topk_last_block(unsigned* counter, unsigned bloc
 // 2^31 whatever the order. Each block waits for the bit to differ from the
 // one its own arrival returned. One atomic per block is the whole critical
 // path (a counter reset and a separate generation word cost a fence and a
-// second atomic after the last arrival: bench/gpu/NOTES.md, v17). Writes
+// second atomic after the last arrival: bench/gpu/NOTES.md). Writes
 // before it are visible to every block after it.
 __device__ __forceinline__ void topk_grid_sync(unsigned* __restrict__ area) {
     unsigned* word = area + TOPK_AREA_CTR + TOPK_CTR_BAR;
@@ -177,8 +177,8 @@ __device__ __noinline__ TopkThreshold topk_threshold_block(unsigned* h, unsigned
     __shared__ TopkThreshold result;
     // Thread t owns bins hi, hi - 1, ..., lo = hi - PER + 1 (best first),
     // read as PER / 4 aligned 16-byte words, all issued before any is used
-    // (with a load per bin and a two-barrier scan, every block of the
-    // one-launch search took 1.9 us here, now 0.8: bench/gpu/NOTES.md, v17).
+    // (a load per bin and a two-barrier scan measured more than twice as
+    // slow in every block of the one-launch search: bench/gpu/NOTES.md).
     const unsigned lo = TOPK_L1_BINS - PER * (threadIdx.x + 1);
     const unsigned hi = lo + PER - 1;
     uint4* v4 = reinterpret_cast<uint4*>(h + lo);
@@ -307,8 +307,8 @@ __device__ __forceinline__ bool topk_round_has_candidate(const unsigned* ob, uns
 // once per round rather than once per row (at K = 1000 most rounds of a
 // small corpus hold candidates). Taking them once per block instead, with
 // block barriers in every round, was slower where blocks run many rounds
-// (bench/gpu/NOTES.md, v15) and no faster in the one-launch search's single
-// round, even at K = 1000 (v17). Bits come from `stash` when it is not null (see topk_load_bits).
+// and no faster in the one-launch search's single round, even at K = 1000
+// (bench/gpu/NOTES.md). Bits come from `stash` when it is not null (see topk_load_bits).
 __device__ __forceinline__ void topk_gather_rows(const float* __restrict__ sc,
                                                  const unsigned* stash, unsigned n,
                                                  TopkThreshold t, unsigned first, unsigned step,
@@ -476,7 +476,7 @@ __device__ __forceinline__ void topk_rank_place(unsigned long long* s, unsigned 
 // above the threshold and thin out toward the best score, which equal-ratio
 // buckets follow; equal-width buckets between the smallest and the largest
 // key pile most keys into a few buckets as soon as one score stands far
-// above the rest (a query with a near-duplicate row: bench/gpu/NOTES.md, v16).
+// above the rest (a query with a near-duplicate row: bench/gpu/NOTES.md).
 __device__ __forceinline__ unsigned topk_bucket_of(unsigned ob, unsigned floor) {
     const unsigned x = ob - floor;
     unsigned b = x;
@@ -563,8 +563,7 @@ __device__ __noinline__ bool topk_bucket_place(unsigned long long* s, unsigned l
     // lanes of a warp mostly share a bucket and walk the same words together
     // (broadcast reads, the same trip count). Ranking each thread's own keys
     // of `s` instead spread a warp over up to 32 buckets, walked as long as
-    // the largest of them (1.8 us against 1.0 at K = 1000 on 100k rows:
-    // bench/gpu/NOTES.md, v17).
+    // the largest of them, measured slower: bench/gpu/NOTES.md).
     for (unsigned i = t; i < count; i += TOPK_SEL_THREADS) {
         const unsigned long long k_i = tmp[i];
         const unsigned b = topk_bucket_of((unsigned)(k_i >> 32), floor);

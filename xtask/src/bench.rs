@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::cuda;
-use crate::util::{anchor_venv, root, run, XResult};
+use crate::util::{anchor_venv, cargo_target_dir, results_dir, root, run, today, XResult};
 
 /// Builds `topk_bench` in release (with CUDA when asked) and returns its path.
 fn build_bench(with_cuda: bool) -> XResult<PathBuf> {
@@ -27,7 +27,7 @@ fn build_bench(with_cuda: bool) -> XResult<PathBuf> {
     run(&mut cmd)?;
     // Other builds (the GPU bundle's CUDA build) write the same path: run a
     // private copy so that a concurrent build cannot swap the binary mid-run.
-    let built = root().join("target/release/topk_bench");
+    let built = cargo_target_dir().join("release/topk_bench");
     let dir = root().join("target/xtask-bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let copy = dir.join(if with_cuda {
@@ -40,94 +40,43 @@ fn build_bench(with_cuda: bool) -> XResult<PathBuf> {
     Ok(copy)
 }
 
-/// Today's UTC date, `YYYY-MM-DD`, for results folder names.
-fn today() -> String {
-    let out = Command::new("date").args(["-u", "+%Y-%m-%d"]).output();
-    match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-        _ => "undated".to_owned(),
-    }
-}
-
-/// Splits `--flag VALUE` and bare flags out of an argument list.
-struct Flags<'a> {
-    args: &'a [String],
-}
-
-impl<'a> Flags<'a> {
-    fn has(&self, flag: &str) -> bool {
-        self.args.iter().any(|a| a == flag)
-    }
-    fn value(&self, flag: &str) -> XResult<Option<&'a str>> {
-        match self.args.iter().position(|a| a == flag) {
-            None => Ok(None),
-            Some(i) => self
-                .args
-                .get(i + 1)
-                .map(|v| Some(v.as_str()))
-                .ok_or_else(|| format!("{flag} needs a value")),
-        }
-    }
-    fn positional(&self) -> Option<&'a str> {
-        let mut skip = false;
-        for a in self.args {
-            if skip {
-                skip = false;
-                continue;
-            }
-            if a == "--out" || a == "--readme" {
-                skip = true;
-                continue;
-            }
-            if !a.starts_with("--") {
-                return Some(a);
-            }
-        }
-        None
-    }
-    fn reject_unknown(&self, known: &[&str]) -> XResult<()> {
-        let mut skip = false;
-        for a in self.args {
-            if skip {
-                skip = false;
-                continue;
-            }
-            if a.starts_with("--") {
-                if !known.contains(&a.as_str()) {
-                    return Err(format!("unknown flag {a} (known: {})", known.join(" ")));
-                }
-                skip = a == "--out" || a == "--readme";
-            }
-        }
-        Ok(())
-    }
+/// Flags of `cargo xtask bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// The quick grid (a few small configurations) instead of the full campaign.
+    #[arg(long)]
+    pub quick: bool,
+    /// Build with the `cuda` feature and time the GPU paths too (default: the
+    /// CPU backend only).
+    #[arg(long)]
+    pub cuda: bool,
+    /// Results folder [default: target/bench/<cpu|cuda>-<date>[-quick]];
+    /// committed results come from the GPU machine through the bundle.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 /// `cargo xtask bench [--quick] [--cuda] [--out DIR]`: the campaign here,
 /// then its joined CSV, plots and table. Without `--out`, results go to
 /// `target/bench/<cpu|cuda>-<date>[-quick]` (committed results are produced
 /// on the GPU machine through the bundle).
-pub fn bench_cmd(args: &[String]) -> XResult<()> {
-    let f = Flags { args };
-    f.reject_unknown(&["--quick", "--cuda", "--out"])?;
-    let quick = f.has("--quick");
-    let with_cuda = f.has("--cuda");
-    let out = match f.value("--out")? {
-        Some(o) => PathBuf::from(o),
+pub fn bench_cmd(args: &BenchArgs) -> XResult<()> {
+    let out = match &args.out {
+        Some(o) => o.clone(),
         None => root().join(format!(
             "target/bench/{}-{}{}",
-            if with_cuda { "cuda" } else { "cpu" },
+            if args.cuda { "cuda" } else { "cpu" },
             today(),
-            if quick { "-quick" } else { "" }
+            if args.quick { "-quick" } else { "" }
         )),
     };
-    let bin = build_bench(with_cuda)?;
+    let bin = build_bench(args.cuda)?;
     let mut cmd = Command::new(&bin);
     cmd.arg("campaign").arg("--out").arg(&out);
-    if quick {
+    if args.quick {
         cmd.arg("--quick");
     }
-    if !with_cuda {
+    if !args.cuda {
         cmd.args(["--backend", "cpu"]);
     }
     run(&mut cmd)?;
@@ -139,33 +88,35 @@ pub fn bench_cmd(args: &[String]) -> XResult<()> {
 
 /// `cargo xtask plots DIR`: joins a results folder with its anchors and draws
 /// its plots into `DIR/plots`.
-pub fn plots_cmd(args: &[String]) -> XResult<()> {
-    let f = Flags { args };
-    f.reject_unknown(&[])?;
-    let dir = f
-        .positional()
-        .ok_or("usage: cargo xtask plots DIR")?
-        .to_owned();
+pub fn plots_cmd(dir: &Path) -> XResult<()> {
     let bin = build_bench(false)?;
-    run(Command::new(&bin).arg("plot").arg(&dir))
+    run(Command::new(&bin).arg("plot").arg(dir))
+}
+
+/// Arguments of `cargo xtask bench-table`.
+#[derive(clap::Args)]
+pub struct TableArgs {
+    /// The results folder whose table is written (the one holding results.jsonl).
+    pub dir: PathBuf,
+    /// The file whose table markers are rewritten [default: README.md at the
+    /// workspace root].
+    #[arg(long, value_name = "FILE")]
+    pub readme: Option<PathBuf>,
 }
 
 /// `cargo xtask bench-table DIR [--readme FILE]`: writes the headline table of
 /// a committed results folder into README.md between its markers.
-pub fn table_cmd(args: &[String]) -> XResult<()> {
-    let f = Flags { args };
-    f.reject_unknown(&["--readme"])?;
-    let dir = f
-        .positional()
-        .ok_or("usage: cargo xtask bench-table DIR [--readme README.md]")?;
-    let readme = f
-        .value("--readme")?
-        .map(PathBuf::from)
+pub fn table_cmd(args: &TableArgs) -> XResult<()> {
+    let dir = &args.dir;
+    let readme = args
+        .readme
+        .clone()
         .unwrap_or_else(|| root().join("README.md"));
-    let shown = Path::new(dir)
+    let shown = dir
         .strip_prefix(root())
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| dir.to_owned());
+        .unwrap_or(dir)
+        .display()
+        .to_string();
     let bin = build_bench(false)?;
     run(Command::new(&bin)
         .arg("table")
@@ -176,18 +127,28 @@ pub fn table_cmd(args: &[String]) -> XResult<()> {
         .arg(shown))
 }
 
+/// Flags of `cargo xtask cpu-compare`.
+#[derive(clap::Args)]
+pub struct CpuCompareArgs {
+    /// The quick grid, into target/bench/cpu-compare-<date>-quick (not committed).
+    #[arg(long)]
+    pub quick: bool,
+    /// Results folder [default: bench/results/<machine>/<date>-<commit>, e.g.
+    /// bench/results/cpu-2core/2026-11-30-13cdda0].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
 /// `cargo xtask cpu-compare [--quick] [--out DIR]`: topk's CPU backend, numpy
 /// and faiss-cpu (1 and 2 threads) on the same files in one run, with this
 /// machine's memory bandwidth; writes CSV, environment, table.md and plots
-/// into `bench/results/cpu-<date>/` (or DIR).
-pub fn cpu_compare_cmd(args: &[String]) -> XResult<()> {
-    let f = Flags { args };
-    f.reject_unknown(&["--quick", "--out"])?;
-    let quick = f.has("--quick");
-    let out = match f.value("--out")? {
-        Some(o) => PathBuf::from(o),
+/// into `bench/results/<machine>/<date>-<commit>/` (or DIR).
+pub fn cpu_compare_cmd(args: &CpuCompareArgs) -> XResult<()> {
+    let quick = args.quick;
+    let out = match &args.out {
+        Some(o) => o.clone(),
         None if quick => root().join(format!("target/bench/cpu-compare-{}-quick", today())),
-        None => root().join(format!("bench/results/cpu-{}", today())),
+        None => results_dir(),
     };
     let data = root().join(if quick {
         "target/cpu-compare-data-quick"

@@ -5,12 +5,15 @@
 //!   topk-cpu (its SIMD paths differ on the GPU host's CPU),
 //! - the binaries of those crates (`topk_bench`, `topk_demo`, …) and the
 //!   `cuda_probe` example, built with CUDA,
+//! - `libtopk_cuda_plugin.so`, the GPU engine that `topk_demo --backend cuda`
+//!   loads from beside itself (run.sh checks it answers like `--backend cpu`),
 //! - the PTX, the Python anchors and `bench/gpu/`,
 //! - a generated `run.sh` that runs them all with `TOPK_REQUIRE_GPU=1` and
 //!   writes logs under `$OUT` (or the folder given as `$1`).
 //!
-//! The binaries link `libcuda.so.1` by soname; the link-time library of this
-//! machine never enters the bundle, so the GPU machine's own driver loads.
+//! The binaries that embed the engine, and the plugin, link `libcuda.so.1`
+//! by soname; the link-time library of this machine never enters the bundle,
+//! so the GPU machine's own driver loads.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -72,6 +75,34 @@ fn cargo_executables(args: &[&str]) -> XResult<Vec<(String, String, PathBuf)>> {
         exes.push((name, kind, PathBuf::from(exe)));
     }
     Ok(exes)
+}
+
+/// File name of the CUDA engine plugin (see crates/topk-cuda-loader).
+const PLUGIN_FILE: &str = "libtopk_cuda_plugin.so";
+
+/// Runs a cargo build with `--message-format=json` and returns the shared
+/// library it reports.
+fn cargo_cdylib(args: &[&str]) -> XResult<PathBuf> {
+    let mut cmd = Command::new(cuda::cargo());
+    cmd.current_dir(root())
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped());
+    cuda::apply_link_env(&mut cmd, false)?;
+    eprintln!("running {cmd:?}");
+    let out = cmd.output().map_err(|e| format!("cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?} failed ({})", out.status));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .filter_map(|m| m["filenames"].as_array().cloned())
+        .flatten()
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|p| p.file_name().is_some_and(|n| n == PLUGIN_FILE))
+        .ok_or_else(|| format!("{cmd:?} reported no {PLUGIN_FILE}"))
 }
 
 /// The package name inside a cargo package id, in either of its spellings
@@ -136,7 +167,7 @@ fn as_refs(v: &[String]) -> Vec<&str> {
 
 /// Entry point.
 pub fn bundle_cmd() -> XResult<()> {
-    crate::ptx::ptx_cmd(&["--check".to_owned()])?;
+    crate::ptx::ptx_cmd(true)?;
     let out = bundle_dir();
     if out.exists() {
         std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -188,6 +219,23 @@ pub fn bundle_cmd() -> XResult<()> {
             .status();
         names.push(file);
     }
+    // The GPU engine as the plugin the binaries load at run time (they link
+    // no libcuda themselves); libcuda is the GPU machine's own driver.
+    let plugin = cargo_cdylib(&[
+        "build",
+        "--release",
+        "-p",
+        "topk-cuda-plugin",
+        "--features",
+        "topk-cuda-plugin/cuda",
+    ])?;
+    let dst = bin.join(PLUGIN_FILE);
+    copy(&plugin, &dst)?;
+    let _ = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&dst)
+        .status();
+    names.push(PLUGIN_FILE.to_owned());
     names.sort();
     names.dedup();
 
@@ -324,6 +372,12 @@ fi
 # ---- latency probe of the GPU engine (JSON lines) ------------------------------
 if only probe && [ -x "$B/bin/cuda_probe" ]; then
   step "cuda_probe" "$O/probe.log" sh -c "\"$B/bin/cuda_probe\" ${{PROBE_ARGS:---quick}} > \"$O/probe.jsonl\""
+fi
+
+# ---- one topk_demo for every machine: --backend cuda (the plugin beside it) = --backend cpu
+if only demo && [ -x "$B/bin/topk_demo" ]; then
+  D="$(mktemp -d)"
+  step "topk_demo cuda = cpu" "$O/gpu-tests.log" sh -c "\"$B/bin/topk_demo\" --backend cpu --out \"$D/cpu.jsonl\" && \"$B/bin/topk_demo\" --backend cuda --out \"$D/cuda.jsonl\" && cmp \"$D/cpu.jsonl\" \"$D/cuda.jsonl\""
 fi
 
 # ---- HNSW: CPU vs GPU-batched distances, 1/10/100 queries in flight -------------

@@ -32,9 +32,9 @@ fn sources(dir: &Path) -> XResult<Vec<(String, String)>> {
     Ok(out)
 }
 
-/// Entry point; `args` may hold `--check`.
-pub fn ptx_cmd(args: &[String]) -> XResult<()> {
-    let check = args.iter().any(|a| a == "--check");
+/// Entry point: compiles every kernel family, or with `check` only verifies
+/// that the committed PTX matches its sources.
+pub fn ptx_cmd(check: bool) -> XResult<()> {
     let dir = kernel_dir();
     let hash = source_hash(NVCC_FLAGS, &sources(&dir)?);
     if check {

@@ -1,5 +1,6 @@
 //! Helpers shared by the xtask commands: the workspace root, running
-//! commands with readable failures, and the pinned Python anchor venv.
+//! commands with readable failures, the committed results folder of a run,
+//! and the pinned Python anchor venv.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +14,59 @@ pub fn root() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Today's UTC date, `YYYY-MM-DD`, for results folder names.
+pub fn today() -> String {
+    let out = Command::new("date").args(["-u", "+%Y-%m-%d"]).output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        _ => "undated".to_owned(),
+    }
+}
+
+/// The short commit of the workspace's `HEAD` (`unknown` outside a git checkout).
+pub fn short_commit() -> String {
+    let out = Command::new("git")
+        .current_dir(root())
+        .args(["rev-parse", "--short=7", "HEAD"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// The machine part of a CPU run's results folder: `cpu-<cores>core`.
+pub fn cpu_machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    format!("cpu-{cores}core")
+}
+
+/// Where a run made on this CPU machine is committed:
+/// `bench/results/<machine>/<date>-<commit>/` (the layout of
+/// bench/results/INDEX.md). One folder per run: when that folder exists
+/// already, the first free `<date>-<commit>-<n>` (n = 2, 3, …).
+pub fn results_dir() -> PathBuf {
+    let machine = root().join("bench/results").join(cpu_machine());
+    let base = format!("{}-{}", today(), short_commit());
+    let mut dir = machine.join(&base);
+    let mut n = 2;
+    while dir.exists() {
+        dir = machine.join(format!("{base}-{n}"));
+        n += 1;
+    }
+    dir
+}
+
+/// Where cargo puts its build outputs: `$CARGO_TARGET_DIR` when set (a
+/// relative one taken from the workspace root, as cargo does), else
+/// `target/` at the workspace root.
+pub fn cargo_target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => root().join(dir),
+        _ => root().join("target"),
+    }
 }
 
 /// Runs a command, failing with its command line when it cannot start or exits non-zero.

@@ -24,7 +24,8 @@
 #include <cstring>
 #include <vector>
 
-#include "score.cu"
+#include "norms.cu"
+#include "score_batch.cu"
 #include "lab.cuh"
 
 

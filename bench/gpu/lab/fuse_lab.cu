@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "lab.cuh"
-#include "score.cu"
+#include "score_single.cu"
 #include "select.cu"
 
 __global__ void fuse_read(const float4* __restrict__ x, size_t n4, float* out) {

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "lab.cuh"
-#include "score.cu"
+#include "score_single.cu"
 #include "select.cu"
 
 #define REPS 200

@@ -4,7 +4,6 @@
 //! flag costs nothing and names its value.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use topk_core::Metric;
@@ -25,54 +24,8 @@ pub const MAX_BATCH: usize = 65_536;
 /// Largest number of timed trials (a guard against typos, not a real limit).
 pub const MAX_TRIALS: usize = 1_000_000;
 
-/// The backend a run measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// `topk_cpu::CpuRetriever`, the fast exact CPU path.
-    Cpu,
-    /// `topk_cuda::CudaRetriever`, the GPU-resident engine.
-    Cuda,
-    /// `topk_cpu::Oracle`, the scalar reference.
-    Oracle,
-    /// The HNSW graph index (approximate).
-    Hnsw,
-}
-
-impl Backend {
-    /// Every backend name, for messages.
-    pub const NAMES: [&'static str; 4] = ["cpu", "cuda", "oracle", "hnsw"];
-
-    /// The name used on the command line and in result lines.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Cuda => "cuda",
-            Backend::Oracle => "oracle",
-            Backend::Hnsw => "hnsw",
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Backend {
-    type Err = BenchError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "cpu" => Ok(Backend::Cpu),
-            "cuda" | "gpu" => Ok(Backend::Cuda),
-            "oracle" => Ok(Backend::Oracle),
-            "hnsw" => Ok(Backend::Hnsw),
-            _ => Err(BenchError::UnknownBackend(s.to_owned())),
-        }
-    }
-}
+/// The backend a run measures: the facade's one list of backends.
+pub use topk::Backend;
 
 /// Which end-to-end path a timing covers (DESIGN.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -246,8 +199,8 @@ mod tests {
 
     #[test]
     fn backend_names_round_trip() {
-        for name in Backend::NAMES {
-            assert_eq!(name.parse::<Backend>().unwrap().as_str(), name);
+        for backend in Backend::ALL {
+            assert_eq!(backend.as_str().parse::<Backend>().unwrap(), backend);
         }
         let err = "faiss".parse::<Backend>().unwrap_err();
         assert!(err.to_string().contains("`faiss`"), "{err}");

@@ -21,8 +21,11 @@ pub enum BenchError {
         reason: String,
     },
     /// A backend name the harness does not know.
-    #[error("unknown backend `{0}`: expected one of cpu, cuda, oracle, hnsw")]
-    UnknownBackend(String),
+    #[error(transparent)]
+    UnknownBackend(#[from] topk::ParseBackendError),
+    /// A backend could not be built over the corpus.
+    #[error(transparent)]
+    Open(#[from] topk::Error),
     /// The GPU path was asked for in a build without it.
     #[error("backend `cuda`: this build has no CUDA support; rebuild with --features cuda")]
     NoCuda,

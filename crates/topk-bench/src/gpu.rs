@@ -18,7 +18,7 @@
 
 use ndarray::ArrayView2;
 use topk_core::{Metric, Neighbor, Retriever};
-use topk_cuda::{CudaOptions, CudaRetriever, DeviceQuery, RoundTrip, MAX_DEVICE_K};
+use topk_cuda::{CudaConfig, CudaRetriever, DeviceQuery, RoundTrip, MAX_DEVICE_K};
 
 use crate::error::{BenchError, Result};
 use crate::run::{HostSearch, Searcher};
@@ -52,11 +52,9 @@ impl Gpu {
         max_batch: usize,
     ) -> Result<Gpu> {
         no_cuda_build()?;
-        let opts = CudaOptions {
-            max_k: max_k.clamp(1, MAX_DEVICE_K),
-            max_batch: max_batch.max(1),
-            ..CudaOptions::default()
-        };
+        let mut opts = CudaConfig::default();
+        opts.max_k = max_k.clamp(1, MAX_DEVICE_K);
+        opts.max_batch = max_batch.max(1);
         Ok(Gpu {
             engine: CudaRetriever::new(corpus, metric, opts)?,
         })

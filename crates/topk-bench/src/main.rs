@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use topk_bench::backends::HnswFlags;
+use topk::HnswParams;
 use topk_bench::campaign::{self, Spec};
 use topk_bench::compare::{self, CompareSpec};
 use topk_bench::config::{Backend, RunConfig};
@@ -79,13 +79,13 @@ struct RunArgs {
     #[arg(long)]
     no_floor: bool,
     /// HNSW: links per node.
-    #[arg(long, default_value_t = HnswFlags::default().m)]
+    #[arg(long, default_value_t = HnswParams::default().m)]
     m: usize,
     /// HNSW: beam width while building.
-    #[arg(long, default_value_t = HnswFlags::default().ef_construction)]
+    #[arg(long, default_value_t = HnswParams::default().ef_construction)]
     ef_construction: usize,
     /// HNSW: beam width of a search.
-    #[arg(long, default_value_t = HnswFlags::default().ef)]
+    #[arg(long, default_value_t = HnswParams::default().ef_search)]
     ef: usize,
 }
 
@@ -196,10 +196,11 @@ fn parse_run(a: &RunArgs) -> Result<SingleRun> {
         gate_queries: a.gate_queries,
         query_pool: a.query_pool,
         floor: !a.no_floor,
-        hnsw: HnswFlags {
+        hnsw: HnswParams {
             m: a.m,
             ef_construction: a.ef_construction,
-            ef: a.ef,
+            ef_search: a.ef,
+            ..HnswParams::default()
         },
     })
 }

@@ -35,7 +35,7 @@ pub struct SingleRun {
     /// Measure the memory bandwidth for the floor.
     pub floor: bool,
     /// Graph parameters when the backend is `hnsw`.
-    pub hnsw: backends::HnswFlags,
+    pub hnsw: topk::HnswParams,
 }
 
 /// The corpus and queries a run searches.

@@ -71,6 +71,34 @@ pub enum Error {
         value: f32,
     },
 
+    /// A corpus row or query whose squared Euclidean norm exceeds
+    /// [`crate::validate::MAX_SQUARED_NORM`]: some score against it could
+    /// overflow to infinity or NaN (docs/CONTRACTS.md §4, the overflow rule).
+    #[error(
+        "{at} has squared norm {squared_norm:e} (largest magnitude {largest:e} at column {column}), \
+         above the limit 2^100 = {max:e}: scores against it could overflow; scale the vectors down"
+    )]
+    NormTooLarge {
+        /// Row or query at fault.
+        at: Located,
+        /// Its squared norm, summed in `f64`.
+        squared_norm: f64,
+        /// Its value of largest magnitude.
+        largest: f32,
+        /// Column of that value.
+        column: usize,
+        /// The limit, [`crate::validate::MAX_SQUARED_NORM`].
+        max: f64,
+    },
+    /// More values per vector than the overflow rule covers.
+    #[error("invalid dimension D = {dim}: at most {max} values per vector are supported")]
+    DimensionTooLarge {
+        /// The dimension given.
+        dim: usize,
+        /// Largest supported D, [`crate::validate::MAX_DIM`].
+        max: usize,
+    },
+
     // ---- search parameters ---------------------------------------------
     /// K = 0 was asked for.
     #[error("invalid K = 0: ask for at least one neighbour")]

@@ -10,7 +10,7 @@
 //! | [`score`] | the canonical score: 32 FMA partial sums + a butterfly tree, bit for bit |
 //! | [`order`] | the one ordering of results (score, then smaller index) and its 64-bit key |
 //! | [`TopK`] | a bounded selector built on that key, shared by CPU, HNSW and merges |
-//! | [`validate`] | the input rules: shapes, finiteness, K, empty corpus |
+//! | [`validate`] | the input rules: shapes, finiteness, the overflow rule (norms), K, empty corpus |
 //! | [`Retriever`] | the trait generic code is written against |
 //! | [`Error`] | every way an input or a backend can fail, with the offending value |
 //!

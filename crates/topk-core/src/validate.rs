@@ -1,5 +1,12 @@
-//! The input rules (DESIGN.md §4), checked once at the boundary of every
-//! backend so that the hot paths can assume well-formed data.
+//! The input rules (docs/CONTRACTS.md §4), checked once at the boundary of
+//! every backend so that the hot paths can assume well-formed data.
+//!
+//! Besides shapes and finiteness, the overflow rule: every corpus row and
+//! every query has a squared norm of at most [`MAX_SQUARED_NORM`] = 2^100 and
+//! at most [`MAX_DIM`] values. Under that rule no score of any metric (dot,
+//! cosine, l2), computed in the canonical order, can be NaN or infinite,
+//! except the documented `-inf` of cosine against a vector whose computed
+//! norm is zero. docs/overflow-rule.md holds the derivation.
 
 use ndarray::ArrayView2;
 
@@ -9,14 +16,24 @@ use crate::error::{Error, Located, Result};
 /// `u32::MAX` is kept free as a sentinel for padding.
 pub const MAX_ROWS: usize = u32::MAX as usize;
 
+/// Largest number of values per vector: the bound of the overflow rule's
+/// derivation (a row of this length is 16 GiB).
+pub const MAX_DIM: usize = u32::MAX as usize;
+
+/// Largest squared Euclidean norm of a corpus row or a query, `2^100`
+/// (a norm of `2^50`, about `1.13e15`). The sum is taken in `f64`, where
+/// every square is exact; its rounding (relative `2^-21` at most) is far
+/// inside the margin of the derivation in docs/overflow-rule.md.
+pub const MAX_SQUARED_NORM: f64 = (1u128 << 100) as f64;
+
 /// Checks a row-major corpus buffer of `n = data.len() / dim` rows and returns `n`.
 ///
-/// Rejects `dim = 0`, an empty buffer, a length that is not a whole number of
-/// rows, more than [`MAX_ROWS`] rows, and any NaN or infinity (naming row and column).
+/// Rejects `dim = 0` or above [`MAX_DIM`], an empty buffer, a length that is
+/// not a whole number of rows, more than [`MAX_ROWS`] rows, any NaN or
+/// infinity (naming row and column), and any row whose squared norm exceeds
+/// [`MAX_SQUARED_NORM`] (naming the row and its largest value).
 pub fn corpus(data: &[f32], dim: usize) -> Result<usize> {
-    if dim == 0 {
-        return Err(Error::ZeroDimension);
-    }
+    check_dim(dim)?;
     if data.is_empty() {
         return Err(Error::EmptyCorpus);
     }
@@ -30,23 +47,22 @@ pub fn corpus(data: &[f32], dim: usize) -> Result<usize> {
     if n > MAX_ROWS {
         return Err(Error::TooManyRows { n, max: MAX_ROWS });
     }
-    finite(data, dim, Located::Row)?;
+    bounded(data, dim, Located::Row)?;
     Ok(n)
 }
 
-/// Checks an `N × D` corpus view (any layout) and returns `(n, d)`.
+/// Checks an `N × D` corpus view (any layout) by the rules of [`corpus`] and
+/// returns `(n, d)`.
 pub fn corpus_view(rows: ArrayView2<'_, f32>) -> Result<(usize, usize)> {
     let (n, d) = rows.dim();
-    if d == 0 {
-        return Err(Error::ZeroDimension);
-    }
+    check_dim(d)?;
     if n == 0 {
         return Err(Error::EmptyCorpus);
     }
     if n > MAX_ROWS {
         return Err(Error::TooManyRows { n, max: MAX_ROWS });
     }
-    finite_view(rows, Located::Row)?;
+    bounded_view(rows, Located::Row)?;
     Ok((n, d))
 }
 
@@ -55,7 +71,8 @@ pub fn query(q: &[f32], dim: usize) -> Result<()> {
     query_at(q, dim, 0)
 }
 
-/// Checks query number `which` of a batch against the corpus dimension.
+/// Checks query number `which` of a batch against the corpus dimension, its
+/// values for finiteness and its squared norm against [`MAX_SQUARED_NORM`].
 pub fn query_at(q: &[f32], dim: usize, which: usize) -> Result<()> {
     if q.len() != dim {
         return Err(Error::DimensionMismatch {
@@ -64,7 +81,7 @@ pub fn query_at(q: &[f32], dim: usize, which: usize) -> Result<()> {
             got: q.len(),
         });
     }
-    finite(q, dim, |_| Located::Query(which))
+    bounded(q, dim, |_| Located::Query(which))
 }
 
 /// Checks a `Q × D` batch of queries (any layout).
@@ -76,7 +93,7 @@ pub fn queries(qs: ArrayView2<'_, f32>, dim: usize) -> Result<()> {
             got: qs.ncols(),
         });
     }
-    finite_view(qs, Located::Query)
+    bounded_view(qs, Located::Query)
 }
 
 /// Checks K and returns the number of results a search yields: `min(k, n)`.
@@ -87,46 +104,119 @@ pub fn k(k: usize, n: usize) -> Result<usize> {
     Ok(k.min(n))
 }
 
-/// The first non-finite value of a view of any layout, by logical row and column.
-fn finite_view(view: ArrayView2<'_, f32>, at: impl Fn(usize) -> Located) -> Result<()> {
-    for (i, row) in view.outer_iter().enumerate() {
-        if row.as_slice().is_some_and(all_finite) {
-            continue;
-        }
-        if let Some((column, &value)) = row.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(Error::NonFinite {
-                at: at(i),
-                column,
-                value,
-            });
-        }
+/// Rejects a dimension of 0 or above [`MAX_DIM`].
+fn check_dim(dim: usize) -> Result<()> {
+    if dim == 0 {
+        return Err(Error::ZeroDimension);
+    }
+    if dim > MAX_DIM {
+        return Err(Error::DimensionTooLarge { dim, max: MAX_DIM });
     }
     Ok(())
 }
 
-/// Whether every value is finite. Blocks of values are folded without an
-/// early exit, so the loop vectorises (an `all` that stops at the first
-/// failure does not); finite data, the common case, reads every value anyway.
-fn all_finite(data: &[f32]) -> bool {
-    const EXP: u32 = 0x7f80_0000;
-    data.chunks(256).all(|block| {
-        block
-            .iter()
-            .fold(0u32, |bad, v| bad | u32::from(v.to_bits() & EXP == EXP))
-            == 0
+/// The bits of an IEEE single whose exponent field is all ones (inf or NaN).
+const EXP: u32 = 0x7f80_0000;
+
+/// The largest `|v|` of `data` as the bits of a non-negative `f32`; at least
+/// [`EXP`] when some value is NaN or infinite. On non-negative floats the
+/// order of the bits is the order of the values, so an integer maximum finds
+/// both the largest magnitude and any non-finite value. Blocks are folded
+/// without an early exit so that the loop vectorises; finite data, the
+/// common case, reads every value anyway.
+fn max_abs_bits(data: &[f32]) -> u32 {
+    data.chunks(256)
+        .map(|block| {
+            block
+                .iter()
+                .fold(0u32, |m, v| m.max(v.to_bits() & 0x7fff_ffff))
+        })
+        .fold(0, u32::max)
+}
+
+/// Whether `dim` values of magnitude at most `largest` are sure to keep the
+/// squared norm within [`MAX_SQUARED_NORM`]: `D · max² ≤ 2^100`.
+fn within_bound(largest: f32, dim: usize) -> bool {
+    let m = f64::from(largest);
+    m * m * dim as f64 <= MAX_SQUARED_NORM
+}
+
+/// The input rule for a contiguous buffer of rows of `dim` values: every value
+/// finite, then every row's squared norm within [`MAX_SQUARED_NORM`].
+///
+/// One pass over the data decides the common case (the largest magnitude is
+/// small enough for any row); only when it is not are the rows summed.
+fn bounded(data: &[f32], dim: usize, at: impl Fn(usize) -> Located) -> Result<()> {
+    let bits = max_abs_bits(data);
+    if bits >= EXP {
+        let pos = data.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        return Err(Error::NonFinite {
+            at: at(pos / dim),
+            column: pos % dim,
+            value: data[pos],
+        });
+    }
+    if within_bound(f32::from_bits(bits), dim) {
+        return Ok(());
+    }
+    for (i, row) in data.chunks_exact(dim).enumerate() {
+        norm_rule(row, || at(i))?;
+    }
+    Ok(())
+}
+
+/// The overflow rule for one finite row: its squared norm, summed in `f64`
+/// (every square exact), must not exceed [`MAX_SQUARED_NORM`].
+fn norm_rule(row: &[f32], at: impl FnOnce() -> Located) -> Result<()> {
+    if within_bound(f32::from_bits(max_abs_bits(row)), row.len()) {
+        return Ok(());
+    }
+    let squared_norm: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    if squared_norm <= MAX_SQUARED_NORM {
+        return Ok(());
+    }
+    let (column, largest) = row
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, 0.0_f32), |best, (j, v)| {
+            if v.abs() > best.1.abs() {
+                (j, v)
+            } else {
+                best
+            }
+        });
+    Err(Error::NormTooLarge {
+        at: at(),
+        squared_norm,
+        largest,
+        column,
+        max: MAX_SQUARED_NORM,
     })
 }
 
-fn finite(data: &[f32], dim: usize, at: impl Fn(usize) -> Located) -> Result<()> {
-    if all_finite(data) {
+/// [`bounded`] for a view of any layout, row by row (logical rows and columns).
+fn bounded_view(view: ArrayView2<'_, f32>, at: impl Fn(usize) -> Located) -> Result<()> {
+    let dim = view.ncols();
+    if dim == 0 {
         return Ok(());
     }
-    let pos = data.iter().position(|v| !v.is_finite()).unwrap_or(0);
-    Err(Error::NonFinite {
-        at: at(pos / dim),
-        column: pos % dim,
-        value: data[pos],
-    })
+    if let Some(data) = view.as_slice() {
+        return bounded(data, dim, at);
+    }
+    // A strided row is gathered into one reused buffer of D values.
+    let mut buf = Vec::new();
+    for (i, row) in view.outer_iter().enumerate() {
+        match row.as_slice() {
+            Some(values) => bounded(values, dim, |_| at(i))?,
+            None => {
+                buf.clear();
+                buf.extend(row.iter().copied());
+                bounded(&buf, dim, |_| at(i))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -262,6 +352,109 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn norm_above_the_limit_names_row_and_largest_value() {
+        // The rows of values near 3e38 that made dot scores inf and NaN.
+        let mut data = vec![1.0_f32; 12];
+        data[7] = -3e38;
+        let e = corpus(&data, 4).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::NormTooLarge {
+                    at: Located::Row(1),
+                    column: 3,
+                    largest,
+                    ..
+                } if largest == -3e38
+            ),
+            "{e:?}"
+        );
+        let m = message(&e);
+        assert!(
+            m.contains("corpus row 1") && m.contains("-3e38") && m.contains("2^100"),
+            "{m}"
+        );
+        let e = corpus_view(Array2::from_shape_vec((3, 4), data).unwrap().t()).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::NormTooLarge {
+                at: Located::Row(3),
+                column: 1,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn norm_exactly_at_the_limit_passes_and_one_ulp_more_fails() {
+        let top = 2.0_f32.powi(50);
+        assert_eq!(f64::from(top) * f64::from(top), MAX_SQUARED_NORM);
+        corpus(&[top, 0.0], 2).unwrap();
+        query(&[0.0, -top], 2).unwrap();
+        let over = f32::from_bits(top.to_bits() + 1);
+        let e = corpus(&[0.0, over], 2).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::NormTooLarge {
+                at: Located::Row(0),
+                column: 1,
+                ..
+            }
+        ));
+        // Four values of 2^49 square-sum to the limit too; a fifth tips it.
+        let half = 2.0_f32.powi(49);
+        corpus(&[half; 4], 4).unwrap();
+        assert!(corpus(&[half; 5], 5).is_err());
+    }
+
+    #[test]
+    fn norm_above_the_limit_in_a_query_names_the_query() {
+        let e = query_at(&[1e20, 1.0], 2, 5).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::NormTooLarge {
+                at: Located::Query(5),
+                column: 0,
+                ..
+            }
+        ));
+        assert!(message(&e).contains("query 5"), "{}", message(&e));
+        let mut qs = Array2::<f32>::zeros((3, 2));
+        qs[[2, 1]] = 2e15;
+        let e = queries(qs.view(), 2).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::NormTooLarge {
+                at: Located::Query(2),
+                column: 1,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn non_finite_is_reported_before_a_large_norm() {
+        let e = corpus(&[3e38, 1.0, 1.0, f32::NAN], 2).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::NonFinite {
+                at: Located::Row(1),
+                column: 1,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn dimension_above_the_limit_is_rejected() {
+        let e = corpus(&[], MAX_DIM + 1).unwrap_err();
+        assert!(matches!(e, Error::DimensionTooLarge { dim, .. } if dim == MAX_DIM + 1));
+        assert!(message(&e).contains(&(MAX_DIM + 1).to_string()));
+        let e = corpus_view(Array2::<f32>::zeros((0, MAX_DIM + 1)).view()).unwrap_err();
+        assert!(matches!(e, Error::DimensionTooLarge { .. }));
     }
 
     #[test]

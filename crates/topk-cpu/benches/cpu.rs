@@ -16,8 +16,7 @@ use rayon::prelude::*;
 use topk_core::{Metric, Neighbor, Retriever};
 use topk_cpu::{CpuRetriever, Kernels, Path};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use topk_testkit::corpora as common;
 
 /// `n` normalised rows of `d` values, generated in parallel from `seed`.
 fn rows(seed: u64, n: usize, d: usize) -> Vec<f32> {

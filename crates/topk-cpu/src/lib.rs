@@ -36,8 +36,3 @@ pub use error::CpuError;
 pub use kernels::{Kernels, Path};
 pub use oracle::Oracle;
 pub use retriever::CpuRetriever;
-
-/// The README's Rust example, compiled and run as a doc-test so it cannot rot.
-#[doc = include_str!("../../../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;

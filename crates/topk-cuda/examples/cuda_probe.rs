@@ -1,4 +1,4 @@
-//! `cuda_probe`: quick latency probe of the GPU engine over the DESIGN.md §6
+//! `cuda_probe`: quick latency probe of the GPU engine over the docs/CONTRACTS.md §6
 //! configurations, one JSON line per measurement on stdout.
 //!
 //! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--ds D1,…] [--ks K1,…] [--trials T]
@@ -9,11 +9,11 @@
 //! `--batches` times batches of those sizes (K = 100, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
 //! leaves out the single-query and round-trip lines; R, S, F, FQ and BYTES
-//! set `CudaOptions::fuse_rows`, `single_launch_rows`, `filter_rows`,
+//! set `Tuning::fuse_rows`, `single_launch_rows`, `filter_rows`,
 //! `filter_queries` and `batch_scratch`;
-//! `--no-graphs` clears `CudaOptions::graphs`, `--copy-results`
-//! `CudaOptions::mapped_results`, `--copy-queries`
-//! `CudaOptions::mapped_queries`). Rows are seeded Gaussian,
+//! `--no-graphs` clears `Tuning::graphs`, `--copy-results`
+//! `Tuning::mapped_results`, `--copy-queries`
+//! `Tuning::mapped_queries`). Rows are seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
 //! the scalar definition (index and score bits) for its largest K.
 
@@ -22,7 +22,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use topk_core::{order::sort_best_first, Metric, Neighbor};
-use topk_cuda::{device_info, measure_d2d_bandwidth, CudaOptions, CudaRetriever, RoundTrip};
+use topk_cuda::{device_info, measure_d2d_bandwidth, CudaConfig, CudaRetriever, RoundTrip};
 
 fn gaussian_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
     let mut v = vec![0.0f32; n * d];
@@ -120,17 +120,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flag_value(&args, "--batch-scratch").unwrap_or(topk_cuda::DEFAULT_BATCH_SCRATCH);
     let filter_queries: usize =
         flag_value(&args, "--filter-queries").unwrap_or(topk_cuda::DEFAULT_FILTER_QUERIES);
-    let opts = CudaOptions {
-        filter_rows,
-        filter_queries,
-        batch_scratch,
-        fuse_rows,
-        single_launch_rows,
-        graphs,
-        mapped_results,
-        mapped_queries,
-        ..CudaOptions::default()
-    };
+    let mut opts = CudaConfig::default();
+    let t = &mut opts.tuning;
+    t.filter_rows = filter_rows;
+    t.filter_queries = filter_queries;
+    t.batch_scratch = batch_scratch;
+    t.fuse_rows = fuse_rows;
+    t.single_launch_rows = single_launch_rows;
+    t.graphs = graphs;
+    t.mapped_results = mapped_results;
+    t.mapped_queries = mapped_queries;
     let info = device_info(0)?;
     let bw = measure_d2d_bandwidth(0, 1 << 30)?;
     println!(
@@ -161,7 +160,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &d in &ds {
             let corpus = gaussian_rows(n, d, 42);
             let query = gaussian_rows(1, d, 7);
-            let gpu = CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, opts.clone())?;
+            let gpu = CudaRetriever::from_rowmajor(corpus.clone(), d, Metric::Dot, opts.clone())?;
             let dq = gpu.upload_query(&query)?;
             let expect = if single {
                 reference(&corpus, d, &query, cpu_k)
@@ -264,9 +263,9 @@ fn time_batch(
     Ok(
         serde_json::json!({"kind": "batch", "n": n, "d": d, "k": 100, "q": q,
         "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok,
-        "filter_rows": gpu.options().filter_rows,
-        "filter_queries": gpu.options().filter_queries, "filter_reruns": gpu.filter_reruns(),
-        "batch_scratch": gpu.options().batch_scratch}),
+        "filter_rows": gpu.config().tuning.filter_rows,
+        "filter_queries": gpu.config().tuning.filter_queries, "filter_reruns": gpu.filter_reruns(),
+        "batch_scratch": gpu.config().tuning.batch_scratch}),
     )
 }
 

@@ -20,7 +20,7 @@ pub enum CudaError {
         "no CUDA-capable device with ordinal {requested}: the driver reports {available} device(s)"
     )]
     NoDevice {
-        /// The ordinal asked for (`CudaOptions::device`).
+        /// The ordinal asked for (`CudaConfig::device`).
         requested: usize,
         /// How many devices the driver sees.
         available: usize,
@@ -55,7 +55,7 @@ pub enum CudaError {
     },
 
     // ---- inputs ------------------------------------------------------------
-    /// An input broke the rules of DESIGN.md §4 (shape, finiteness, K).
+    /// An input broke the rules of docs/CONTRACTS.md §4 (shape, finiteness, K).
     #[error(transparent)]
     Input(#[from] topk_core::Error),
     /// An option outside its range.
@@ -87,7 +87,7 @@ pub enum CudaError {
         n: usize,
     },
     /// More ids or queries than the engine's `score_ids` capacity.
-    #[error("{what} = {got} exceeds the capacity of {max} set by CudaOptions at construction")]
+    #[error("{what} = {got} exceeds the capacity of {max} fixed at construction")]
     OverCapacity {
         /// What overflowed ("ids", "queries").
         what: &'static str,
@@ -95,6 +95,17 @@ pub enum CudaError {
         got: usize,
         /// Capacity.
         max: usize,
+    },
+    /// A device buffer handed to a kernel launch is shorter than the launch
+    /// needs (an engine invariant broken; never the caller's input).
+    #[error("device buffer {what} holds {len} elements, the launch needs {needed}")]
+    DeviceBufferTooSmall {
+        /// The buffer.
+        what: &'static str,
+        /// Elements the launch reads or writes.
+        needed: usize,
+        /// Elements the buffer holds.
+        len: usize,
     },
     /// `score_ids` offsets do not describe the id list.
     #[error("score_ids: {reason}")]

@@ -2,7 +2,7 @@
 //!
 //! The corpus is uploaded once to the GPU; a search moves D floats in and K
 //! results out, and returns exactly the bytes of the CPU oracle (the canonical
-//! score of DESIGN.md §2 and the order of §3), ties and `-0.0` included.
+//! score of docs/CONTRACTS.md §2 and the order of §3), ties and `-0.0` included.
 //!
 //! CUDA is opt-in. Without the `cuda` feature this crate compiles with no CUDA
 //! anywhere and [`CudaRetriever::new`] returns [`CudaError::NotCompiled`], so
@@ -14,20 +14,21 @@
 //!
 //! ```no_run
 //! use topk_core::{Metric, Retriever};
-//! use topk_cuda::{CudaOptions, CudaRetriever};
+//! use topk_cuda::{CudaConfig, CudaRetriever};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let (n, d) = (10_000, 384);
 //! let corpus: Vec<f32> = (0..n * d).map(|i| (i % 97) as f32 / 97.0).collect();
-//! let gpu = CudaRetriever::from_rowmajor(&corpus, d, Metric::Dot, CudaOptions::default())?;
-//! let hits = gpu.search(&corpus[..d], 10)?; // any `Retriever` method works
+//! let query = corpus[..d].to_vec();
+//! let gpu = CudaRetriever::from_rowmajor(corpus, d, Metric::Dot, CudaConfig::default())?;
+//! let hits = gpu.search(&query, 10)?; // any `Retriever` method works
 //! assert_eq!(hits[0].index, 0);
 //! # Ok(()) }
 //! ```
 //!
 //! | entry point | what it is for |
 //! | --- | --- |
-//! | [`CudaRetriever::new`] / [`CudaRetriever::from_rowmajor`] | upload a corpus once, allocate every buffer for the limits in [`CudaOptions`] |
+//! | [`CudaRetriever::new`] / [`CudaRetriever::from_rowmajor`] | upload a corpus once, allocate every buffer for the limits in [`CudaConfig`] |
 //! | [`Retriever::search_into`] | a host query, end to end (query in from pinned memory, score, select, results out), replayed as one graph |
 //! | [`Retriever::search_batch`] | many queries per launch (row tiles reused across queries) |
 //! | [`CudaRetriever::upload_query`] + [`CudaRetriever::search_device`] | a query already on the device: no host round trip for it |
@@ -47,16 +48,16 @@
 //!    one block ranks them (by counting, by buckets of equal ratio above the
 //!    threshold or by a bitonic sort in registers) and writes the best K with
 //!    their exact score bits.
-//! 3. Which launches do this depends on N: one block selects for small
-//!    corpora ([`CudaOptions::fuse_rows`]), one cooperative launch scores and
-//!    selects for mid-size ones ([`CudaOptions::single_launch_rows`]), and
+//! 3. Which launches do this depends on N ([`PlanPath`] names each way, and
+//!    [`CudaRetriever::path_counts`] counts the queries each served): one
+//!    block selects for small corpora, one cooperative launch scores and
+//!    selects for mid-size ones, and
 //!    two serve larger ones: the scoring kernel, whose blocks then count the
 //!    rows they scored and whose last block finds the threshold, and the
 //!    gather, whose last block ranks. (Batches count in a pass of their own.)
 //! 4. A host query replays that whole sequence, its way in included (a
-//!    one-block kernel reading the query from mapped pinned memory,
-//!    [`CudaOptions::mapped_queries`]), as one CUDA graph built per stream
-//!    and K on first use ([`CudaOptions::graphs`]); a
+//!    one-block kernel reading the query from mapped pinned memory), as one
+//!    CUDA graph built per stream and K on first use; a
 //!    device query does the same from the second use of its buffer, with a
 //!    graph that reads the query where it lies. With results in mapped host
 //!    memory the host then polls the result header, which the selection
@@ -66,26 +67,44 @@
 //! an 8-row × 16-query register tile of canonical partials, which the
 //! butterfly's own tree adds up 32 outputs at a time.
 //!
-//! K up to [`CudaOptions::max_k`] (default 2,048) selects on the device. A
+//! K up to [`CudaConfig::max_k`] (default 2,048) selects on the device. A
 //! larger K, or a query with more than 4,096 tied candidates (say, a corpus of
 //! duplicate rows), is finished on the host from the N scores: slower, never
 //! wrong, never an error.
 //!
 //! # Concurrency
 //!
-//! `CudaRetriever` is `Send + Sync`. It holds [`CudaOptions::streams`] scratch
+//! `CudaRetriever` is `Send + Sync`. It holds [`CudaConfig::streams`] scratch
 //! slots, each with its own stream, device buffers and pinned staging; a
 //! search takes a free slot (or waits for one), so concurrent searches from
 //! several threads overlap on the device without sharing scratch.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod config;
 mod error;
+mod plan;
 pub mod ptx;
 
 #[cfg(feature = "cuda")]
+mod batch;
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod driver;
+#[cfg(feature = "cuda")]
 mod engine;
 #[cfg(feature = "cuda")]
+mod filtered;
+#[cfg(feature = "cuda")]
+mod graph;
+#[cfg(feature = "cuda")]
+mod ids;
+#[cfg(feature = "cuda")]
 mod launch;
+#[cfg(feature = "cuda")]
+mod single;
+#[cfg(feature = "cuda")]
+mod slot;
 #[cfg(feature = "cuda")]
 mod tools;
 
@@ -95,7 +114,12 @@ mod stub;
 use ndarray::ArrayView2;
 use topk_core::{validate, Metric, Neighbor, Retriever};
 
+pub use config::{
+    CudaConfig, Tuning, DEFAULT_BATCH_SCRATCH, DEFAULT_FILTER_QUERIES, DEFAULT_FILTER_ROWS,
+    DEFAULT_FUSE_ROWS, DEFAULT_SINGLE_LAUNCH_ROWS, MAX_DEVICE_K,
+};
 pub use error::CudaError;
+pub use plan::{PathCounts, PlanPath};
 
 #[cfg(feature = "cuda")]
 use engine::Engine;
@@ -106,147 +130,6 @@ use stub::Engine;
 pub use stub::{device_info, measure_d2d_bandwidth, DeviceQuery, RoundTrip};
 #[cfg(feature = "cuda")]
 pub use tools::{device_info, measure_d2d_bandwidth, DeviceQuery, RoundTrip};
-
-/// Limits of an engine, fixed at construction: every device and pinned buffer
-/// is sized from them once, so a search allocates nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaOptions {
-    /// CUDA device ordinal.
-    pub device: usize,
-    /// Largest K selected on the device (1..=2048). Larger K still works,
-    /// finished on the host from the scores.
-    pub max_k: usize,
-    /// Queries a batch stages at once (at most 1,024; a larger batch runs in
-    /// turns): each stream holds their inputs and results, and queues all of
-    /// a turn's chunks before waiting once.
-    pub max_batch: usize,
-    /// Bytes of score scratch per stream for batches: a turn is scored and
-    /// selected in chunks of `batch_scratch / (4 N)` queries, but at least 64
-    /// (then `64 × N` floats) and at most `max_batch`. Larger chunks mean
-    /// fewer, fuller launches.
-    pub batch_scratch: usize,
-    /// Capacity of [`CudaRetriever::score_ids`] in ids per call.
-    pub max_gather: usize,
-    /// Concurrent searches (streams and scratch slots), at least 1.
-    pub streams: usize,
-    /// Corpora of at most this many rows select each query in one block
-    /// (one launch after scoring); larger ones use two grid-wide launches
-    /// (histogram and threshold, then gather and sort). 0 always uses the
-    /// grid-wide path.
-    pub fuse_rows: usize,
-    /// Corpora of more than `fuse_rows` and at most this many rows run a
-    /// single query with K <= `max_k` as one cooperative launch (scoring and
-    /// every selection pass, with grid barriers between them) where the
-    /// device supports it. 0 turns it off.
-    pub single_launch_rows: usize,
-    /// Host queries with K <= `max_k` replay a CUDA graph of their whole
-    /// sequence (query copy, kernels, result copy), built node by node once
-    /// per scratch slot and K (no stream capture, so other threads' CUDA
-    /// calls cannot interfere), instead of queueing each step: one launch
-    /// per query. Device queries do the same per K and query buffer, from
-    /// a buffer's second use (a few recent buffers are remembered), the
-    /// graph reading the query in place. Where the driver cannot build a
-    /// graph, the steps are queued.
-    pub graphs: bool,
-    /// The selection kernels write each query's K results straight into
-    /// pinned host memory mapped into the device's address space, so no
-    /// result copy follows them (used where the device can map host memory
-    /// with unified addressing; otherwise results are copied back).
-    pub mapped_results: bool,
-    /// A host query's graph starts with a one-block kernel that reads the
-    /// query from pinned host memory mapped into the device's address space,
-    /// instead of a host-to-device copy node (used where host memory can be
-    /// mapped with unified addressing; otherwise the copy stays).
-    pub mapped_queries: bool,
-    /// Batch chunks of at least `filter_queries` queries over corpora of at
-    /// least `filter_rows` rows (D % 4 == 0, K <= 1,024 and `max_k`) are
-    /// filtered: TF32 tensor cores bound every score, and only the rows
-    /// whose bound reaches the K-th best lower bound (at most 4,096 per
-    /// query) are scored canonically (`kernels/filter.cu`). The answer is
-    /// the same, bit for bit; a chunk whose bounds do not separate (heavy
-    /// ties) runs again on the canonical path
-    /// ([`CudaRetriever::filter_reruns`] counts them). `usize::MAX` turns
-    /// it off.
-    pub filter_rows: usize,
-    /// See `filter_rows`.
-    pub filter_queries: usize,
-}
-
-impl Default for CudaOptions {
-    fn default() -> Self {
-        CudaOptions {
-            device: 0,
-            max_k: 2048,
-            max_batch: 256,
-            batch_scratch: DEFAULT_BATCH_SCRATCH,
-            max_gather: 65_536,
-            streams: 2,
-            fuse_rows: DEFAULT_FUSE_ROWS,
-            single_launch_rows: DEFAULT_SINGLE_LAUNCH_ROWS,
-            graphs: true,
-            mapped_results: true,
-            mapped_queries: true,
-            filter_rows: DEFAULT_FILTER_ROWS,
-            filter_queries: DEFAULT_FILTER_QUERIES,
-        }
-    }
-}
-
-/// Default of [`CudaOptions::batch_scratch`]: 256 MiB, what 64-query chunks
-/// need at 1M rows; smaller corpora get larger chunks (all 256 queries of a
-/// default batch up to 262,144 rows).
-pub const DEFAULT_BATCH_SCRATCH: usize = 256 << 20;
-
-/// Default of [`CudaOptions::filter_rows`] and
-/// [`CudaOptions::filter_queries`]: where the filtered path was faster on an
-/// H200 (K = 100: 0.55-0.95x the canonical path's time from 64 queries at
-/// 50k-1M rows of 384 and 1,024 columns, one case 1.06x; 1.2-2.1x at 10k
-/// rows or 16 queries; `bench/gpu/NOTES.md`, v20).
-pub const DEFAULT_FILTER_ROWS: usize = 50_000;
-/// See [`DEFAULT_FILTER_ROWS`].
-pub const DEFAULT_FILTER_QUERIES: usize = 64;
-
-/// Default of [`CudaOptions::fuse_rows`]: where one block reading every score
-/// twice still costs less than a second launch.
-pub const DEFAULT_FUSE_ROWS: usize = 16_384;
-
-/// Default of [`CudaOptions::single_launch_rows`]: above it the separate
-/// scoring kernel's deeper staging outweighs the launch saved (at 200k rows
-/// the two launches were 7–25 µs faster on an H200; at 100k the one launch
-/// was 1.4 µs slower to 4.5 µs faster).
-pub const DEFAULT_SINGLE_LAUNCH_ROWS: usize = 131_072;
-
-/// Largest `max_k`: half the device's candidate buffer, so that K plus the
-/// rows tied at the threshold bin still fit.
-pub const MAX_DEVICE_K: usize = 2048;
-
-impl CudaOptions {
-    /// Checks the ranges documented on each field.
-    pub fn check(&self) -> Result<(), CudaError> {
-        if self.max_k == 0 || self.max_k > MAX_DEVICE_K {
-            return Err(CudaError::InvalidOption {
-                name: "max_k",
-                value: self.max_k,
-                reason: "must be in 1..=2048 (larger K is served from the host path)",
-            });
-        }
-        if self.max_batch == 0 {
-            return Err(CudaError::InvalidOption {
-                name: "max_batch",
-                value: 0,
-                reason: "must be at least 1",
-            });
-        }
-        if self.streams == 0 || self.streams > 64 {
-            return Err(CudaError::InvalidOption {
-                name: "streams",
-                value: self.streams,
-                reason: "must be in 1..=64",
-            });
-        }
-        Ok(())
-    }
-}
 
 /// What a benchmark records about the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,7 +157,7 @@ impl std::fmt::Debug for CudaRetriever {
             .field("n", &self.engine.len())
             .field("d", &self.engine.dim())
             .field("metric", &self.engine.metric())
-            .field("options", self.engine.options())
+            .field("config", self.engine.config())
             .finish()
     }
 }
@@ -282,37 +165,50 @@ impl std::fmt::Debug for CudaRetriever {
 impl CudaRetriever {
     /// Uploads an `N × D` corpus (any layout) and allocates every buffer.
     ///
-    /// Errors: the input rules of DESIGN.md §4, options out of range, no
-    /// driver or device, not enough device memory (naming the bytes), or
+    /// Errors: the input rules of docs/CONTRACTS.md §4 (the corpus is
+    /// validated here), limits out of range, no driver or device, not
+    /// enough device memory (naming the bytes), or
     /// [`CudaError::NotCompiled`] in a build without the `cuda` feature.
     pub fn new(
-        corpus: ArrayView2<'_, f32>,
+        view: ArrayView2<'_, f32>,
         metric: Metric,
-        opts: CudaOptions,
+        config: CudaConfig,
     ) -> Result<Self, CudaError> {
         Ok(CudaRetriever {
-            engine: Engine::new(corpus, metric, opts)?,
+            engine: Engine::new(view, metric, config)?,
         })
     }
 
     /// As [`CudaRetriever::new`], from a row-major buffer of `N × dim` values.
+    /// The buffer is uploaded and dropped; the engine keeps no host copy.
     pub fn from_rowmajor(
-        data: &[f32],
+        data: Vec<f32>,
         dim: usize,
         metric: Metric,
-        opts: CudaOptions,
+        config: CudaConfig,
     ) -> Result<Self, CudaError> {
         Ok(CudaRetriever {
-            engine: Engine::from_rowmajor(data, dim, metric, opts)?,
+            engine: Engine::from_rowmajor(&data, dim, metric, config)?,
         })
     }
 
-    /// The limits the engine was built with.
-    pub fn options(&self) -> &CudaOptions {
-        self.engine.options()
+    /// The configuration the engine was built with.
+    pub fn config(&self) -> &CudaConfig {
+        self.engine.config()
     }
 
-    /// Chunks of filtered batches (see [`CudaOptions::filter_rows`]) whose
+    /// Capacity of [`CudaRetriever::score_ids`]: at most this many ids per
+    /// call.
+    pub fn max_gather(&self) -> usize {
+        self.engine.config().tuning.max_gather
+    }
+
+    /// How many queries each [`PlanPath`] has served since construction.
+    pub fn path_counts(&self) -> PathCounts {
+        self.engine.path_counts()
+    }
+
+    /// Chunks of filtered batches ([`PlanPath::FilteredBatch`]) whose
     /// bounds did not separate the top K, so the engine ran them again on
     /// the canonical path, since construction: a count that grows with
     /// every batch means the filter costs time on this corpus.
@@ -410,7 +306,7 @@ impl CudaRetriever {
     /// row-major `queries`, `b × D`) is scored against
     /// `ids[offsets[i]..offsets[i + 1]]`, into the same positions of `out`.
     /// `offsets` has `b + 1` entries from 0 to `ids.len()`; `b` is at most
-    /// `min(max_batch, 64)` and `ids.len()` at most [`CudaOptions::max_gather`].
+    /// `min(max_batch, 64)` and `ids.len()` at most [`CudaRetriever::max_gather`].
     pub fn score_ids(
         &self,
         queries: &[f32],

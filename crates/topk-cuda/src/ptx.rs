@@ -6,7 +6,7 @@
 //! test compute it with the same code.
 
 /// nvcc flags every kernel is compiled with. No fast-math: the canonical score
-/// (DESIGN.md §2) needs IEEE division and square root, denormals kept and no
+/// (docs/CONTRACTS.md §2) needs IEEE division and square root, denormals kept and no
 /// implicit contraction (the kernels write every fma explicitly).
 pub const NVCC_FLAGS: &[&str] = &[
     "-ptx",
@@ -20,18 +20,42 @@ pub const NVCC_FLAGS: &[&str] = &[
 ];
 
 /// The kernel families, one `.cu` (and one `.ptx`) each.
-pub const KERNEL_NAMES: &[&str] = &["score", "select", "filter"];
+pub const KERNEL_NAMES: &[&str] = &[
+    "norms",
+    "score_single",
+    "score_batch",
+    "score_ids",
+    "select",
+    "filter",
+];
 
 /// First-line marker of a generated PTX file, followed by the hash.
 pub const HASH_MARKER: &str = "// topk kernel sources hash: ";
 
-/// PTX of `kernels/score.cu`: scoring, norms and the gathered-ids scorer.
-pub const SCORE_PTX: &str = include_str!("../../../kernels/score.ptx");
+/// PTX of `kernels/norms.cu`: canonical norms and the mapped query fetch.
+pub const NORMS_PTX: &str = include_str!("../../../kernels/norms.ptx");
+/// PTX of `kernels/score_single.cu`: the single-query scoring kernel and
+/// the one-launch search.
+pub const SCORE_SINGLE_PTX: &str = include_str!("../../../kernels/score_single.ptx");
+/// PTX of `kernels/score_batch.cu`: the batch scoring kernels.
+pub const SCORE_BATCH_PTX: &str = include_str!("../../../kernels/score_batch.ptx");
+/// PTX of `kernels/score_ids.cu`: scores of listed (query, row) pairs.
+pub const SCORE_IDS_PTX: &str = include_str!("../../../kernels/score_ids.ptx");
 /// PTX of `kernels/select.cu`: threshold and exact selection.
 pub const SELECT_PTX: &str = include_str!("../../../kernels/select.ptx");
 /// PTX of `kernels/filter.cu`: tensor-core bounds and the filtered batch's
 /// listing and rescoring.
 pub const FILTER_PTX: &str = include_str!("../../../kernels/filter.ptx");
+
+/// Every family's PTX, in [`KERNEL_NAMES`] order.
+pub const ALL_PTX: &[(&str, &str)] = &[
+    ("norms", NORMS_PTX),
+    ("score_single", SCORE_SINGLE_PTX),
+    ("score_batch", SCORE_BATCH_PTX),
+    ("score_ids", SCORE_IDS_PTX),
+    ("select", SELECT_PTX),
+    ("filter", FILTER_PTX),
+];
 
 /// A stable 64-bit FNV-1a hash of the flags and every source file given as
 /// `(file name, contents)`, in name order, as 16 hex digits.
@@ -74,38 +98,37 @@ pub fn recorded_hash(ptx: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
-    fn kernel_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../kernels")
-    }
+    /// Every `.cu` / `.cuh` under kernels/, embedded at build time (so the
+    /// test passes from any working directory). A file missing here changes
+    /// the hash, so the staleness test below also fails when a new source
+    /// is not listed.
+    const KERNEL_SOURCES: &[(&str, &str)] = &[
+        ("common.cuh", include_str!("../../../kernels/common.cuh")),
+        ("filter.cu", include_str!("../../../kernels/filter.cu")),
+        ("norms.cu", include_str!("../../../kernels/norms.cu")),
+        ("pairs.cuh", include_str!("../../../kernels/pairs.cuh")),
+        ("score_batch.cu", include_str!("../../../kernels/score_batch.cu")),
+        ("score_ids.cu", include_str!("../../../kernels/score_ids.cu")),
+        ("score_single.cu", include_str!("../../../kernels/score_single.cu")),
+        ("select.cu", include_str!("../../../kernels/select.cu")),
+        ("select.cuh", include_str!("../../../kernels/select.cuh")),
+        ("shapes.cuh", include_str!("../../../kernels/shapes.cuh")),
+        ("stage.cuh", include_str!("../../../kernels/stage.cuh")),
+    ];
 
-    /// Every `.cu` / `.cuh` under kernels/, as the generator reads them.
+    /// The sources as the generator hashes them.
     fn sources() -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(kernel_dir()).expect("kernels/ exists") {
-            let p = e.expect("readable entry").path();
-            let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
-            if ext == "cu" || ext == "cuh" {
-                let name = p
-                    .file_name()
-                    .expect("file name")
-                    .to_string_lossy()
-                    .into_owned();
-                out.push((name, std::fs::read_to_string(&p).expect("utf-8 source")));
-            }
-        }
-        out
+        KERNEL_SOURCES
+            .iter()
+            .map(|&(name, text)| (name.to_owned(), text.to_owned()))
+            .collect()
     }
 
     #[test]
     fn embedded_ptx_matches_kernel_sources() {
         let want = source_hash(NVCC_FLAGS, &sources());
-        for (name, ptx) in [
-            ("score", SCORE_PTX),
-            ("select", SELECT_PTX),
-            ("filter", FILTER_PTX),
-        ] {
+        for &(name, ptx) in ALL_PTX {
             let got = recorded_hash(ptx);
             assert_eq!(
                 got,
@@ -130,8 +153,9 @@ mod tests {
 
     #[test]
     fn every_kernel_family_is_embedded() {
-        assert_eq!(KERNEL_NAMES, &["score", "select", "filter"]);
-        for ptx in [SCORE_PTX, SELECT_PTX, FILTER_PTX] {
+        let names: Vec<&str> = ALL_PTX.iter().map(|&(name, _)| name).collect();
+        assert_eq!(KERNEL_NAMES, names.as_slice());
+        for &(_, ptx) in ALL_PTX {
             assert!(
                 ptx.contains(".version 9.0"),
                 "PTX ISA must be 9.0 (CUDA 13.0)"

@@ -5,7 +5,7 @@
 use ndarray::ArrayView2;
 use topk_core::{Metric, Neighbor, Retriever};
 
-use crate::{CudaError, CudaOptions, CudaRetriever, DeviceInfo};
+use crate::{CudaConfig, CudaError, CudaRetriever, DeviceInfo, PathCounts};
 
 /// Uninhabited: no engine exists in a build without CUDA.
 pub(crate) enum Engine {}
@@ -14,18 +14,18 @@ impl Engine {
     pub(crate) fn new(
         _corpus: ArrayView2<'_, f32>,
         _metric: Metric,
-        opts: CudaOptions,
+        config: CudaConfig,
     ) -> Result<Self, CudaError> {
-        opts.check()?;
+        config.check()?;
         Err(CudaError::NotCompiled)
     }
     pub(crate) fn from_rowmajor(
         _data: &[f32],
         _dim: usize,
         _metric: Metric,
-        opts: CudaOptions,
+        config: CudaConfig,
     ) -> Result<Self, CudaError> {
-        opts.check()?;
+        config.check()?;
         Err(CudaError::NotCompiled)
     }
     pub(crate) fn len(&self) -> usize {
@@ -37,7 +37,10 @@ impl Engine {
     pub(crate) fn metric(&self) -> Metric {
         match *self {}
     }
-    pub(crate) fn options(&self) -> &CudaOptions {
+    pub(crate) fn config(&self) -> &CudaConfig {
+        match *self {}
+    }
+    pub(crate) fn path_counts(&self) -> PathCounts {
         match *self {}
     }
     pub(crate) fn filter_reruns(&self) -> usize {

@@ -2,7 +2,6 @@
 //! benchmark's CPU round-trip baseline, the device-to-device bandwidth that
 //! sets the HBM floor, and the device description of the environment record.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cust::event::{Event, EventFlags};
@@ -10,7 +9,9 @@ use cust::memory::LockedBuffer;
 use cust::stream::{Stream, StreamFlags};
 use topk_core::{Neighbor, Retriever};
 
-use crate::engine::{self, Ctx, DevNeighbor, Engine, OwnedDevice};
+use crate::device::{self, Ctx, DevNeighbor, OwnedDevice};
+use crate::driver::DevSlice;
+use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue};
 use crate::{CudaRetriever, DeviceInfo};
@@ -34,7 +35,7 @@ impl DeviceQuery {
     pub(crate) fn upload(engine: &Engine, query: &[f32]) -> Result<Self, CudaError> {
         Ok(DeviceQuery {
             buf: OwnedDevice::from_slice(engine.ctx(), query)?,
-            device: engine.options().device,
+            device: engine.config().device,
         })
     }
 
@@ -44,7 +45,7 @@ impl DeviceQuery {
         k: usize,
         out: &mut Vec<Neighbor>,
     ) -> Result<(), CudaError> {
-        if self.device != engine.options().device {
+        if self.device != engine.config().device {
             return Err(CudaError::InvalidOption {
                 name: "device of the query",
                 value: self.device,
@@ -79,7 +80,7 @@ impl DeviceQuery {
     }
 }
 
-/// The CPU round-trip baseline of DESIGN.md §6: a query that starts on the
+/// The CPU round-trip baseline of docs/CONTRACTS.md §6: a query that starts on the
 /// device is copied to the host, searched there by any [`Retriever`], and the
 /// results copied back to the device, as a pipeline without a GPU engine must.
 /// Buffers are pinned and allocated once.
@@ -135,15 +136,12 @@ impl RoundTrip {
             });
         }
         let s = self.stream.as_inner();
-        // SAFETY: both hold d floats; synchronised before the host reads.
-        unsafe {
-            launch::d2h(
-                Queue::Stream(s),
-                self.q_host.as_mut_slice().as_mut_ptr() as *mut c_void,
-                query.as_slice().as_device_ptr().as_raw(),
-                d * 4,
-            )?;
-        }
+        // Read on the host after the stream is synchronised.
+        launch::d2h(
+            Queue::Stream(s),
+            &mut self.q_host,
+            DevSlice::of(query.as_slice()),
+        )?;
         self.stream.synchronize().op("cuStreamSynchronize")?;
         cpu.search_into(self.q_host.as_slice(), k, &mut self.scratch)?;
         let m = self.scratch.len();
@@ -157,16 +155,8 @@ impl RoundTrip {
         for (dst, src) in self.res_host.as_mut_slice().iter_mut().zip(&self.scratch) {
             *dst = DevNeighbor::from(*src);
         }
-        // SAFETY: res_host and res_dev hold max_k >= m entries; synchronised
-        // before res_host is written again.
-        unsafe {
-            launch::h2d(
-                Queue::Stream(s),
-                self.res_dev.buf.as_device_ptr().as_raw(),
-                self.res_host.as_slice().as_ptr() as *const c_void,
-                m * std::mem::size_of::<DevNeighbor>(),
-            )?;
-        }
+        // Synchronised before res_host is written again.
+        launch::h2d(Queue::Stream(s), self.res_dev.view(), &self.res_host, 0, m)?;
         self.stream.synchronize().op("cuStreamSynchronize")?;
         out.clear();
         out.extend_from_slice(&self.scratch);
@@ -184,15 +174,15 @@ impl Drop for RoundTrip {
 
 /// Name, driver version, memory and multiprocessors of device `device`.
 pub fn device_info(device: usize) -> Result<DeviceInfo, CudaError> {
-    let (_ctx, dev) = engine::open(device)?;
-    engine::info_of(dev)
+    let (_ctx, dev) = device::open(device)?;
+    device::info_of(dev)
 }
 
 /// Device-to-device copy bandwidth of `device` in bytes per second, counting
 /// bytes read plus bytes written (the convention of the HBM floor in
-/// DESIGN.md §6): the median of 10 timed copies of `bytes` after 3 warm-ups.
+/// docs/CONTRACTS.md §6): the median of 10 timed copies of `bytes` after 3 warm-ups.
 pub fn measure_d2d_bandwidth(device: usize, bytes: usize) -> Result<f64, CudaError> {
-    let (ctx, _dev) = engine::open(device)?;
+    let (ctx, _dev) = device::open(device)?;
     let words = bytes.div_ceil(4).max(1);
     let src = OwnedDevice::<u32>::zeroed(&ctx, "bandwidth source", words)?;
     let dst = OwnedDevice::<u32>::zeroed(&ctx, "bandwidth destination", words)?;
@@ -201,17 +191,7 @@ pub fn measure_d2d_bandwidth(device: usize, bytes: usize) -> Result<f64, CudaErr
         Event::new(EventFlags::DEFAULT).op("cuEventCreate")?,
         Event::new(EventFlags::DEFAULT).op("cuEventCreate")?,
     );
-    let copy = || -> Result<(), CudaError> {
-        // SAFETY: both buffers hold `words` u32 and do not overlap.
-        unsafe {
-            launch::d2d(
-                stream.as_inner(),
-                dst.buf.as_device_ptr().as_raw(),
-                src.buf.as_device_ptr().as_raw(),
-                words * 4,
-            )
-        }
-    };
+    let copy = || launch::d2d(stream.as_inner(), dst.view(), src.view());
     for _ in 0..3 {
         copy()?;
     }
@@ -227,10 +207,4 @@ pub fn measure_d2d_bandwidth(device: usize, bytes: usize) -> Result<f64, CudaErr
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     Ok(2.0 * (words * 4) as f64 / median)
-}
-
-impl From<Neighbor> for DevNeighbor {
-    fn from(n: Neighbor) -> Self {
-        DevNeighbor::new(n.index, n.score)
-    }
 }

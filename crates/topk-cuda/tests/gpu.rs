@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use topk_core::{Metric, Neighbor, Retriever};
 use topk_cpu::Oracle;
-use topk_cuda::{CudaError, CudaOptions, CudaRetriever};
+use topk_cuda::{CudaConfig, CudaError, CudaRetriever, PlanPath};
 
 /// Whether the device cases may run here; `None` with a printed reason when
 /// not, a panic instead when `TOPK_REQUIRE_GPU=1`.
@@ -98,30 +98,24 @@ fn assert_same(got: &[Neighbor], want: &[Neighbor], ctx: &str) {
     }
 }
 
-fn engine(data: &[f32], d: usize, metric: Metric, opts: CudaOptions) -> (CudaRetriever, Oracle) {
-    let gpu = CudaRetriever::from_rowmajor(data, d, metric, opts).expect("gpu engine");
+fn engine(data: &[f32], d: usize, metric: Metric, config: CudaConfig) -> (CudaRetriever, Oracle) {
+    let gpu = CudaRetriever::from_rowmajor(data.to_vec(), d, metric, config).expect("gpu engine");
     let oracle = Oracle::from_rowmajor(data.to_vec(), d, metric).expect("oracle");
     (gpu, oracle)
 }
 
-/// The three selection paths of a single query: 0 the one-launch search,
-/// 1 separate launches with one block selecting, 2 separate launches with
-/// the histogram and gather grids (batches: 0 canonical, 1 and 2 filtered).
-fn path_opts(path: u8) -> CudaOptions {
-    CudaOptions {
-        single_launch_rows: if path == 0 { usize::MAX } else { 0 },
-        fuse_rows: if path == 1 { usize::MAX } else { 0 },
-        // Path 1 queues each step of a host query; the others replay graphs.
-        graphs: path != 1,
-        // Path 2 copies host queries in and results back; the others read
-        // host queries from, and write results into, mapped host memory.
-        mapped_results: path != 2,
-        mapped_queries: path != 2,
-        // Paths 1 and 2 filter every batch through tensor-core bounds.
-        filter_rows: if path == 0 { usize::MAX } else { 0 },
-        filter_queries: 0,
-        ..CudaOptions::default()
-    }
+/// Asserts that `path` served at least one query of `gpu`.
+fn assert_ran(gpu: &CudaRetriever, path: PlanPath, ctx: &str) {
+    let counts = gpu.path_counts();
+    assert!(counts.get(path) > 0, "{ctx}: path {path} ran nothing ({counts:?})");
+}
+
+/// A configuration whose tuning makes `path` serve what the shape allows,
+/// with the limits given.
+fn config_for(path: PlanPath, set: impl FnOnce(&mut CudaConfig)) -> CudaConfig {
+    let mut c = CudaConfig::for_path(path);
+    set(&mut c);
+    c
 }
 
 #[test]
@@ -140,13 +134,14 @@ fn bitwise_equal_to_the_oracle_on_tied_corpora() {
         0u8..5,
         0usize..3,
         prop_oneof![1usize..10, 1usize..420],
-        0u8..3,
+        0..PlanPath::ALL.len(),
     );
     runner
-        .run(&strategy, |(seed, n, d, kind, m, k, path)| {
+        .run(&strategy, |(seed, n, d, kind, m, k, p)| {
             let metric = Metric::ALL[m];
+            let path = PlanPath::ALL[p];
             let data = corpus(seed, n, d, kind);
-            let (gpu, oracle) = engine(&data, d, metric, path_opts(path));
+            let (gpu, oracle) = engine(&data, d, metric, CudaConfig::for_path(path));
             let ctx =
                 format!("seed {seed} n {n} d {d} kind {kind} metric {metric} k {k} path {path}");
             // Host query, single.
@@ -168,6 +163,20 @@ fn bitwise_equal_to_the_oracle_on_tied_corpora() {
                 let want_i = oracle.search(&data[i * d..(i + 1) * d], k).expect("oracle");
                 assert_same(row, &want_i, &format!("{ctx} batch query {i}"));
             }
+            // The path asked for ran wherever the shape allows it: D is
+            // always below the histogram path's, a batch of one query is
+            // planned as a single query, host selection needs K >= 2 and
+            // the filter D % 4 == 0.
+            let allowed = match path {
+                PlanPath::HistGather => false,
+                PlanPath::HostSelect => k.min(n) >= 2,
+                PlanPath::CanonicalBatch => nq >= 2,
+                PlanPath::FilteredBatch => d % 4 == 0,
+                _ => true,
+            };
+            if allowed {
+                assert_ran(&gpu, path, &ctx);
+            }
             Ok(())
         })
         .expect("property");
@@ -178,11 +187,11 @@ fn large_k_and_k_past_n_and_heavy_ties() {
     if gpu_or_skip().is_none() {
         return;
     }
-    for path in 0..3u8 {
+    for &path in PlanPath::ALL {
         for (kind, n, d) in [(1u8, 5000usize, 37usize), (0, 9000, 64), (2, 6000, 33)] {
             for metric in Metric::ALL {
                 let data = corpus(kind as u64 + 11, n, d, kind);
-                let (gpu, oracle) = engine(&data, d, metric, path_opts(path));
+                let (gpu, oracle) = engine(&data, d, metric, CudaConfig::for_path(path));
                 let q = query_like(3, d, kind);
                 for k in [1, 100, 2047, 2048, 2049, 4100, n - 1, n, n + 5] {
                     let want = oracle.search(&q, k).expect("oracle");
@@ -199,7 +208,7 @@ fn large_k_and_k_past_n_and_heavy_ties() {
         let (n, d) = (10_000, 48);
         let row: Vec<f32> = (0..d).map(|i| (i % 5) as f32 - 2.0).collect();
         let data: Vec<f32> = row.iter().copied().cycle().take(n * d).collect();
-        let (gpu, oracle) = engine(&data, d, Metric::Dot, path_opts(path));
+        let (gpu, oracle) = engine(&data, d, Metric::Dot, CudaConfig::for_path(path));
         for k in [1, 10, 1000] {
             assert_same(
                 &gpu.search(&row, k).expect("gpu"),
@@ -224,9 +233,9 @@ fn crowded_threshold_bin_is_refined_exactly() {
         .collect();
     values.extend((0..300u32).map(|i| 2.0 + i as f32 / 1024.0));
     values.extend([1.0 + 17.0 / 131_072.0; 5]);
-    for path in 0..3u8 {
+    for &path in PlanPath::ALL {
         for metric in [Metric::Dot, Metric::L2] {
-            let (gpu, oracle) = engine(&values, 1, metric, path_opts(path));
+            let (gpu, oracle) = engine(&values, 1, metric, CudaConfig::for_path(path));
             for k in [1, 100, 299, 300, 301, 1000, 2048, 4000] {
                 assert_same(
                     &gpu.search(&[1.0], k).expect("gpu"),
@@ -246,10 +255,7 @@ fn many_blocks_and_batches_past_one_chunk() {
     let (n, d) = (200_000, 96);
     let data = corpus(5, n, d, 0);
     // No scratch beyond the 64-query minimum: a 70-query batch is two chunks.
-    let opts = CudaOptions {
-        batch_scratch: 0,
-        ..CudaOptions::default()
-    };
+    let opts = config_for(PlanPath::CanonicalBatch, |c| c.tuning.batch_scratch = 0);
     let (gpu, oracle) = engine(&data, d, Metric::Cosine, opts);
     let nq = 70; // more than one 64-query chunk
     let queries = corpus(6, nq, d, 0);
@@ -268,18 +274,21 @@ fn many_blocks_and_batches_past_one_chunk() {
     // A dimension past the single-query kernel's shared-memory limit.
     let (n2, d2) = (300, 17_001);
     let data2 = corpus(8, n2, d2, 0);
-    let (gpu2, oracle2) = engine(&data2, d2, Metric::L2, CudaOptions::default());
     let q2 = query_like(9, d2, 0);
-    assert_same(
-        &gpu2.search(&q2, 17).expect("gpu"),
-        &oracle2.search(&q2, 17).expect("oracle"),
-        "D = 17001",
-    );
+    for path in [PlanPath::SmallSelect, PlanPath::HistGather] {
+        let (gpu2, oracle2) = engine(&data2, d2, Metric::L2, CudaConfig::for_path(path));
+        assert_same(
+            &gpu2.search(&q2, 17).expect("gpu"),
+            &oracle2.search(&q2, 17).expect("oracle"),
+            &format!("D = 17001 {path}"),
+        );
+        assert_ran(&gpu2, path, "D = 17001");
+    }
     // A wide dimension on the one-launch path where the device fits its
     // shared memory (query and tiles), else on the separate kernels.
     let (n3, d3) = (3000, 6000);
     let data3 = corpus(10, n3, d3, 0);
-    let (gpu3, oracle3) = engine(&data3, d3, Metric::Dot, path_opts(0));
+    let (gpu3, oracle3) = engine(&data3, d3, Metric::Dot, CudaConfig::for_path(PlanPath::OneLaunch));
     let q3 = query_like(11, d3, 0);
     assert_same(
         &gpu3.search(&q3, 40).expect("gpu"),
@@ -317,13 +326,12 @@ fn batch_turns_chunks_and_tie_overflows_are_exact() {
         (Metric::Dot, 0),
         (Metric::L2, 0),
     ] {
-        let opts = CudaOptions {
-            max_batch: 100,
-            batch_scratch: 0,
-            filter_rows,
-            filter_queries: 0,
-            ..CudaOptions::default()
-        };
+        let opts = config_for(PlanPath::CanonicalBatch, |c| {
+            c.max_batch = 100;
+            c.tuning.batch_scratch = 0;
+            c.tuning.filter_rows = filter_rows;
+            c.tuning.filter_queries = 0;
+        });
         let (gpu, oracle) = engine(&data, d, metric, opts);
         for k in [10, 1000, 2049] {
             let got = gpu.search_batch(qs, k).expect("batch");
@@ -359,11 +367,11 @@ fn batch_shapes_partial_chunks_and_wide_batches_are_exact() {
     ] {
         let n = 3001;
         let data = corpus(d as u64, n, d, kind);
-        let opts = CudaOptions {
-            filter_rows: if kind == 0 { 0 } else { usize::MAX },
-            filter_queries: 0,
-            ..CudaOptions::default()
-        };
+        let opts = config_for(PlanPath::CanonicalBatch, |c| {
+            c.tuning = CudaConfig::default().tuning;
+            c.tuning.filter_rows = if kind == 0 { 0 } else { usize::MAX };
+            c.tuning.filter_queries = 0;
+        });
         let (gpu, oracle) = engine(&data, d, metric, opts);
         for nq in [1usize, 16, 17, 48, 49, 64] {
             let queries = corpus(d as u64 + 1, nq, d, kind);
@@ -396,12 +404,7 @@ fn filtered_batches_are_exact_and_fall_back_where_bounds_tie() {
         (9_000, 100, Metric::L2),
     ] {
         let data = corpus(n as u64, n, d, 0);
-        let opts = CudaOptions {
-            filter_rows: 0,
-            filter_queries: 0,
-            batch_scratch: 0,
-            ..CudaOptions::default()
-        };
+        let opts = config_for(PlanPath::FilteredBatch, |c| c.tuning.batch_scratch = 0);
         let (gpu, oracle) = engine(&data, d, metric, opts);
         let nq = 70;
         let queries = corpus(n as u64 + 1, nq, d, 0);
@@ -428,17 +431,14 @@ fn filtered_batches_are_exact_and_fall_back_where_bounds_tie() {
             0,
             "n {n} d {d} {metric}: chunks ran again"
         );
+        assert_ran(&gpu, PlanPath::FilteredBatch, &format!("n {n} d {d} {metric}"));
     }
     // Every row the same: all lower bounds tie, the first selection cannot
     // finish on the device, and every chunk runs again, still exact.
     let (n, d) = (5_000, 64);
     let row: Vec<f32> = (0..d).map(|i| (i % 7) as f32 - 3.0).collect();
     let data: Vec<f32> = row.iter().copied().cycle().take(n * d).collect();
-    let opts = CudaOptions {
-        filter_rows: 0,
-        filter_queries: 0,
-        ..CudaOptions::default()
-    };
+    let opts = CudaConfig::for_path(PlanPath::FilteredBatch);
     let (gpu, oracle) = engine(&data, d, Metric::Dot, opts);
     let queries = corpus(77, 5, d, 1);
     let qs = ArrayView2::from_shape((5, d), &queries[..]).expect("shape");
@@ -463,14 +463,11 @@ fn reused_device_query_buffers_replay_exactly() {
     // a graph that reads it in place, later ones replay it), on every
     // selection path, with and without graphs, across K values and more
     // buffers than are remembered, interleaved with host queries.
-    for path in 0..3u8 {
+    for (p, &path) in PlanPath::ALL.iter().enumerate() {
         for graphs in [true, false] {
             let (n, d) = (20_000, 100);
-            let data = corpus(21 + path as u64, n, d, 1);
-            let opts = CudaOptions {
-                graphs,
-                ..path_opts(path)
-            };
+            let data = corpus(21 + p as u64, n, d, 1);
+            let opts = config_for(path, |c| c.tuning.graphs = graphs);
             let (gpu, oracle) = engine(&data, d, Metric::Cosine, opts);
             let q0 = query_like(1, d, 1);
             let mut bufs: Vec<_> = (0..6)
@@ -515,7 +512,7 @@ fn concurrent_searches_from_several_threads() {
     }
     let (n, d) = (20_000, 64);
     let data = corpus(21, n, d, 1);
-    let (gpu, oracle) = engine(&data, d, Metric::L2, CudaOptions::default());
+    let (gpu, oracle) = engine(&data, d, Metric::L2, CudaConfig::default());
     let queries: Vec<Vec<f32>> = (0..8).map(|i| query_like(100 + i, d, 1)).collect();
     let expected: Vec<Vec<Neighbor>> = queries
         .iter()
@@ -545,7 +542,8 @@ fn score_ids_matches_the_scalar_score() {
     let data = corpus(31, n, d, 3);
     for metric in Metric::ALL {
         let gpu =
-            CudaRetriever::from_rowmajor(&data, d, metric, CudaOptions::default()).expect("engine");
+            CudaRetriever::from_rowmajor(data.clone(), d, metric, CudaConfig::default())
+                .expect("engine");
         let queries = corpus(32, 3, d, 3);
         let ids: Vec<u32> = vec![0, 5, 2999, 17, 17, 1, 2, 3, 1000];
         let offsets = [0usize, 3, 3, 9];
@@ -581,7 +579,7 @@ fn bad_inputs_are_typed_errors() {
     }
     let d = 8;
     let data = corpus(1, 50, d, 0);
-    let gpu = CudaRetriever::from_rowmajor(&data, d, Metric::Dot, CudaOptions::default())
+    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, CudaConfig::default())
         .expect("engine");
     let q = vec![0.5f32; d];
     assert!(matches!(gpu.search(&q, 0), Err(topk_core::Error::ZeroK)));
@@ -601,14 +599,14 @@ fn bad_inputs_are_typed_errors() {
     ));
     let mut bad_corpus = data.clone();
     bad_corpus[2 * d + 1] = f32::INFINITY;
-    let err = CudaRetriever::from_rowmajor(&bad_corpus, d, Metric::Dot, CudaOptions::default())
+    let err = CudaRetriever::from_rowmajor(bad_corpus, d, Metric::Dot, CudaConfig::default())
         .expect_err("non-finite corpus");
     assert!(matches!(
         err,
         CudaError::Input(topk_core::Error::NonFinite { column: 1, .. })
     ));
     assert!(matches!(
-        CudaRetriever::from_rowmajor(&[], d, Metric::Dot, CudaOptions::default()),
+        CudaRetriever::from_rowmajor(Vec::new(), d, Metric::Dot, CudaConfig::default()),
         Err(CudaError::Input(topk_core::Error::EmptyCorpus))
     ));
 }
@@ -618,7 +616,7 @@ fn no_device_path_is_a_clear_error() {
     // Runs everywhere: on a machine without a GPU (or a build without the
     // feature) construction must fail with a message a user can act on.
     let data = vec![1.0f32; 16];
-    match CudaRetriever::from_rowmajor(&data, 4, Metric::Dot, CudaOptions::default()) {
+    match CudaRetriever::from_rowmajor(data.clone(), 4, Metric::Dot, CudaConfig::default()) {
         Ok(gpu) => {
             assert_eq!(gpu.len(), 4);
             println!("a device is present: {:?}", gpu.info());
@@ -640,12 +638,10 @@ fn no_device_path_is_a_clear_error() {
             assert!(core.to_string().starts_with("cuda backend:"), "{core}");
         }
     }
-    let bad = CudaOptions {
-        max_k: 0,
-        ..CudaOptions::default()
-    };
+    let mut bad = CudaConfig::default();
+    bad.max_k = 0;
     assert!(matches!(
-        CudaRetriever::from_rowmajor(&data, 4, Metric::Dot, bad),
+        CudaRetriever::from_rowmajor(data, 4, Metric::Dot, bad),
         Err(CudaError::InvalidOption { name: "max_k", .. })
     ));
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 use topk_core::Metric;
 
-use crate::backend::BackendKind;
+use topk::Backend;
 
 const ABOUT: &str = "Exact top-K vector retrieval, bit-identical on every backend.";
 
@@ -49,8 +49,8 @@ pub struct Args {
     pub metric: MetricArg,
 
     /// Which engine answers.
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    pub backend: BackendKind,
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
 
     /// Write every result: FILE.jsonl (one line per query) or FILE.npy
     /// (uint32 indices, Q x K) plus FILE.scores.npy (float32 scores, Q x K).
@@ -92,12 +92,12 @@ pub struct Args {
 
 impl Args {
     /// The HNSW parameters of `--m`, `--ef-construction` and `--ef`.
-    pub fn hnsw_params(&self) -> topk_hnsw::HnswParams {
-        topk_hnsw::HnswParams {
+    pub fn hnsw_params(&self) -> topk::HnswParams {
+        topk::HnswParams {
             m: self.m,
             ef_construction: self.ef_construction,
             ef_search: self.ef,
-            ..topk_hnsw::HnswParams::default()
+            ..topk::HnswParams::default()
         }
     }
 }

@@ -14,6 +14,34 @@ pub enum DemoError {
         /// The `--out` path as given.
         out: std::path::PathBuf,
     },
+    /// `--out` (or its `.scores.npy` sibling) is one of the input files.
+    #[error(
+        "--out {} would overwrite the input {}; choose another output name",
+        .out.display(),
+        .input.display()
+    )]
+    OutputIsInput {
+        /// The output file (the `--out` path or its scores sibling).
+        out: std::path::PathBuf,
+        /// The input it resolves to.
+        input: std::path::PathBuf,
+    },
+    /// An HNSW-only flag given with another backend.
+    #[error("{flag} only applies to --backend hnsw (the backend is {backend})")]
+    HnswOnlyFlag {
+        /// The flag as typed (`--m`, `--ef-construction`, `--ef`).
+        flag: &'static str,
+        /// The backend asked for.
+        backend: String,
+    },
+    /// Memory for the synthetic rows could not be allocated.
+    #[error("cannot allocate {bytes} bytes for the synthetic {what} (--n/--nq x --d values)")]
+    OutOfMemory {
+        /// `corpus` or `queries`.
+        what: &'static str,
+        /// The allocation that failed.
+        bytes: u64,
+    },
     /// The corpus broke an input rule (non-finite value, no rows, D = 0).
     #[error("corpus {origin}: {source}")]
     Corpus {
@@ -66,25 +94,37 @@ pub enum DemoError {
         /// Values per row asked for.
         d: usize,
     },
-    /// The HNSW index could not be built (bad `--m`/`--ef-construction`/`--ef`, or bad rows).
-    #[error("HNSW index over {origin}: {source}")]
-    Hnsw {
-        /// The file, or the synthetic story's description.
-        origin: String,
-        /// What the index rejected.
-        #[source]
-        source: topk_hnsw::HnswError,
-    },
-    /// The GPU backend could not be built: no `cuda` feature in this build,
-    /// no driver or device, or not enough device memory for the corpus.
-    #[error("cuda backend over {origin}: {source}")]
-    Cuda {
+    /// The backend could not be built: bad `--m`/`--ef-construction`/`--ef`,
+    /// no `cuda` feature in this build, no driver or device, or not enough
+    /// device memory for the corpus.
+    #[error("{backend} backend over {origin}: {source}")]
+    Backend {
+        /// The backend asked for.
+        backend: topk::Backend,
         /// Where the corpus came from.
         origin: String,
-        /// The GPU engine's error.
+        /// Why it could not be built.
         #[source]
-        source: topk_cuda::CudaError,
+        source: topk::Error,
     },
+}
+
+impl DemoError {
+    /// The error of opening `backend` over the corpus from `origin`: a broken
+    /// input rule names the corpus, anything else the backend.
+    pub fn open(backend: topk::Backend, origin: &str, source: topk::Error) -> Self {
+        match source {
+            topk::Error::Core(source) => DemoError::Corpus {
+                origin: origin.to_owned(),
+                source,
+            },
+            source => DemoError::Backend {
+                backend,
+                origin: origin.to_owned(),
+                source,
+            },
+        }
+    }
 }
 
 /// The message of `e` followed by those of its sources, skipping a source

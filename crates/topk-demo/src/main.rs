@@ -4,20 +4,32 @@
 //! Run `topk_demo --help` for the options. The report goes to stdout, timings
 //! to stderr through `tracing` (info level unless `RUST_LOG` says otherwise),
 //! and any error to stderr as `error: <message>` with exit status 1.
+//!
+//! `--out` files are written completely or not at all, before the report: a
+//! stdout that closes early (`| head`) or fails (`> /dev/full`) only cuts the
+//! report short (the latter with a warning on stderr); the results are kept
+//! and the exit status stays 0.
 
-mod backend;
 mod cli;
 mod error;
+mod output;
 mod run;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
 
+use crate::error::DemoError;
+
 fn main() -> ExitCode {
-    let args = cli::Args::parse();
+    let matches = cli::Args::command().get_matches();
+    let args = match cli::Args::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -26,11 +38,33 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    match run::run(&args) {
+    match hnsw_flags_need_hnsw(&args, &matches).and_then(|()| run::run(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error::full_message(&e));
+            // A closed stderr leaves nowhere to report to; the status still says it.
+            let _ = writeln!(std::io::stderr(), "error: {}", error::full_message(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Refuses `--m`, `--ef-construction` or `--ef` typed with another backend
+/// than HNSW: silently ignoring them would hide a mistake.
+fn hnsw_flags_need_hnsw(args: &cli::Args, matches: &ArgMatches) -> Result<(), DemoError> {
+    if args.backend == topk::Backend::Hnsw {
+        return Ok(());
+    }
+    for (id, flag) in [
+        ("m", "--m"),
+        ("ef_construction", "--ef-construction"),
+        ("ef", "--ef"),
+    ] {
+        if matches.value_source(id) == Some(ValueSource::CommandLine) {
+            return Err(DemoError::HnswOnlyFlag {
+                flag,
+                backend: args.backend.to_string(),
+            });
+        }
+    }
+    Ok(())
 }

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ndarray::{Array2, ArrayView2, Axis};
 use topk_core::{validate, Metric, Neighbor, Retriever};
+use topk_io::synth::Stream;
 use tracing::info;
 
-use crate::backend;
 use crate::cli::Args;
 use crate::error::DemoError;
+use crate::output;
 
 /// Queries per backend call: large enough for a backend's batch path to pay
 /// off, small enough that the progress bar moves.
@@ -31,18 +32,32 @@ struct Inputs {
 pub fn run(args: &Args) -> Result<(), DemoError> {
     // Before any loading: a bad K or output name should not wait for a large corpus.
     validate::k(args.k, usize::MAX).map_err(DemoError::Parameter)?;
-    if let Some(out) = &args.out {
-        topk_io::results::ResultFormat::require(out)?;
-        // A search over a large corpus should not end in "no such directory".
-        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.is_dir() {
-                return Err(DemoError::OutputFolder {
-                    dir: dir.to_path_buf(),
-                    out: out.clone(),
-                });
+    let pending = match &args.out {
+        Some(out) => {
+            topk_io::results::ResultFormat::require(out)?;
+            // A search over a large corpus should not end in "no such directory".
+            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(DemoError::OutputFolder {
+                        dir: dir.to_path_buf(),
+                        out: out.clone(),
+                    });
+                }
             }
+            let inputs: Vec<&Path> = [&args.corpus, &args.queries]
+                .into_iter()
+                .flatten()
+                .map(|p| p.as_path())
+                .collect();
+            output::check_not_input(out, &inputs)?;
+            output::check_not_input(&topk_io::scores_path(out), &inputs)?;
+            // The temporary output files are created now, so that an output
+            // that cannot be written (/proc, a directory of that name, a
+            // read-only folder) is found before the search, not after it.
+            Some(topk_io::ResultFiles::create(out)?)
         }
-    }
+        None => None,
+    };
     let metric = Metric::from(args.metric);
     let inputs = load(args)?;
     let (n, d) = inputs.corpus.dim();
@@ -62,13 +77,9 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     })?;
 
     let started = Instant::now();
-    let retriever = backend::build(
-        args.backend,
-        inputs.corpus,
-        metric,
-        &inputs.corpus_origin,
-        args.hnsw_params(),
-    )?;
+    let options = topk::Options::new().hnsw(args.hnsw_params());
+    let retriever = topk::open(args.backend, inputs.corpus, metric, &options)
+        .map_err(|source| DemoError::open(args.backend, &inputs.corpus_origin, source))?;
     let build_time = started.elapsed();
     info!(
         backend = retriever.backend(), n, d, %metric,
@@ -93,28 +104,37 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
         "searched"
     );
 
-    print!(
-        "{}",
-        report(
-            &*retriever,
-            &inputs.corpus_origin,
-            &inputs.queries_origin,
-            inputs.synthetic,
-            args,
-            &results,
-            (build_time, search_time),
-        )
-    );
-
-    if let Some(out) = &args.out {
-        let files = topk_io::write_results(out, &results)?;
-        for f in &files {
-            info!(path = %f.display(), "wrote results");
+    // The results are written (and in place) before the report is printed:
+    // a reader of stdout that goes away must not cost them.
+    // Every query has min(K, N) results: the width of a .npy output, also
+    // when there are no queries.
+    let k = validate::k(args.k, n).map_err(DemoError::Parameter)?;
+    let written = match pending {
+        Some(files) => {
+            let files = files.write(&results, k)?;
+            for f in &files {
+                info!(path = %f.display(), "wrote results");
+            }
+            Some(files)
         }
-        println!(
+        None => None,
+    };
+
+    let mut text = report(
+        &*retriever,
+        &inputs.corpus_origin,
+        &inputs.queries_origin,
+        inputs.synthetic,
+        args,
+        &results,
+        (build_time, search_time),
+    );
+    if let Some(files) = &written {
+        let _ = writeln!(
+            text,
             "wrote {} queries x {} neighbours to {}",
             q,
-            results.first().map_or(0, Vec::len),
+            k,
             files
                 .iter()
                 .map(|f| f.display().to_string())
@@ -122,6 +142,7 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
                 .join(" and ")
         );
     }
+    output::print(&text);
     Ok(())
 }
 
@@ -150,8 +171,8 @@ fn load(args: &Args) -> Result<Inputs, DemoError> {
                 });
             }
             let started = Instant::now();
-            let corpus = topk_io::synth::gaussian_rows(n, d, seed, true);
-            let queries = topk_io::synth::gaussian_queries(args.nq, d, seed, true);
+            let corpus = synthetic(Stream::Corpus, n, d, seed, "corpus")?;
+            let queries = synthetic(Stream::Queries, args.nq, d, seed, "queries")?;
             info!(
                 n,
                 d,
@@ -169,6 +190,30 @@ fn load(args: &Args) -> Result<Inputs, DemoError> {
             })
         }
     }
+}
+
+/// `rows × d` rows of the synthetic story; an allocation that fails is an
+/// error naming the bytes, not an abort.
+fn synthetic(
+    stream: Stream,
+    rows: usize,
+    d: usize,
+    seed: u64,
+    what: &'static str,
+) -> Result<Array2<f32>, DemoError> {
+    let count = rows.checked_mul(d);
+    let oom = || DemoError::OutOfMemory {
+        what,
+        bytes: (rows as u64)
+            .saturating_mul(d as u64)
+            .saturating_mul(size_of::<f32>() as u64),
+    };
+    let count = count.ok_or_else(oom)?;
+    let mut values = Vec::new();
+    values.try_reserve_exact(count).map_err(|_| oom())?;
+    values.resize(count, 0.0_f32);
+    topk_io::synth::fill_rows(stream, d, seed, true, &mut values);
+    Array2::from_shape_vec((rows, d), values).map_err(|_| oom())
 }
 
 fn read(path: &Path, what: &str) -> Result<Array2<f32>, DemoError> {

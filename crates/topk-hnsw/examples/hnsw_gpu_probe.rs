@@ -17,7 +17,7 @@ use clap::Parser;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 use topk_core::{Metric, Neighbor};
-use topk_cuda::{CudaOptions, CudaRetriever};
+use topk_cuda::{CudaConfig, CudaRetriever};
 use topk_hnsw::{recall_at_k, synth, Hnsw, HnswParams};
 
 #[derive(Parser)]
@@ -88,6 +88,7 @@ fn main() -> AnyResult<()> {
         ef_construction: a.ef_construction,
         ef_search: a.ef,
         seed: 1,
+        parallel: false,
     };
     let base = serde_json::json!({
         "dataset": name, "n": n, "d": d, "metric": a.metric.as_str(), "m": a.m,
@@ -95,7 +96,7 @@ fn main() -> AnyResult<()> {
     });
 
     let t = Instant::now();
-    let gpu = CudaRetriever::from_rowmajor(&data, d, a.metric, CudaOptions::default())?;
+    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, a.metric, CudaConfig::default())?;
     let upload_s = t.elapsed().as_secs_f64();
     let mut rec = base.clone();
     rec["what"] = "engine".into();
@@ -106,12 +107,12 @@ fn main() -> AnyResult<()> {
     let bn = a.build_n.min(n);
     if bn > 0 {
         let prefix = &data[..bn * d];
-        let small_gpu = CudaRetriever::from_rowmajor(prefix, d, a.metric, CudaOptions::default())?;
+        let small_gpu = CudaRetriever::from_rowmajor(prefix.to_vec(), d, a.metric, CudaConfig::default())?;
         let t = Instant::now();
         let cpu_index = Hnsw::build(prefix, d, a.metric, params)?;
         let cpu_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let gpu_index = Hnsw::build_gpu(prefix, d, a.metric, params, &small_gpu, false)?;
+        let gpu_index = Hnsw::build_gpu(prefix, d, a.metric, params, &small_gpu)?;
         let gpu_s = t.elapsed().as_secs_f64();
         let mut rec = base.clone();
         rec["what"] = "build".into();

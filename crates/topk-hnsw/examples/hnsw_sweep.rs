@@ -129,6 +129,7 @@ fn main() -> AnyResult<()> {
                 ef_construction,
                 ef_search: 64,
                 seed,
+                parallel: build_threads > 1,
             };
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(build_threads)
@@ -210,7 +211,7 @@ fn sweep(
     let (n, d) = corpus.dim();
 
     let started = Instant::now();
-    let index = Hnsw::build_view(corpus.view(), metric, params, build_threads > 1)?;
+    let index = Hnsw::new(corpus.view(), metric, params)?;
     let build_s = started.elapsed().as_secs_f64();
     let stats = index.stats();
     let base = serde_json::json!({

@@ -288,6 +288,7 @@ mod tests {
                 ef_construction: 40,
                 ef_search: 30,
                 seed: 2,
+                parallel: false,
             };
             let index = Hnsw::build(&data, dim, metric, params).unwrap();
             let want = index.search_batch_with_ef(qs, 10, 30).unwrap();

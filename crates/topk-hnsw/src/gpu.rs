@@ -54,11 +54,11 @@ const MAX_QUERIES_PER_LAUNCH: usize = 64;
 
 impl BatchEngine for CudaRetriever {
     fn max_queries(&self) -> usize {
-        self.options().max_batch.clamp(1, MAX_QUERIES_PER_LAUNCH)
+        self.config().max_batch.clamp(1, MAX_QUERIES_PER_LAUNCH)
     }
 
     fn max_ids(&self) -> usize {
-        self.options().max_gather.max(1)
+        CudaRetriever::max_gather(self).max(1)
     }
 
     fn score_batch(
@@ -102,7 +102,7 @@ struct DirectScorer<'a> {
 
 impl Scorer for DirectScorer<'_> {
     fn score_ids(&mut self, ids: &[u32], out: &mut [f32]) -> Result<()> {
-        let cap = self.gpu.options().max_gather.max(1);
+        let cap = self.gpu.max_gather().max(1);
         for (chunk, o) in ids.chunks(cap).zip(out.chunks_mut(cap)) {
             self.gpu
                 .score_ids(self.query, chunk, &[0, chunk.len()], o)?;
@@ -134,21 +134,22 @@ impl ScorerSource for GpuSource<'_> {
 impl Hnsw {
     /// Builds an index whose layer searches score through `gpu`, an engine
     /// already holding the same rows (`CudaRetriever::from_rowmajor(data, dim,
-    /// metric, ..)`). Sequential builds are byte-identical to [`Hnsw::build`].
+    /// metric, ..)`), on every rayon thread or on one as
+    /// [`HnswParams::parallel`] says. Sequential builds are byte-identical to
+    /// [`Hnsw::build`].
     pub fn build_gpu(
         data: &[f32],
         dim: usize,
         metric: Metric,
         params: HnswParams,
         gpu: &CudaRetriever,
-        parallel: bool,
     ) -> Result<Self> {
         params.validate()?;
         validate::corpus(data, dim)?;
         let vectors = Vectors::new(data.to_vec(), dim, metric);
         check_engine(gpu, &vectors)?;
         spot_check(gpu, &vectors)?;
-        let mode = if parallel {
+        let mode = if params.parallel {
             Mode::Parallel
         } else {
             Mode::Sequential

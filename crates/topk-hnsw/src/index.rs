@@ -53,56 +53,66 @@ pub struct GraphStats {
 }
 
 impl Hnsw {
-    /// Builds an index over row-major `data` (`N × dim`) on one thread.
+    /// Builds from an `N × D` view of any layout (copied into the index), on
+    /// every rayon thread or on one as [`HnswParams::parallel`] says.
     ///
-    /// Deterministic: the same data, metric and parameters (seed included)
-    /// always give the same graph and the same saved file.
-    pub fn build(data: &[f32], dim: usize, metric: Metric, params: HnswParams) -> Result<Self> {
-        Self::build_owned(data.to_vec(), dim, metric, params, false)
-    }
-
-    /// Builds an index over row-major `data` on all threads of the current
-    /// rayon pool. Faster; the graph depends on thread timing (see the
-    /// `build` module's determinism statement) while its recall does not.
-    pub fn build_parallel(
-        data: &[f32],
-        dim: usize,
-        metric: Metric,
-        params: HnswParams,
-    ) -> Result<Self> {
-        Self::build_owned(data.to_vec(), dim, metric, params, true)
-    }
-
-    /// Builds from an `N × D` view of any layout.
-    pub fn build_view(
-        rows: ArrayView2<'_, f32>,
-        metric: Metric,
-        params: HnswParams,
-        parallel: bool,
-    ) -> Result<Self> {
+    /// Errors: parameters out of range, or a corpus that breaks an input rule
+    /// of `docs/CONTRACTS.md §4`.
+    pub fn new(rows: ArrayView2<'_, f32>, metric: Metric, params: HnswParams) -> Result<Self> {
         let (_, dim) = validate::corpus_view(rows)?;
         let data: Vec<f32> = rows.iter().copied().collect();
-        Self::build_owned(data, dim, metric, params, parallel)
+        Self::from_rowmajor(data, dim, metric, params)
     }
 
-    /// Builds from an owned row-major buffer, without copying it.
-    pub fn build_owned(
+    /// Builds from an owned row-major buffer of `data.len() / dim` rows,
+    /// without copying it, on every rayon thread or on one as
+    /// [`HnswParams::parallel`] says.
+    pub fn from_rowmajor(
         data: Vec<f32>,
         dim: usize,
         metric: Metric,
         params: HnswParams,
-        parallel: bool,
     ) -> Result<Self> {
         params.validate()?;
         validate::corpus(&data, dim)?;
         let vectors = Vectors::new(data, dim, metric);
-        let mode = if parallel {
+        let mode = if params.parallel {
             Mode::Parallel
         } else {
             Mode::Sequential
         };
         let graph = build(&vectors, &vectors, params, mode)?;
         Ok(Self::from_parts(params, vectors, graph))
+    }
+
+    /// Builds an index over row-major `data` (`N × dim`, copied) on one
+    /// thread, whatever `params.parallel` says.
+    ///
+    /// Deterministic: the same data, metric and parameters (seed included)
+    /// always give the same graph and the same saved file.
+    pub fn build(data: &[f32], dim: usize, metric: Metric, params: HnswParams) -> Result<Self> {
+        let params = HnswParams {
+            parallel: false,
+            ..params
+        };
+        Self::from_rowmajor(data.to_vec(), dim, metric, params)
+    }
+
+    /// Builds an index over row-major `data` (copied) on all threads of the
+    /// current rayon pool, whatever `params.parallel` says. Faster; the graph
+    /// depends on thread timing (see the `build` module's determinism
+    /// statement) while its recall does not.
+    pub fn build_parallel(
+        data: &[f32],
+        dim: usize,
+        metric: Metric,
+        params: HnswParams,
+    ) -> Result<Self> {
+        let params = HnswParams {
+            parallel: true,
+            ..params
+        };
+        Self::from_rowmajor(data.to_vec(), dim, metric, params)
     }
 
     pub(crate) fn from_parts(params: HnswParams, vectors: Vectors, graph: Graph) -> Self {

@@ -18,6 +18,7 @@ pub const MAX_LEVEL: usize = 63;
 /// | `ef_construction` | beam width while inserting | `≥ 1` |
 /// | `ef_search` | default beam width of [`topk_core::Retriever::search`] | `≥ 1` |
 /// | `seed` | seed of the level draw | any |
+/// | `parallel` | build from every rayon thread ([`crate::Hnsw::new`], [`crate::Hnsw::from_rowmajor`]) | any |
 ///
 /// A search asks for at least `k` candidates: an `ef` below `k` is raised to
 /// `k` (as hnswlib and faiss do) rather than rejected, so `ef` only ever
@@ -32,6 +33,12 @@ pub struct HnswParams {
     pub ef_search: usize,
     /// Seed of the level draw: the same seed and insertion order give the same graph.
     pub seed: u64,
+    /// Whether [`crate::Hnsw::new`] and [`crate::Hnsw::from_rowmajor`] insert
+    /// from every thread of the current rayon pool (faster; the graph then
+    /// depends on thread timing, its recall does not) or on one thread
+    /// (deterministic: the same inputs always give the same graph and file).
+    /// Not stored in an index file: a loaded index reports the default.
+    pub parallel: bool,
 }
 
 impl Default for HnswParams {
@@ -41,6 +48,7 @@ impl Default for HnswParams {
             ef_construction: 100,
             ef_search: 64,
             seed: 0x5EED_4E53_5700_0001,
+            parallel: true,
         }
     }
 }

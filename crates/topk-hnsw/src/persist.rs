@@ -170,6 +170,7 @@ impl Hnsw {
             ef_construction: to_usize(ef_construction, "ef_construction")?,
             ef_search: to_usize(ef_search, "ef_search")?,
             seed,
+            ..HnswParams::default()
         };
         params
             .validate()

@@ -13,6 +13,7 @@ fn params(m: usize, ef: usize) -> HnswParams {
         ef_construction: 32,
         ef_search: ef,
         seed: 11,
+        ..HnswParams::default()
     }
 }
 

@@ -7,21 +7,9 @@
 
 use ndarray::ArrayView2;
 use topk_core::{Metric, Neighbor};
-use topk_cuda::{CudaOptions, CudaRetriever};
+use topk_cuda::{CudaConfig, CudaRetriever};
 use topk_hnsw::{synth, Hnsw, HnswParams};
-
-fn gpu_or_skip() -> Option<()> {
-    match topk_cuda::device_info(0) {
-        Ok(_) => Some(()),
-        Err(e) => {
-            if std::env::var("TOPK_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("TOPK_REQUIRE_GPU=1 but no usable GPU: {e}");
-            }
-            eprintln!("skipping GPU case: {e}");
-            None
-        }
-    }
-}
+use topk_testkit::gpu_or_skip;
 
 fn bits(v: &[Neighbor]) -> Vec<(u32, u32)> {
     v.iter().map(|n| (n.index, n.score.to_bits())).collect()
@@ -35,6 +23,7 @@ fn params() -> HnswParams {
         ef_construction: 60,
         ef_search: 40,
         seed: 17,
+        parallel: false,
     }
 }
 
@@ -45,9 +34,10 @@ fn gpu_build_and_search_reproduce_the_cpu_bits() {
     let data = synth::gaussian_clusters(n, DIM, 32, 0.7, 8);
     let queries = synth::cluster_queries(300, DIM, 32, 0.7, 8);
     for metric in Metric::ALL {
-        let gpu = CudaRetriever::from_rowmajor(&data, DIM, metric, CudaOptions::default()).unwrap();
+        let gpu =
+            CudaRetriever::from_rowmajor(data.clone(), DIM, metric, CudaConfig::default()).unwrap();
         let cpu_index = Hnsw::build(&data, DIM, metric, params()).unwrap();
-        let gpu_index = Hnsw::build_gpu(&data, DIM, metric, params(), &gpu, false).unwrap();
+        let gpu_index = Hnsw::build_gpu(&data, DIM, metric, params(), &gpu).unwrap();
         assert!(
             cpu_index.to_bytes() == gpu_index.to_bytes(),
             "{metric}: graphs differ"
@@ -80,13 +70,16 @@ fn engine_with_other_rows_is_rejected() {
     let Some(()) = gpu_or_skip() else { return };
     let data = synth::gaussian_clusters(500, DIM, 4, 0.5, 1);
     let other = synth::gaussian_clusters(500, DIM, 4, 0.5, 2);
-    let gpu =
-        CudaRetriever::from_rowmajor(&other, DIM, Metric::L2, CudaOptions::default()).unwrap();
-    let e = Hnsw::build_gpu(&data, DIM, Metric::L2, params(), &gpu, false).unwrap_err();
+    let gpu = CudaRetriever::from_rowmajor(other, DIM, Metric::L2, CudaConfig::default()).unwrap();
+    let e = Hnsw::build_gpu(&data, DIM, Metric::L2, params(), &gpu).unwrap_err();
     assert!(matches!(e, topk_hnsw::HnswError::GpuMismatch { .. }), "{e}");
-    let small =
-        CudaRetriever::from_rowmajor(&data[..100 * DIM], DIM, Metric::L2, CudaOptions::default())
-            .unwrap();
+    let small = CudaRetriever::from_rowmajor(
+        data[..100 * DIM].to_vec(),
+        DIM,
+        Metric::L2,
+        CudaConfig::default(),
+    )
+    .unwrap();
     let index = Hnsw::build(&data, DIM, Metric::L2, params()).unwrap();
     let mut out = Vec::new();
     let e = index

@@ -18,6 +18,7 @@ fn params(seed: u64) -> HnswParams {
         ef_construction: 40,
         ef_search: 32,
         seed,
+        ..HnswParams::default()
     }
 }
 

@@ -102,8 +102,9 @@ fn recall_on_minilm_docs_real_embeddings() {
         ef_construction: 64,
         ef_search: 64,
         seed: 3,
+        parallel: true,
     };
-    let index = Hnsw::build_view(corpus.view(), Metric::Dot, params, true).unwrap();
+    let index = Hnsw::new(corpus.view(), Metric::Dot, params).unwrap();
     let q: Vec<f32> = queries.iter().copied().collect();
     let res = search_all(&index, &q, dim, 10, 64);
 

@@ -23,11 +23,22 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The path names a directory or another non-regular file.
-    #[error("{}: not a regular file (is it a directory?)", path.display())]
+    /// The path names a directory, a FIFO, a device or another non-regular
+    /// file (found before opening it, so a FIFO never blocks).
+    #[error("{}: {kind}, not a regular file", path.display())]
     NotAFile {
         /// The path given.
         path: PathBuf,
+        /// What it is instead: `is a directory`, `is a FIFO`, `is a character device`, ...
+        kind: &'static str,
+    },
+    /// Memory for the file's values could not be allocated.
+    #[error("{}: cannot allocate {bytes} bytes for its values", path.display())]
+    OutOfMemory {
+        /// The file.
+        path: PathBuf,
+        /// The allocation that failed, in bytes.
+        bytes: u64,
     },
     /// The file has no bytes at all.
     #[error("{}: the file is empty (0 bytes)", path.display())]
@@ -220,7 +231,8 @@ impl Error {
     pub fn path(&self) -> &Path {
         match self {
             Error::Io { path, .. }
-            | Error::NotAFile { path }
+            | Error::NotAFile { path, .. }
+            | Error::OutOfMemory { path, .. }
             | Error::Empty { path }
             | Error::UnknownFormat { path, .. }
             | Error::NpyHeader { path, .. }

@@ -39,6 +39,7 @@ impl Format {
             if path.is_dir() {
                 Error::NotAFile {
                     path: path.to_owned(),
+                    kind: "is a directory",
                 }
             } else {
                 Error::UnknownFormat {

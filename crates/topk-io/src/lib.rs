@@ -15,8 +15,12 @@
 //! | [`results`] | search results as `.jsonl` or a pair of `.npy` matrices |
 //! | [`synth`] | seeded Gaussian rows, row `i` a function of `(seed, i)` |
 //!
-//! Large files are memory-mapped, never copied through a byte buffer: the
-//! owned readers make exactly one copy, from the page cache into the array.
+//! The owned readers read a file straight into the final array (one copy,
+//! from the page cache into the array; no mapping alive beside it), so a
+//! corpus costs its own size in memory. [`Mapped`] views a file in place.
+//! Inputs are checked to be regular files before they are opened (a FIFO
+//! never blocks), and every writer is atomic: a temporary file in the same
+//! folder, flushed to disk, renamed into place.
 //!
 //! ```
 //! use ndarray::array;
@@ -44,6 +48,7 @@ compile_error!("topk-io maps little-endian files directly and needs a little-end
 mod element;
 mod error;
 mod format;
+mod fsutil;
 mod map;
 pub mod npy;
 pub mod results;
@@ -62,10 +67,10 @@ pub use npy::{
     npy_info, read_npy, read_npy_f32, read_npy_i32, read_npy_u32, write_npy, write_npy_f32,
     write_npy_i32, write_npy_u32, NpyInfo,
 };
-pub use results::{read_results, scores_path, write_results};
+pub use results::{read_results, scores_path, write_results, ResultFiles};
 pub use vecs::{
-    read_bvecs, read_fvecs, read_ivecs, read_vecs, write_bvecs, write_fvecs, write_ivecs,
-    write_vecs,
+    read_bvecs, read_bvecs_f32, read_fvecs, read_ivecs, read_vecs, write_bvecs, write_fvecs,
+    write_ivecs, write_vecs,
 };
 
 /// Reads an `f32` matrix from `.npy` (float32, C order), `.fvecs`, or
@@ -76,7 +81,7 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Array2<f32>> {
     let m = match Format::require(path, ".npy, .fvecs or .bvecs")? {
         Format::Npy => read_npy_f32(path)?,
         Format::Fvecs => read_fvecs(path)?,
-        Format::Bvecs => read_bvecs(path)?.mapv(f32::from),
+        Format::Bvecs => read_bvecs_f32(path)?,
         Format::Ivecs => {
             return Err(Error::Dtype {
                 path: path.to_owned(),

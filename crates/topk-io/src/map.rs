@@ -3,18 +3,19 @@
 //!
 //! Every check (header, dtype, per-row dimensions, length, alignment) runs in
 //! [`Mapped::open`], so that a view can be handed out afterwards without
-//! re-validating and without a fallible accessor.
+//! re-validating and without a fallible accessor. A `.npy` file whose data is
+//! not aligned for its element type in the mapping is copied into memory.
 
-use std::fs::File;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use ndarray::{Array2, ArrayView2, Axis, ShapeBuilder};
 
-use crate::element::{describe, Element};
+use crate::element::{alloc_zeroed, as_bytes_mut, describe, Element};
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::fsutil::open_regular;
 use crate::{npy, vecs};
 
 /// Where the rows of a validated file lie in its bytes.
@@ -61,16 +62,11 @@ impl Layout {
     }
 }
 
-/// Opens `path` read-only and maps it, rejecting directories and empty files.
+/// Opens `path` read-only and maps it, rejecting non-regular files (before
+/// opening them: a FIFO would block) and empty files.
 pub(crate) fn map_file(path: &Path) -> Result<Mmap> {
-    let file = File::open(path).map_err(Error::io(path, "open"))?;
-    let meta = file.metadata().map_err(Error::io(path, "stat"))?;
-    if !meta.is_file() {
-        return Err(Error::NotAFile {
-            path: path.to_owned(),
-        });
-    }
-    if meta.len() == 0 {
+    let (file, len) = open_regular(path)?;
+    if len == 0 {
         return Err(Error::Empty {
             path: path.to_owned(),
         });
@@ -108,9 +104,18 @@ pub(crate) fn map_file(path: &Path) -> Result<Mmap> {
 pub struct Mapped<T: Element> {
     path: PathBuf,
     format: Format,
-    map: Mmap,
+    storage: Storage<T>,
     layout: Layout,
     _elem: PhantomData<T>,
+}
+
+/// Where the values of a [`Mapped`] live.
+enum Storage<T> {
+    /// The file's mapping; the layout's offset is a byte offset into it.
+    Map(Mmap),
+    /// A copy of a `.npy` file's values whose data offset is not aligned for
+    /// `T` in the mapping; the layout's offset is 0.
+    Copy(Vec<T>),
 }
 
 /// A memory-mapped `f32` matrix (`.npy` float32 or `.fvecs`).
@@ -144,11 +149,33 @@ impl<T: Element> Mapped<T> {
     }
 
     /// Maps a `.npy` file whatever its extension.
+    ///
+    /// A file whose data does not start on a boundary `T` needs (numpy aligns
+    /// to 64 bytes, other writers may not) is copied into memory instead.
     pub fn open_npy(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let map = map_file(path)?;
-        let layout = npy::layout::<T>(path, &map)?;
-        Ok(Self::new(path, Format::Npy, map, layout))
+        match npy::layout::<T>(path, &map) {
+            Ok(layout) => Ok(Self::new(path, Format::Npy, Storage::Map(map), layout)),
+            Err(Error::Misaligned { .. }) => {
+                let info = npy::parse_header(path, &map)?;
+                let (rows, dim) = npy::shape::<T>(path, &info, map.len())?;
+                let mut values = alloc_zeroed::<T>(path, rows * dim)?;
+                let bytes = as_bytes_mut(&mut values);
+                let start = info.data_offset;
+                // `shape` checked that the data ends exactly at the file's end.
+                bytes.copy_from_slice(&map[start..start + bytes.len()]);
+                tracing::debug!(path = %path.display(), offset = start, "unaligned .npy data copied");
+                let layout = Layout {
+                    rows,
+                    dim,
+                    offset: 0,
+                    stride: dim,
+                };
+                Ok(Self::new(path, Format::Npy, Storage::Copy(values), layout))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Maps a `.?vecs` file of `T` whatever its extension (`.fvecs` for `f32`,
@@ -163,10 +190,10 @@ impl<T: Element> Mapped<T> {
         };
         let map = map_file(path)?;
         let layout = vecs::layout::<T>(path, &map)?;
-        Ok(Self::new(path, format, map, layout))
+        Ok(Self::new(path, format, Storage::Map(map), layout))
     }
 
-    fn new(path: &Path, format: Format, map: Mmap, layout: Layout) -> Self {
+    fn new(path: &Path, format: Format, storage: Storage<T>, layout: Layout) -> Self {
         tracing::debug!(
             path = %path.display(), %format, rows = layout.rows, dim = layout.dim,
             dtype = T::NAME, "mapped"
@@ -174,7 +201,7 @@ impl<T: Element> Mapped<T> {
         Mapped {
             path: path.to_owned(),
             format,
-            map,
+            storage,
             layout,
             _elem: PhantomData,
         }
@@ -209,7 +236,10 @@ impl<T: Element> Mapped<T> {
             offset,
             stride,
         } = self.layout;
-        let base = self.map.as_ptr().wrapping_add(offset).cast::<T>();
+        let base = match &self.storage {
+            Storage::Map(map) => map.as_ptr().wrapping_add(offset).cast::<T>(),
+            Storage::Copy(values) => values.as_ptr(),
+        };
         // ndarray gives empty arrays zero strides; others would trip its
         // checks when the view is copied into an owned array.
         let strides = if rows == 0 || dim == 0 {
@@ -221,8 +251,9 @@ impl<T: Element> Mapped<T> {
         // 1. every element `base + i * stride + j` (i < rows, j < dim) lies
         //    inside the map (npy: the file length equals header + rows*dim
         //    values; vecs: every row's field and values were scanned), and
-        //    `offset <= map.len()` when the matrix is empty;
-        // 2. `base` is aligned for `T` (`Layout::checked`);
+        //    `offset <= map.len()` when the matrix is empty; a copy holds
+        //    exactly `rows * dim` values with stride `dim`;
+        // 2. `base` is aligned for `T` (`Layout::checked`, or a `Vec<T>`);
         // 3. `T` is a sealed plain number type, valid for every bit pattern;
         // 4. strides are non-negative and the byte extent fits in `isize`
         //    because it is inside one mapping.

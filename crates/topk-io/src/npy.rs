@@ -6,7 +6,7 @@
 //! asked for (dtype, order, rank, length), each naming the file and where.
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use ndarray::{Array2, ArrayView2};
@@ -14,9 +14,10 @@ use ndarray_npy::npy::header::{Header, ParseHeaderError, ReadHeaderError};
 use ndarray_npy::{WriteNpyError, WriteNpyExt};
 use py_literal::Value as PyValue;
 
-use crate::element::{describe, Element};
+use crate::element::{alloc_zeroed, as_bytes_mut, describe, Element};
 use crate::error::{Error, Result};
-use crate::map::{map_file, Layout, Mapped};
+use crate::fsutil::{open_regular, AtomicFile};
+use crate::map::Layout;
 
 /// What a `.npy` header declares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,16 +32,87 @@ pub struct NpyInfo {
     pub data_offset: usize,
 }
 
-/// Reads only the header of a `.npy` file (the file is mapped, not read).
+/// Reads only the header of a `.npy` file.
 pub fn npy_info(path: impl AsRef<Path>) -> Result<NpyInfo> {
     let path = path.as_ref();
-    let map = map_file(path)?;
-    parse_header(path, &map)
+    let (mut file, len) = open_nonempty(path)?;
+    let header = read_header_bytes(path, &mut file, len)?;
+    parse_header(path, &header)
 }
 
 /// Reads a 2-D `.npy` array of `T` in C order into memory.
+///
+/// The values are read from the file straight into the array's buffer (no
+/// mapping, no intermediate copy), so the peak memory is the array itself.
+/// The data may start at any offset: numpy aligns it to 64 bytes, other
+/// writers may not.
 pub fn read_npy<T: Element>(path: impl AsRef<Path>) -> Result<Array2<T>> {
-    Ok(Mapped::<T>::open_npy(path)?.to_array())
+    let path = path.as_ref();
+    let (mut file, len) = open_nonempty(path)?;
+    let header = read_header_bytes(path, &mut file, len)?;
+    let info = parse_header(path, &header)?;
+    let too_large = || Error::TooLarge {
+        path: path.to_owned(),
+        shape: info.shape.clone(),
+    };
+    let len = usize::try_from(len).map_err(|_| too_large())?;
+    let (rows, dim) = shape::<T>(path, &info, len)?;
+    let mut data = alloc_zeroed::<T>(path, rows * dim)?;
+    file.seek(SeekFrom::Start(info.data_offset as u64))
+        .map_err(Error::io(path, "read"))?;
+    file.read_exact(as_bytes_mut(&mut data))
+        .map_err(Error::io(path, "read"))?;
+    Array2::from_shape_vec((rows, dim), data).map_err(|_| too_large())
+}
+
+/// Opens a regular, non-empty file; returns it with its length.
+fn open_nonempty(path: &Path) -> Result<(File, u64)> {
+    let (file, len) = open_regular(path)?;
+    if len == 0 {
+        return Err(Error::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok((file, len))
+}
+
+/// The bytes of the header (magic, version, length field and dictionary),
+/// read from the start of the file: at most the file's length.
+fn read_header_bytes(path: &Path, file: &mut File, len: u64) -> Result<Vec<u8>> {
+    let mut fixed = [0u8; 12];
+    let fixed_len = usize::try_from(len.min(12)).unwrap_or(12);
+    file.read_exact(&mut fixed[..fixed_len])
+        .map_err(Error::io(path, "read"))?;
+    // Version 1 has a 2-byte dictionary length at byte 8, later ones 4 bytes;
+    // a file that is no .npy at all is left to `parse_header` to describe.
+    let total = match fixed[6] {
+        1 => 10 + u64::from(u16::from_le_bytes([fixed[8], fixed[9]])),
+        2 | 3 => {
+            12 + u64::from(u32::from_le_bytes([
+                fixed[8], fixed[9], fixed[10], fixed[11],
+            ]))
+        }
+        _ => 12,
+    }
+    .min(len);
+    let total = usize::try_from(total).map_err(|_| Error::TooLarge {
+        path: path.to_owned(),
+        shape: Vec::new(),
+    })?;
+    let mut header = Vec::new();
+    header
+        .try_reserve_exact(total)
+        .map_err(|_| Error::OutOfMemory {
+            path: path.to_owned(),
+            bytes: total as u64,
+        })?;
+    header.extend_from_slice(&fixed[..fixed_len.min(total)]);
+    header.resize(total, 0);
+    if total > fixed_len {
+        file.read_exact(&mut header[fixed_len..])
+            .map_err(Error::io(path, "read"))?;
+    }
+    Ok(header)
 }
 
 /// Reads a 2-D `float32` `.npy` array in C order.
@@ -59,27 +131,38 @@ pub fn read_npy_u32(path: impl AsRef<Path>) -> Result<Array2<u32>> {
 }
 
 /// Writes a 2-D array as `.npy` in C order, whatever the view's memory layout.
+///
+/// The file appears complete or not at all: it is written under a temporary
+/// name in the same folder, flushed to disk and renamed into place.
 pub fn write_npy<T: Element>(path: impl AsRef<Path>, array: ArrayView2<'_, T>) -> Result<()> {
     let path = path.as_ref();
-    let file = File::create(path).map_err(Error::io(path, "create"))?;
+    let mut file = AtomicFile::create(path)?;
+    write_npy_to(file.writer(), path, array)?;
+    file.commit()?;
+    tracing::debug!(path = %path.display(), shape = ?array.dim(), dtype = T::NAME, "wrote .npy");
+    Ok(())
+}
+
+/// Writes the `.npy` bytes of `array` (C order) to `out`; errors name `path`.
+pub(crate) fn write_npy_to<T: Element, W: Write>(
+    out: W,
+    path: &Path,
+    array: ArrayView2<'_, T>,
+) -> Result<()> {
     // ndarray-npy would store a transposed view with fortran_order = True,
     // which our own readers reject; C order keeps every file readable by them.
     let standard = array.as_standard_layout();
-    standard
-        .write_npy(BufWriter::new(file))
-        .map_err(|e| match e {
-            WriteNpyError::Io(source) => Error::Io {
-                path: path.to_owned(),
-                op: "write",
-                source,
-            },
-            other => Error::Unwritable {
-                path: path.to_owned(),
-                reason: other.to_string(),
-            },
-        })?;
-    tracing::debug!(path = %path.display(), shape = ?array.dim(), dtype = T::NAME, "wrote .npy");
-    Ok(())
+    standard.write_npy(out).map_err(|e| match e {
+        WriteNpyError::Io(source) => Error::Io {
+            path: path.to_owned(),
+            op: "write",
+            source,
+        },
+        other => Error::Unwritable {
+            path: path.to_owned(),
+            reason: other.to_string(),
+        },
+    })
 }
 
 /// Writes a `float32` `.npy` file.
@@ -114,9 +197,17 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<NpyInfo> {
     })
 }
 
-/// Checks that a mapped `.npy` file holds a complete 2-D C-order array of `T`.
+/// Checks that a mapped `.npy` file holds a complete 2-D C-order array of
+/// `T` whose data is aligned for `T` in the mapping.
 pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8]) -> Result<Layout> {
     let info = parse_header(path, bytes)?;
+    let (rows, dim) = shape::<T>(path, &info, bytes.len())?;
+    Layout::checked::<T>(path, bytes, rows, dim, info.data_offset, dim)
+}
+
+/// Checks that a `.npy` file of `len` bytes with this header holds a
+/// complete 2-D C-order array of `T`; returns `(rows, dim)`.
+pub(crate) fn shape<T: Element>(path: &Path, info: &NpyInfo, len: usize) -> Result<(usize, usize)> {
     if !T::NPY_DESCRS.contains(&info.descr.as_str()) {
         return Err(Error::Dtype {
             path: path.to_owned(),
@@ -127,7 +218,7 @@ pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8]) -> Result<Layout> {
     let [rows, dim] = info.shape[..] else {
         return Err(Error::Ndim {
             path: path.to_owned(),
-            shape: info.shape,
+            shape: info.shape.clone(),
         });
     };
     if info.fortran_order && rows > 1 && dim > 1 {
@@ -150,8 +241,8 @@ pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8]) -> Result<Layout> {
         .and_then(|b| b.checked_add(info.data_offset))
         .filter(|&e| e <= isize::MAX as usize)
         .ok_or_else(too_large)?;
-    check_extent(path, bytes.len(), info.data_offset, row_bytes, end)?;
-    Layout::checked::<T>(path, bytes, rows, dim, info.data_offset, dim)
+    check_extent(path, len, info.data_offset, row_bytes, end)?;
+    Ok((rows, dim))
 }
 
 /// Compares the file length with where the data should end.

@@ -9,8 +9,7 @@
 //!   `FILE.scores.npy` the scores (`float32`, `Q × K`), row `q` answering query `q`.
 
 use std::fmt::Write as _;
-use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use ndarray::Array2;
@@ -18,7 +17,8 @@ use serde_json::Value;
 use topk_core::Neighbor;
 
 use crate::error::{Error, Result};
-use crate::npy::{read_npy_f32, read_npy_u32, write_npy_f32, write_npy_u32};
+use crate::fsutil::{commit_all, open_regular, AtomicFile};
+use crate::npy::{read_npy_f32, read_npy_u32, write_npy_to};
 
 /// How a result file is laid out, chosen by its extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,19 +56,106 @@ pub fn scores_path(path: impl AsRef<Path>) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Writes results in the format the extension names and returns the files written.
+/// Writes results in the format the extension names and returns the files
+/// written (see [`ResultFiles`]: complete or not at all).
 pub fn write_results(path: impl AsRef<Path>, results: &[Vec<Neighbor>]) -> Result<Vec<PathBuf>> {
-    let path = path.as_ref();
-    match ResultFormat::require(path)? {
-        ResultFormat::Jsonl => {
-            write_results_jsonl(path, results)?;
-            Ok(vec![path.to_owned()])
-        }
-        ResultFormat::Npy => {
-            let scores = write_results_npy(path, results)?;
-            Ok(vec![path.to_owned(), scores])
-        }
+    let k = results.first().map_or(0, Vec::len);
+    ResultFiles::create(path)?.write(results, k)
+}
+
+/// Result files created before a search and filled after it.
+///
+/// [`ResultFiles::create`] makes the temporary files beside the final names,
+/// so that an output that cannot be written (a missing or read-only folder,
+/// `/proc`, a directory of that name) is found before any work.
+/// [`ResultFiles::write`] fills them, flushes them to disk and renames them
+/// into place: for `.npy` both files are complete before either is renamed,
+/// and the scores file is renamed first, so the index file a reader opens
+/// always has its scores beside it. When anything fails, the temporary files
+/// are removed and a previous output at those paths is left as it was.
+#[derive(Debug)]
+pub struct ResultFiles {
+    format: ResultFormat,
+    /// The final paths: the index (or `.jsonl`) file first.
+    paths: Vec<PathBuf>,
+    /// The temporary files, in rename order.
+    files: Vec<AtomicFile>,
+}
+
+impl ResultFiles {
+    /// Creates the temporary file(s) for results at `path`.
+    pub fn create(path: impl AsRef<Path>) -> Result<ResultFiles> {
+        let path = path.as_ref();
+        let format = ResultFormat::require(path)?;
+        let paths = match format {
+            ResultFormat::Jsonl => vec![path.to_owned()],
+            ResultFormat::Npy => vec![path.to_owned(), scores_path(path)],
+        };
+        // Renamed last: the index file.
+        let files = paths
+            .iter()
+            .rev()
+            .map(|p| AtomicFile::create(p))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ResultFiles {
+            format,
+            paths,
+            files,
+        })
     }
+
+    /// The files these results will be written to (`.npy`: indices, then scores).
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.paths
+    }
+
+    /// Writes the results and puts the files in place; returns their paths.
+    ///
+    /// `k` is the number of results of every query (`min(K, N)`): the width
+    /// of the `.npy` matrices, also when there are no queries (shape `(0, k)`).
+    /// A query with another number of results is an error for `.npy`.
+    pub fn write(mut self, results: &[Vec<Neighbor>], k: usize) -> Result<Vec<PathBuf>> {
+        match self.format {
+            ResultFormat::Jsonl => {
+                let file = &mut self.files[0];
+                write_jsonl_to(file.writer(), &self.paths[0], results)?;
+            }
+            ResultFormat::Npy => {
+                let (indices, scores) = matrices(&self.paths[0], results, k)?;
+                let [scores_file, index_file] = &mut self.files[..] else {
+                    return Err(Error::Unwritable {
+                        path: self.paths[0].clone(),
+                        reason: "expected an index and a score file".to_owned(),
+                    });
+                };
+                write_npy_to(index_file.writer(), &self.paths[0], indices.view())?;
+                write_npy_to(scores_file.writer(), &self.paths[1], scores.view())?;
+            }
+        }
+        commit_all(self.files)?;
+        Ok(self.paths)
+    }
+}
+
+/// The index and score matrices of `results`, `Q × k`.
+fn matrices(
+    path: &Path,
+    results: &[Vec<Neighbor>],
+    k: usize,
+) -> Result<(Array2<u32>, Array2<f32>)> {
+    if let Some((q, hits)) = results.iter().enumerate().find(|(_, h)| h.len() != k) {
+        return Err(Error::Unwritable {
+            path: path.to_owned(),
+            reason: format!(
+                "query {q} has {} results, not {k}; a matrix needs equal rows",
+                hits.len()
+            ),
+        });
+    }
+    let q = results.len();
+    let indices = Array2::from_shape_fn((q, k), |(i, j)| results[i][j].index);
+    let scores = Array2::from_shape_fn((q, k), |(i, j)| results[i][j].score);
+    Ok((indices, scores))
 }
 
 /// Reads results written by [`write_results`].
@@ -80,11 +167,20 @@ pub fn read_results(path: impl AsRef<Path>) -> Result<Vec<Vec<Neighbor>>> {
     }
 }
 
-/// Writes one JSON line per query.
+/// Writes one JSON line per query (complete or not at all).
 pub fn write_results_jsonl(path: impl AsRef<Path>, results: &[Vec<Neighbor>]) -> Result<()> {
     let path = path.as_ref();
-    let file = File::create(path).map_err(Error::io(path, "create"))?;
-    let mut out = BufWriter::new(file);
+    let mut file = AtomicFile::create(path)?;
+    write_jsonl_to(file.writer(), path, results)?;
+    file.commit()
+}
+
+/// Writes the `.jsonl` lines of `results` to `out`; errors name `path`.
+pub(crate) fn write_jsonl_to<W: Write>(
+    mut out: W,
+    path: &Path,
+    results: &[Vec<Neighbor>],
+) -> Result<()> {
     let mut line = String::new();
     for (q, hits) in results.iter().enumerate() {
         line.clear();
@@ -125,7 +221,7 @@ fn json_score(s: f32) -> String {
 /// Reads a `.jsonl` result file; line `q` must carry `"query": q`.
 pub fn read_results_jsonl(path: impl AsRef<Path>) -> Result<Vec<Vec<Neighbor>>> {
     let path = path.as_ref();
-    let file = File::open(path).map_err(Error::io(path, "open"))?;
+    let (file, _) = open_regular(path)?;
     let mut results = Vec::new();
     for (i, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(Error::io(path, "read"))?;
@@ -196,26 +292,21 @@ fn parse_score(v: &Value) -> Option<f32> {
 /// Writes indices to `path` and scores to [`scores_path`]`(path)`; returns the latter.
 ///
 /// Every query must have the same number of results (a search returns
-/// `min(K, N)` for each).
+/// `min(K, N)` for each); both files appear together or neither does.
 pub fn write_results_npy(path: impl AsRef<Path>, results: &[Vec<Neighbor>]) -> Result<PathBuf> {
     let path = path.as_ref();
-    let k = results.first().map_or(0, Vec::len);
-    if let Some((q, hits)) = results.iter().enumerate().find(|(_, h)| h.len() != k) {
-        return Err(Error::Unwritable {
+    if ResultFormat::of(path) != Some(ResultFormat::Npy) {
+        return Err(Error::UnknownFormat {
             path: path.to_owned(),
-            reason: format!(
-                "query {q} has {} results but query 0 has {k}; a matrix needs equal rows",
-                hits.len()
-            ),
+            expected: ".npy",
         });
     }
-    let q = results.len();
-    let indices = Array2::from_shape_fn((q, k), |(i, j)| results[i][j].index);
-    let scores = Array2::from_shape_fn((q, k), |(i, j)| results[i][j].score);
-    let scores_file = scores_path(path);
-    write_npy_u32(path, indices.view())?;
-    write_npy_f32(&scores_file, scores.view())?;
-    Ok(scores_file)
+    let k = results.first().map_or(0, Vec::len);
+    let mut paths = ResultFiles::create(path)?.write(results, k)?;
+    paths.pop().ok_or_else(|| Error::Unwritable {
+        path: path.to_owned(),
+        reason: "no score file was written".to_owned(),
+    })
 }
 
 /// Reads the index matrix at `path` and the score matrix beside it.
@@ -242,4 +333,53 @@ pub fn read_results_npy(path: impl AsRef<Path>) -> Result<Vec<Vec<Neighbor>>> {
                 .collect()
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A disk that fills up after `room` bytes.
+    struct FullDisk {
+        room: usize,
+    }
+
+    impl Write for FullDisk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn hits(q: usize) -> Vec<Vec<Neighbor>> {
+        (0..q)
+            .map(|i| vec![Neighbor::new(i as u32, 0.5), Neighbor::new(0, -1.0)])
+            .collect()
+    }
+
+    #[test]
+    fn full_disk_during_a_jsonl_write_is_an_error_naming_the_file() {
+        let p = Path::new("r.jsonl");
+        let e = write_jsonl_to(FullDisk { room: 100 }, p, &hits(2000)).unwrap_err();
+        assert!(
+            matches!(&e, Error::Io { op: "write", source, .. } if source.raw_os_error() == Some(28)),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("r.jsonl"), "{e}");
+    }
+
+    #[test]
+    fn full_disk_during_a_npy_write_is_an_error_naming_the_file() {
+        let p = Path::new("r.scores.npy");
+        let (_, scores) = matrices(p, &hits(2000), 2).unwrap();
+        let e = write_npy_to(FullDisk { room: 300 }, p, scores.view()).unwrap_err();
+        assert!(matches!(e, Error::Io { op: "write", .. }), "{e:?}");
+    }
 }

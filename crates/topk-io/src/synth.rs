@@ -63,6 +63,18 @@ pub fn gaussian_queries(q: usize, d: usize, seed: u64, normalize: bool) -> Array
     rows(Stream::Queries, q, d, seed, normalize)
 }
 
+/// Fills `out` with consecutive rows of `d` values of `stream`, row `i`
+/// being [`gaussian_row`]`(stream, seed, i, ..)`: the same values as [`rows`],
+/// into a buffer the caller allocated (and could fail to allocate gracefully).
+pub fn fill_rows(stream: Stream, d: usize, seed: u64, normalize: bool, out: &mut [f32]) {
+    if d == 0 {
+        return;
+    }
+    out.par_chunks_mut(d)
+        .enumerate()
+        .for_each(|(i, row)| gaussian_row(stream, seed, i, normalize, row));
+}
+
 /// `n × d` rows of `stream`.
 pub fn rows(stream: Stream, n: usize, d: usize, seed: u64, normalize: bool) -> Array2<f32> {
     let mut out = Array2::<f32>::zeros((n, d));

@@ -6,10 +6,7 @@ use topk_core::{canon_dot as ref_dot, canon_norm as ref_norm, canon_sqdist as re
 
 use super::*;
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-
-use common::{palette, vector_of, Kind, Rng};
+use topk_testkit::corpora::{self as common, palette, vector_of, Kind, Rng};
 
 /// The paths to test; fails when a path this CPU must offer is missing, so a
 /// run cannot pass by testing less than it claims.

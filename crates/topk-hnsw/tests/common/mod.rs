@@ -25,6 +25,7 @@ pub fn params() -> HnswParams {
         ef_construction: 64,
         ef_search: 64,
         seed: 7,
+        ..HnswParams::default()
     }
 }
 

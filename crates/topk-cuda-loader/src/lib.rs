@@ -1,0 +1,411 @@
+//! The CUDA backend of topk, loaded at run time.
+//!
+//! The GPU engine ([`topk_cuda`] with its `cuda` feature) links the NVIDIA
+//! driver's `libcuda.so.1`. A program that linked it directly would not start
+//! at all on a machine without the driver, whatever backend it was asked to
+//! use. So the engine is built as a separate library,
+//! `libtopk_cuda_plugin.so` (crates/topk-cuda-plugin), behind the small C ABI
+//! of [`abi`], and this crate, which links no CUDA at all, opens it with
+//! `libloading` the first time a CUDA backend is asked for. Where the driver
+//! is missing, that is an ordinary error ([`LoadError::DriverMissing`], which
+//! names `libcuda.so.1`) and every other backend keeps working.
+//!
+//! The plugin is looked for (see [`plugin_path`]) at `$TOPK_CUDA_PLUGIN` when
+//! set, else next to the running executable, in its parent folder, and in
+//! `../lib`. Build it with `cargo build --release -p topk-cuda-plugin
+//! --features cuda`.
+//!
+//! ```no_run
+//! use topk_core::{Metric, Retriever};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (n, d) = (1_000, 64);
+//! let corpus: Vec<f32> = (0..n * d).map(|i| (i % 17) as f32).collect();
+//! let config = topk_cuda_loader::CudaConfig::default();
+//! match topk_cuda_loader::open_rowmajor(&corpus, d, Metric::Dot, &config) {
+//!     Ok(gpu) => println!("best row: {}", gpu.search(&corpus[..d], 1)?[0].index),
+//!     Err(e) => eprintln!("no CUDA backend here: {e}"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Inputs are checked here, by the rules of docs/CONTRACTS.md §4 (the same
+//! `topk_core::validate` calls as every backend), before anything crosses
+//! into the plugin, so a bad query gets the same typed error on every backend.
+
+pub mod abi;
+mod error;
+mod ffi;
+mod locate;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ndarray::ArrayView2;
+use topk_core::{validate, Metric, Neighbor, Retriever};
+
+pub use error::{EngineErrorKind, LoadError};
+
+use abi::{metric_code, metric_from_code, PluginConfig, Status};
+use ffi::{CallError, Handle, Plugin};
+
+/// The engine limits a CUDA backend is opened with (the engine's own type;
+/// only its `device`, `max_k`, `max_batch` and `streams` reach the plugin,
+/// everything else keeps the engine's defaults).
+pub use topk_cuda::CudaConfig;
+
+/// What the driver reports about a device, and which plugin asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSummary {
+    /// The plugin file that answered.
+    pub plugin: PathBuf,
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Marketing name, e.g. "NVIDIA H200".
+    pub name: String,
+    /// Driver API version, e.g. "13.0".
+    pub driver_version: String,
+    /// Device memory in bytes.
+    pub total_memory: u64,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+}
+
+/// Plugins loaded so far, by path; never unloaded (engines and the CUDA
+/// driver's state live in them).
+static LOADED: Mutex<Option<HashMap<PathBuf, Arc<Plugin>>>> = Mutex::new(None);
+
+/// The plugin file a CUDA backend would load now, or where it was looked for.
+pub fn plugin_path() -> Result<PathBuf, LoadError> {
+    locate::find()
+}
+
+/// Finds and loads the plugin (once per path).
+fn plugin() -> Result<Arc<Plugin>, LoadError> {
+    let path = locate::find()?;
+    let mut loaded = LOADED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let map = loaded.get_or_insert_with(HashMap::new);
+    if let Some(p) = map.get(&path) {
+        return Ok(Arc::clone(p));
+    }
+    let p = Arc::new(Plugin::load(&path)?);
+    tracing::debug!(plugin = %path.display(), "loaded the CUDA plugin");
+    map.insert(path, Arc::clone(&p));
+    Ok(p)
+}
+
+/// The error of a failed plugin call.
+fn call_error(path: &Path, (status, message): CallError) -> LoadError {
+    let kind = match status {
+        Status::NotCompiled => {
+            return LoadError::WithoutCuda {
+                path: path.to_owned(),
+            }
+        }
+        Status::NoDriver => EngineErrorKind::NoDriver,
+        Status::NoDevice => EngineErrorKind::NoDevice,
+        Status::OutOfMemory => EngineErrorKind::OutOfMemory,
+        Status::InvalidInput => EngineErrorKind::InvalidInput,
+        Status::InvalidOption => EngineErrorKind::InvalidOption,
+        Status::Driver => EngineErrorKind::Driver,
+        Status::Panic => EngineErrorKind::Panic,
+        Status::BadArgument => EngineErrorKind::BadArgument,
+        Status::Ok | Status::Other | Status::Unknown(_) => EngineErrorKind::Other,
+    };
+    let message = if message.is_empty() {
+        format!("the CUDA plugin failed with status {}", status.code())
+    } else {
+        message
+    };
+    LoadError::Engine { kind, message }
+}
+
+/// Whether a CUDA backend can run here: loads the plugin and asks the driver
+/// about device 0. The error says what is missing (the plugin file, the
+/// NVIDIA driver, a device, or a plugin built with CUDA).
+pub fn available() -> Result<DeviceSummary, LoadError> {
+    available_device(CudaConfig::default().device)
+}
+
+/// As [`available`], for device ordinal `device`.
+pub fn available_device(device: usize) -> Result<DeviceSummary, LoadError> {
+    let p = plugin()?;
+    let raw = p
+        .device_summary(device)
+        .map_err(|e| call_error(p.path(), e))?;
+    Ok(DeviceSummary {
+        plugin: p.path().to_owned(),
+        device,
+        name: abi::field_text(&raw.name, raw.name_len),
+        driver_version: abi::field_text(&raw.driver_version, raw.driver_version_len),
+        total_memory: raw.total_memory,
+        compute_capability: (raw.compute_major, raw.compute_minor),
+        multiprocessors: raw.multiprocessors,
+    })
+}
+
+/// Uploads a row-major corpus of `data.len() / dim` rows to the GPU through
+/// the plugin.
+///
+/// Errors: the input rules of docs/CONTRACTS.md §4 ([`LoadError::Input`]),
+/// then whatever keeps the plugin from loading, then the engine's own
+/// (no device, out of memory, a configuration value out of range).
+pub fn open_rowmajor(
+    data: &[f32],
+    dim: usize,
+    metric: Metric,
+    config: &CudaConfig,
+) -> Result<CudaPlugin, LoadError> {
+    let n = validate::corpus(data, dim)?;
+    let p = plugin()?;
+    let handle = p
+        .open(
+            data,
+            dim,
+            metric_code(metric),
+            &PluginConfig::from_config(config),
+        )
+        .map_err(|e| call_error(p.path(), e))?;
+    let reported = (
+        handle.len(),
+        handle.dim(),
+        metric_from_code(handle.metric()),
+    );
+    if reported != (n, dim, Some(metric)) {
+        return Err(LoadError::Engine {
+            kind: EngineErrorKind::BadArgument,
+            message: format!(
+                "the CUDA plugin {} opened N = {}, D = {}, metric code {} for N = {n}, D = {dim}, {metric}",
+                p.path().display(),
+                reported.0,
+                reported.1,
+                handle.metric()
+            ),
+        });
+    }
+    let device_name = handle.device_name().map_err(|e| call_error(p.path(), e))?;
+    Ok(CudaPlugin {
+        handle,
+        n,
+        dim,
+        metric,
+        device_name,
+    })
+}
+
+/// As [`open_rowmajor`], from an `N × D` view of any layout (copied once to
+/// row-major order when it is not already).
+pub fn open(
+    corpus: ArrayView2<'_, f32>,
+    metric: Metric,
+    config: &CudaConfig,
+) -> Result<CudaPlugin, LoadError> {
+    let dim = corpus.ncols();
+    match corpus.as_slice() {
+        Some(flat) => open_rowmajor(flat, dim, metric, config),
+        None => {
+            validate::corpus_view(corpus)?;
+            let flat: Vec<f32> = corpus.iter().copied().collect();
+            open_rowmajor(&flat, dim, metric, config)
+        }
+    }
+}
+
+/// A GPU-resident corpus inside the plugin: a [`Retriever`] like any other,
+/// returning the bytes of the CPU oracle.
+#[derive(Debug)]
+pub struct CudaPlugin {
+    handle: Handle,
+    n: usize,
+    dim: usize,
+    metric: Metric,
+    device_name: String,
+}
+
+impl CudaPlugin {
+    /// The device the corpus lives on, e.g. "NVIDIA H200".
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// The plugin file the engine runs in.
+    pub fn plugin_path(&self) -> &Path {
+        self.handle.plugin().path()
+    }
+
+    fn fail(&self, e: CallError) -> LoadError {
+        call_error(self.plugin_path(), e)
+    }
+
+    /// One host query, with this crate's error type.
+    pub fn search_host(
+        &self,
+        query: &[f32],
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), LoadError> {
+        validate::query(query, self.dim)?;
+        let kk = validate::k(k, self.n)?;
+        let mut indices = vec![0u32; kk];
+        let mut scores = vec![0f32; kk];
+        let got = self
+            .handle
+            .search(query, k, &mut indices, &mut scores)
+            .map_err(|e| self.fail(e))?;
+        out.clear();
+        out.extend(
+            indices[..got]
+                .iter()
+                .zip(&scores[..got])
+                .map(|(&i, &s)| Neighbor::new(i, s)),
+        );
+        Ok(())
+    }
+
+    /// A batch of row-major queries (`queries.len() / D` of them), searched
+    /// by the engine's batch path, with this crate's error type.
+    pub fn search_batch_rowmajor(
+        &self,
+        queries: &[f32],
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, LoadError> {
+        let d = self.dim;
+        if queries.len() % d != 0 {
+            return Err(LoadError::Input(topk_core::Error::DimensionMismatch {
+                what: format!("a batch buffer of {} values", queries.len()),
+                expected: d,
+                got: queries.len() % d,
+            }));
+        }
+        for (i, q) in queries.chunks(d).enumerate() {
+            validate::query_at(q, d, i)?;
+        }
+        let kk = validate::k(k, self.n)?;
+        let nq = queries.len() / d;
+        if nq == 0 {
+            return Ok(Vec::new());
+        }
+        let room = nq.checked_mul(kk).ok_or_else(|| {
+            LoadError::Input(topk_core::Error::InvalidParameter {
+                name: "k",
+                value: k.to_string(),
+                reason: format!("{nq} queries × {kk} results do not fit in memory"),
+            })
+        })?;
+        let mut indices = vec![0u32; room];
+        let mut scores = vec![0f32; room];
+        let mut counts = vec![0usize; nq];
+        self.handle
+            .search_batch(queries, d, k, kk, &mut indices, &mut scores, &mut counts)
+            .map_err(|e| self.fail(e))?;
+        Ok(counts
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                let at = i * kk;
+                let c = c.min(kk);
+                indices[at..at + c]
+                    .iter()
+                    .zip(&scores[at..at + c])
+                    .map(|(&i, &s)| Neighbor::new(i, s))
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+impl Retriever for CudaPlugin {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn metric(&self) -> Metric {
+        self.metric
+    }
+    fn search_into(
+        &self,
+        query: &[f32],
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> topk_core::Result<()> {
+        Ok(self.search_host(query, k, out)?)
+    }
+    fn search_batch(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+    ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
+        validate::queries(queries, self.dim)?;
+        validate::k(k, self.n)?;
+        let res = match queries.as_slice() {
+            Some(flat) => self.search_batch_rowmajor(flat, k),
+            None => {
+                let flat: Vec<f32> = queries.iter().copied().collect();
+                self.search_batch_rowmajor(&flat, k)
+            }
+        };
+        Ok(res?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plugin_without_cuda_is_its_own_error() {
+        let e = call_error(Path::new("/p.so"), (Status::NotCompiled, "x".to_owned()));
+        assert!(matches!(e, LoadError::WithoutCuda { .. }), "{e}");
+        assert!(e.to_string().contains(abi::BUILD_COMMAND), "{e}");
+    }
+
+    #[test]
+    fn engine_errors_keep_the_engine_text() {
+        let text = "out of device memory allocating corpus: 10 bytes requested, 5 bytes available";
+        let e = call_error(Path::new("/p.so"), (Status::OutOfMemory, text.to_owned()));
+        assert!(
+            matches!(
+                &e,
+                LoadError::Engine {
+                    kind: EngineErrorKind::OutOfMemory,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(e.to_string(), text);
+        let e = call_error(Path::new("/p.so"), (Status::Unknown(77), String::new()));
+        assert!(e.to_string().contains("status 77"), "{e}");
+    }
+
+    #[test]
+    fn bad_corpora_are_refused_before_any_plugin_is_looked_for() {
+        let config = CudaConfig::default();
+        let e = open_rowmajor(&[], 4, Metric::Dot, &config).err();
+        assert!(
+            matches!(e, Some(LoadError::Input(topk_core::Error::EmptyCorpus))),
+            "{e:?}"
+        );
+        let e = open_rowmajor(&[1.0, f32::NAN], 2, Metric::L2, &config).err();
+        assert!(
+            matches!(
+                e,
+                Some(LoadError::Input(topk_core::Error::NonFinite {
+                    column: 1,
+                    ..
+                }))
+            ),
+            "{e:?}"
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! What a caller chooses when building an engine ([`CudaConfig`]), and the
+//! engine's internal heuristics ([`Tuning`]), which benchmarks, probes and
+//! tests may set but a user never needs to.
+
+use crate::plan::PlanPath;
+use crate::CudaError;
+
+/// Limits of an engine, fixed at construction: every device and pinned buffer
+/// is sized from them once, so a search allocates nothing.
+///
+/// ```
+/// let mut config = topk_cuda::CudaConfig::default();
+/// config.max_k = 100;
+/// config.streams = 4;
+/// assert!(config.check().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CudaConfig {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Largest K selected on the device (1..=2048). Larger K still works,
+    /// finished on the host from the scores.
+    pub max_k: usize,
+    /// Queries a batch stages at once (at most 1,024; a larger batch runs in
+    /// turns): each stream holds their inputs and results, and queues all of
+    /// a turn's chunks before waiting once. Also bounds the queries of one
+    /// [`crate::CudaRetriever::score_ids`] call (with 64).
+    pub max_batch: usize,
+    /// Concurrent searches (streams and scratch slots), 1..=64.
+    pub streams: usize,
+    /// The engine's heuristics; the defaults are the measured choices.
+    #[doc(hidden)]
+    pub tuning: Tuning,
+}
+
+/// Heuristics of the engine: which path serves which shape, and the sizes
+/// of its scratch. Every setting gives the same answers, bit for bit; only
+/// the time differs. Hidden from the documentation: benchmarks, probes and
+/// tests set them to reach a given path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Tuning {
+    /// Bytes of score scratch per stream for batches: a turn is scored and
+    /// selected in chunks of `batch_scratch / (4 N)` queries, but at least 64
+    /// (then `64 × N` floats) and at most `max_batch`. Larger chunks mean
+    /// fewer, fuller launches.
+    pub batch_scratch: usize,
+    /// Capacity of [`crate::CudaRetriever::score_ids`] in ids per call.
+    pub max_gather: usize,
+    /// Corpora of at most this many rows select each query in one block
+    /// (one launch after scoring); larger ones use grid-wide launches
+    /// (histogram and threshold, then gather and sort). 0 always uses the
+    /// grid-wide path.
+    pub fuse_rows: usize,
+    /// Corpora of more than `fuse_rows` and at most this many rows run a
+    /// single query with K <= `max_k` as one cooperative launch (scoring and
+    /// every selection pass, with grid barriers between them) where the
+    /// device supports it. 0 turns it off.
+    pub single_launch_rows: usize,
+    /// Host queries with K <= `max_k` replay a CUDA graph of their whole
+    /// sequence (query copy, kernels, result copy), built node by node once
+    /// per scratch slot and K (no stream capture, so other threads' CUDA
+    /// calls cannot interfere), instead of queueing each step: one launch
+    /// per query. Device queries do the same per K and query buffer, from
+    /// a buffer's second use (a few recent buffers are remembered), the
+    /// graph reading the query in place. Where the driver cannot build a
+    /// graph, the steps are queued.
+    pub graphs: bool,
+    /// The selection kernels write each query's K results straight into
+    /// pinned host memory mapped into the device's address space, so no
+    /// result copy follows them (used where the device can map host memory
+    /// with unified addressing; otherwise results are copied back).
+    pub mapped_results: bool,
+    /// A host query's graph starts with a one-block kernel that reads the
+    /// query from pinned host memory mapped into the device's address space,
+    /// instead of a host-to-device copy node (used where host memory can be
+    /// mapped with unified addressing; otherwise the copy stays).
+    pub mapped_queries: bool,
+    /// Batch chunks of at least `filter_queries` queries over corpora of at
+    /// least `filter_rows` rows (D % 4 == 0, K <= 1,024 and `max_k`) are
+    /// filtered: TF32 tensor cores bound every score, and only the rows
+    /// whose bound reaches the K-th best lower bound (at most 4,096 per
+    /// query) are scored canonically (`kernels/filter.cu`). The answer is
+    /// the same, bit for bit; a chunk whose bounds do not separate (heavy
+    /// ties) runs again on the canonical path
+    /// ([`crate::CudaRetriever::filter_reruns`] counts them). `usize::MAX`
+    /// turns it off.
+    pub filter_rows: usize,
+    /// See `filter_rows`.
+    pub filter_queries: usize,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            device: 0,
+            max_k: 2048,
+            max_batch: 256,
+            streams: 2,
+            tuning: Tuning::default(),
+        }
+    }
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            batch_scratch: DEFAULT_BATCH_SCRATCH,
+            max_gather: 65_536,
+            fuse_rows: DEFAULT_FUSE_ROWS,
+            single_launch_rows: DEFAULT_SINGLE_LAUNCH_ROWS,
+            graphs: true,
+            mapped_results: true,
+            mapped_queries: true,
+            filter_rows: DEFAULT_FILTER_ROWS,
+            filter_queries: DEFAULT_FILTER_QUERIES,
+        }
+    }
+}
+
+/// Default of `Tuning::batch_scratch`: 256 MiB, what 64-query chunks
+/// need at 1M rows; smaller corpora get larger chunks (all 256 queries of a
+/// default batch up to 262,144 rows).
+pub const DEFAULT_BATCH_SCRATCH: usize = 256 << 20;
+
+/// Default of `Tuning::filter_rows` and `Tuning::filter_queries`: where the
+/// filtered path was faster than the canonical one on an H200 (K = 100,
+/// from 64 queries at 50k-1M rows; `bench/gpu/NOTES.md`).
+pub const DEFAULT_FILTER_ROWS: usize = 50_000;
+/// See [`DEFAULT_FILTER_ROWS`].
+pub const DEFAULT_FILTER_QUERIES: usize = 64;
+
+/// Default of `Tuning::fuse_rows`: where one block reading every score
+/// twice still costs less than a second launch.
+pub const DEFAULT_FUSE_ROWS: usize = 16_384;
+
+/// Default of `Tuning::single_launch_rows`: above it the separate scoring
+/// kernel's deeper staging outweighs the launch saved (measured on an H200;
+/// `bench/gpu/NOTES.md`).
+pub const DEFAULT_SINGLE_LAUNCH_ROWS: usize = 131_072;
+
+/// Largest `max_k`: half the device's candidate buffer, so that K plus the
+/// rows tied at the threshold bin still fit.
+pub const MAX_DEVICE_K: usize = 2048;
+
+impl CudaConfig {
+    /// Checks the ranges documented on each field.
+    pub fn check(&self) -> Result<(), CudaError> {
+        if self.max_k == 0 || self.max_k > MAX_DEVICE_K {
+            return Err(CudaError::InvalidOption {
+                name: "max_k",
+                value: self.max_k,
+                reason: "must be in 1..=2048 (larger K is served from the host path)",
+            });
+        }
+        if self.max_batch == 0 {
+            return Err(CudaError::InvalidOption {
+                name: "max_batch",
+                value: 0,
+                reason: "must be at least 1",
+            });
+        }
+        if self.streams == 0 || self.streams > 64 {
+            return Err(CudaError::InvalidOption {
+                name: "streams",
+                value: self.streams,
+                reason: "must be in 1..=64",
+            });
+        }
+        Ok(())
+    }
+
+    /// A default configuration whose tuning sends every search the shape
+    /// allows down `path` (a conformance tester's way to reach each path;
+    /// [`crate::CudaRetriever::path_counts`] says which ran):
+    ///
+    /// | path | tuning |
+    /// | --- | --- |
+    /// | `OneLaunch` | one cooperative launch for every N (where the device supports it), batches canonical |
+    /// | `SmallSelect` | one-block selection for every N, steps queued without graphs, batches canonical |
+    /// | `FusedGather`, `HistGather` | grid-wide selection for every N, results and queries copied rather than mapped, batches canonical (which of the two runs is D's choice: `HistGather` past 16,384 columns) |
+    /// | `HostSelect` | `max_k = 1`: every K >= 2 selected on the host |
+    /// | `CanonicalBatch` | batches never filtered, single queries grid-wide |
+    /// | `FilteredBatch` | every batch chunk filtered where D % 4 == 0 and K <= 1,024, single queries one-block without graphs |
+    #[doc(hidden)]
+    pub fn for_path(path: PlanPath) -> CudaConfig {
+        let mut c = CudaConfig::default();
+        let t = &mut c.tuning;
+        t.filter_rows = usize::MAX;
+        match path {
+            PlanPath::OneLaunch => {
+                t.fuse_rows = 0;
+                t.single_launch_rows = usize::MAX;
+            }
+            PlanPath::SmallSelect => {
+                t.fuse_rows = usize::MAX;
+                t.single_launch_rows = 0;
+                t.graphs = false;
+            }
+            PlanPath::FusedGather | PlanPath::HistGather | PlanPath::CanonicalBatch => {
+                t.fuse_rows = 0;
+                t.single_launch_rows = 0;
+                t.mapped_results = false;
+                t.mapped_queries = false;
+            }
+            PlanPath::HostSelect => {
+                c.max_k = 1;
+            }
+            PlanPath::FilteredBatch => {
+                t.fuse_rows = usize::MAX;
+                t.single_launch_rows = 0;
+                t.graphs = false;
+                t.filter_rows = 0;
+                t.filter_queries = 0;
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_valid_and_out_of_range_limits_are_named() {
+        assert!(CudaConfig::default().check().is_ok());
+        for (field, set) in [
+            ("max_k", (|c: &mut CudaConfig| c.max_k = 0) as fn(&mut CudaConfig)),
+            ("max_k", |c| c.max_k = MAX_DEVICE_K + 1),
+            ("max_batch", |c| c.max_batch = 0),
+            ("streams", |c| c.streams = 0),
+            ("streams", |c| c.streams = 65),
+        ] {
+            let mut c = CudaConfig::default();
+            set(&mut c);
+            match c.check() {
+                Err(CudaError::InvalidOption { name, .. }) => assert_eq!(name, field),
+                other => panic!("{field}: expected InvalidOption, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_has_a_valid_configuration() {
+        for &path in PlanPath::ALL {
+            assert!(CudaConfig::for_path(path).check().is_ok(), "{path}");
+        }
+        assert_eq!(CudaConfig::for_path(PlanPath::HostSelect).max_k, 1);
+    }
+}

@@ -1,0 +1,239 @@
+//! The raw driver calls the engine makes outside kernel launches: statuses
+//! turned into typed errors, free memory, device attributes, uninitialised
+//! allocations, the device address of mapped host memory, stream queries and
+//! the volatile read of a result header the device writes into host memory.
+//! With `launch`, the only module of the crate with `unsafe`.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use cust::device::Device;
+use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice, LockedBuffer};
+use cust::stream::Stream;
+use cust::sys as cu;
+
+use crate::device::DevNeighbor;
+use crate::error::CudaError;
+
+/// A raw device address.
+pub(crate) type DPtr = cu::CUdeviceptr;
+
+/// Turns a raw driver status into a typed error naming the operation.
+pub(crate) fn check(op: &'static str, status: cu::CUresult) -> Result<(), CudaError> {
+    if status == cu::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else if status == cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        Err(CudaError::OutOfMemory {
+            what: op,
+            requested: 0,
+            available: free_memory().unwrap_or(0),
+        })
+    } else {
+        Err(CudaError::Driver {
+            op,
+            reason: format!("{status:?}"),
+        })
+    }
+}
+
+/// Free device memory of the current context, in bytes.
+pub(crate) fn free_memory() -> Result<usize, CudaError> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: both pointers are valid for writes of one usize.
+    let status = unsafe { cu::cuMemGetInfo_v2(&mut free, &mut total) };
+    if status == cu::CUresult::CUDA_SUCCESS {
+        Ok(free)
+    } else {
+        Err(CudaError::Driver {
+            op: "cuMemGetInfo",
+            reason: format!("{status:?}"),
+        })
+    }
+}
+
+/// The driver API version, e.g. 13000 for 13.0.
+pub(crate) fn driver_version() -> Result<i32, CudaError> {
+    let mut driver = 0i32;
+    // SAFETY: `driver` is valid for one i32 write.
+    check("cuDriverGetVersion", unsafe {
+        cu::cuDriverGetVersion(&mut driver)
+    })?;
+    Ok(driver)
+}
+
+/// A device attribute the engine asks about by its raw id.
+pub(crate) type DeviceAttr = cu::CUdevice_attribute;
+
+/// Whether a yes/no attribute of `dev` is set.
+pub(crate) fn device_flag(dev: Device, attr: DeviceAttr) -> Result<bool, CudaError> {
+    let mut v = 0i32;
+    // SAFETY: `v` is valid for one i32 write; `dev` is a live device.
+    check("cuDeviceGetAttribute", unsafe {
+        cu::cuDeviceGetAttribute(&mut v, attr, dev.as_raw())
+    })?;
+    Ok(v != 0)
+}
+
+/// Allocates `len` (at least 1) elements, naming the buffer in an
+/// out-of-memory error. The contents are unspecified until written.
+pub(crate) fn alloc<T: DeviceCopy>(
+    what: &'static str,
+    len: usize,
+) -> Result<DeviceBuffer<T>, CudaError> {
+    let len = len.max(1);
+    // SAFETY: `DeviceCopy` types are plain bytes for which any bit pattern
+    // is a value, and device memory is only read by kernels and copies,
+    // never as a Rust reference; every buffer is written by a copy or a
+    // kernel before it is read (the counters and histograms are zeroed
+    // explicitly after allocation).
+    unsafe { DeviceBuffer::uninitialized(len) }.map_err(|e| match e {
+        cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
+            what,
+            requested: len * std::mem::size_of::<T>(),
+            available: free_memory().unwrap_or(0),
+        },
+        other => CudaError::driver("cuMemAlloc", other),
+    })
+}
+
+/// A view of `len` elements of `T` in device memory (or in host memory
+/// mapped into the device's address space) at a device address: what the
+/// launch wrappers take, each checking the lengths its kernel needs.
+#[derive(Debug)]
+pub(crate) struct DevSlice<'a, T> {
+    ptr: DPtr,
+    len: usize,
+    _buffer: PhantomData<&'a [T]>,
+}
+
+impl<T> Clone for DevSlice<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevSlice<'_, T> {}
+
+impl<'a, T: DeviceCopy> DevSlice<'a, T> {
+    /// The whole of a device buffer.
+    pub(crate) fn of(buf: &'a DeviceSlice<T>) -> Self {
+        DevSlice {
+            ptr: buf.as_device_ptr().as_raw(),
+            len: buf.len(),
+            _buffer: PhantomData,
+        }
+    }
+}
+
+impl<'a, T> DevSlice<'a, T> {
+    /// The device address of the first element.
+    pub(crate) fn ptr(&self) -> DPtr {
+        self.ptr
+    }
+
+    /// Elements in view.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes in view.
+    pub(crate) fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The elements from `start` on; an error naming `what` past the end.
+    pub(crate) fn skip(self, what: &'static str, start: usize) -> Result<Self, CudaError> {
+        self.range(what, start, self.len.saturating_sub(start))
+    }
+
+    /// `len` elements from `start`; an error naming `what` past the end.
+    pub(crate) fn range(
+        self,
+        what: &'static str,
+        start: usize,
+        len: usize,
+    ) -> Result<Self, CudaError> {
+        match start.checked_add(len) {
+            Some(end) if end <= self.len => Ok(DevSlice {
+                ptr: self.ptr + (start * std::mem::size_of::<T>()) as DPtr,
+                len,
+                _buffer: PhantomData,
+            }),
+            _ => Err(CudaError::DeviceBufferTooSmall {
+                what,
+                needed: start.saturating_add(len),
+                len: self.len,
+            }),
+        }
+    }
+
+    /// Checks that the view holds at least `needed` elements.
+    pub(crate) fn need(&self, what: &'static str, needed: usize) -> Result<(), CudaError> {
+        if needed <= self.len {
+            Ok(())
+        } else {
+            Err(CudaError::DeviceBufferTooSmall {
+                what,
+                needed,
+                len: self.len,
+            })
+        }
+    }
+}
+
+/// The device's view of page-locked host memory from cuMemAllocHost, which
+/// is mapped into the device's address space where the device can map host
+/// memory with unified addressing (checked by the caller before asking).
+///
+/// The view does not borrow `host`: the slot that owns the buffer keeps the
+/// view beside it and drops both together, after its stream is idle.
+pub(crate) fn mapped<T: DeviceCopy>(
+    host: &mut LockedBuffer<T>,
+) -> Result<DevSlice<'static, T>, CudaError> {
+    let mut dev: DPtr = 0;
+    // SAFETY: `dev` is valid for one write; the driver checks that the
+    // pointer is page-locked memory it allocated and reports an error
+    // otherwise.
+    let status =
+        unsafe { cu::cuMemHostGetDevicePointer_v2(&mut dev, host.as_mut_ptr() as *mut c_void, 0) };
+    check("cuMemHostGetDevicePointer", status)?;
+    Ok(DevSlice {
+        ptr: dev,
+        len: host.len(),
+        _buffer: PhantomData,
+    })
+}
+
+/// A caller's device buffer as a view for a graph that outlives the borrow:
+/// the graph is replayed only while a query of this very address and length
+/// is searched (see the graph cache).
+pub(crate) fn detached<T: DeviceCopy>(buf: &DeviceSlice<T>) -> DevSlice<'static, T> {
+    DevSlice {
+        ptr: buf.as_device_ptr().as_raw(),
+        len: buf.len(),
+        _buffer: PhantomData,
+    }
+}
+
+/// Whether all the work queued on `stream` has finished (`Ok(false)`: some
+/// is still running); a failed launch is its error.
+pub(crate) fn stream_done(stream: &Stream) -> Result<bool, CudaError> {
+    // SAFETY: the stream handle is live while `stream` is.
+    let status = unsafe { cu::cuStreamQuery(stream.as_inner()) };
+    if status == cu::CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check("cuStreamQuery", status)?;
+    Ok(true)
+}
+
+/// The status word of the first result row in `buf`, read afresh from
+/// memory each call: the device writes it (mapped host memory) while the
+/// host polls.
+pub(crate) fn read_header(buf: &LockedBuffer<DevNeighbor>) -> u32 {
+    let header = buf.as_ptr() as *const u32;
+    // SAFETY: `buf` holds at least one element (every pinned buffer is
+    // allocated with at least one), `DevNeighbor` is repr(C) with the u32
+    // index first, and the memory is page-locked and aligned for a u32; a
+    // volatile read sees each new value the device writes.
+    unsafe { std::ptr::read_volatile(header) }
+}

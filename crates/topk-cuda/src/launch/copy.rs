@@ -1,0 +1,113 @@
+//! Asynchronous copies between page-locked host buffers and device views,
+//! and zeroing, on a stream or as graph nodes.
+//!
+//! The host side is always a pinned buffer owned by the caller's slot (or
+//! helper), which outlives every copy queued on it: slots synchronise their
+//! stream before a buffer is dropped or read, and a graph lives no longer
+//! than the slot whose buffers it copies.
+
+use std::ffi::c_void;
+
+use cust::memory::{DeviceCopy, LockedBuffer};
+use cust::sys as cu;
+
+use super::graph::Mem;
+use super::Queue;
+use crate::driver::{check, DevSlice};
+use crate::error::CudaError;
+
+/// Host → device copy of `len` elements of `src` from `start` into `dst`,
+/// on `q`.
+pub(crate) fn h2d<T: DeviceCopy>(
+    q: Queue<'_>,
+    dst: DevSlice<'_, T>,
+    src: &LockedBuffer<T>,
+    start: usize,
+    len: usize,
+) -> Result<(), CudaError> {
+    dst.need("copy destination", len)?;
+    let host = src
+        .as_slice()
+        .get(start..start.saturating_add(len))
+        .ok_or(CudaError::DeviceBufferTooSmall {
+            what: "pinned copy source",
+            needed: start.saturating_add(len),
+            len: src.len(),
+        })?;
+    let (from, bytes) = (host.as_ptr() as *const c_void, std::mem::size_of_val(host));
+    match q {
+        // SAFETY: `host` is pinned memory of `bytes`, alive until the stream
+        // reaches the copy (module doc); `dst` holds at least `len` elements.
+        Queue::Stream(stream) => check("cuMemcpyHtoDAsync", unsafe {
+            cu::cuMemcpyHtoDAsync_v2(dst.ptr(), from, bytes, stream)
+        }),
+        // SAFETY: as above, for as long as the graph lives.
+        Queue::Graph(g) => unsafe {
+            g.copy(Mem::Device(dst.ptr()), Mem::Host(from as *mut c_void), bytes)
+        },
+    }
+}
+
+/// Device → host copy of all of `src` into the start of `dst`, on `q`; the
+/// host reads `dst` only after the stream has reached the copy.
+pub(crate) fn d2h<T: DeviceCopy>(
+    q: Queue<'_>,
+    dst: &mut LockedBuffer<T>,
+    src: DevSlice<'_, T>,
+) -> Result<(), CudaError> {
+    if dst.len() < src.len() {
+        return Err(CudaError::DeviceBufferTooSmall {
+            what: "pinned copy destination",
+            needed: src.len(),
+            len: dst.len(),
+        });
+    }
+    let (to, bytes) = (dst.as_mut_ptr() as *mut c_void, src.bytes());
+    match q {
+        // SAFETY: `dst` is pinned memory of at least `bytes`, alive and not
+        // read by the host until the stream reaches the copy (module doc).
+        Queue::Stream(stream) => check("cuMemcpyDtoHAsync", unsafe {
+            cu::cuMemcpyDtoHAsync_v2(to, src.ptr(), bytes, stream)
+        }),
+        // SAFETY: as above, for as long as the graph lives.
+        Queue::Graph(g) => unsafe { g.copy(Mem::Host(to), Mem::Device(src.ptr()), bytes) },
+    }
+}
+
+/// Device → device copy of all of `src` into the start of `dst` on
+/// `stream`; the two must not overlap.
+pub(crate) fn d2d<T: DeviceCopy>(
+    stream: cu::CUstream,
+    dst: DevSlice<'_, T>,
+    src: DevSlice<'_, T>,
+) -> Result<(), CudaError> {
+    dst.need("copy destination", src.len())?;
+    let (d0, s0, bytes) = (dst.ptr(), src.ptr(), src.bytes() as u64);
+    if d0 < s0 + bytes && s0 < d0 + bytes {
+        return Err(CudaError::InvalidOption {
+            name: "device copy",
+            value: bytes as usize,
+            reason: "source and destination overlap",
+        });
+    }
+    // SAFETY: both ranges lie in their views and do not overlap.
+    check("cuMemcpyDtoDAsync", unsafe {
+        cu::cuMemcpyDtoDAsync_v2(d0, s0, src.bytes(), stream)
+    })
+}
+
+/// Sets every word of `dst` to zero on `stream`.
+pub(crate) fn zero32(stream: cu::CUstream, dst: DevSlice<'_, u32>) -> Result<(), CudaError> {
+    // SAFETY: the range is exactly the view.
+    check("cuMemsetD32Async", unsafe {
+        cu::cuMemsetD32Async(dst.ptr(), 0, dst.len(), stream)
+    })
+}
+
+/// Sets every byte of `dst` to zero, synchronously.
+pub(crate) fn zero_sync<T>(dst: DevSlice<'_, T>) -> Result<(), CudaError> {
+    // SAFETY: the range is exactly the view.
+    check("cuMemsetD8", unsafe {
+        cu::cuMemsetD8_v2(dst.ptr(), 0, dst.bytes())
+    })
+}

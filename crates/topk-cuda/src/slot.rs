@@ -1,0 +1,260 @@
+//! Scratch slots: each concurrent search holds one, with its own stream,
+//! device buffers and pinned host staging, all sized at construction from
+//! a [`SlotShape`].
+
+use cust::memory::{DeviceBuffer, LockedBuffer};
+use cust::stream::{Stream, StreamFlags};
+
+use crate::device::{pinned, DevNeighbor, DevThreshold};
+use crate::driver::{self, alloc, DevSlice};
+use crate::error::{CudaError, DriverResult};
+use crate::graph::GraphCache;
+use crate::launch::{self, SelectBufs, AREA_STRIDE, CAND_CAP, MAYBE_CAP};
+
+/// Fewest queries per batch chunk (see [`Sizes::new`]).
+pub(crate) const BATCH_CHUNK: usize = 64;
+
+/// Most queries a slot stages at once; a larger `max_batch` runs in turns.
+const MAX_STAGED: usize = 1024;
+
+/// Scratch of one concurrent search: a stream, the query and result buffers
+/// (device and pinned host) of a whole staged batch, and the scoring and
+/// selection scratch of one chunk of it.
+pub(crate) struct Slot {
+    pub(crate) stream: Stream,
+    pub(crate) queries: DeviceBuffer<f32>,
+    pub(crate) qnorm: DeviceBuffer<f32>,
+    pub(crate) scores: DeviceBuffer<f32>,
+    pub(crate) area: DeviceBuffer<u32>,
+    pub(crate) th: DeviceBuffer<DevThreshold>,
+    pub(crate) cand: DeviceBuffer<u64>,
+    pub(crate) maybe: DeviceBuffer<u64>,
+    pub(crate) out: DeviceBuffer<DevNeighbor>,
+    pub(crate) ids: DeviceBuffer<u32>,
+    pub(crate) owner: DeviceBuffer<u32>,
+    pub(crate) id_scores: DeviceBuffer<f32>,
+    /// The filtered batch's listed rows, CAND_CAP per query of a chunk.
+    pub(crate) flist: DeviceBuffer<u32>,
+    /// Per chunk of a turn a flag asking the host to run the chunk again on
+    /// the canonical path, then per query of the turn its listed rows.
+    pub(crate) fcount: DeviceBuffer<u32>,
+    /// `fcount` copied back after a filtered turn.
+    pub(crate) fcount_host: LockedBuffer<u32>,
+    pub(crate) q_host: LockedBuffer<f32>,
+    pub(crate) out_host: LockedBuffer<DevNeighbor>,
+    /// `out_host` as the device sees it, where results are mapped: the
+    /// kernels write there and no copy follows.
+    out_mapped: Option<DevSlice<'static, DevNeighbor>>,
+    /// `q_host` as the device sees it, where host queries are read by
+    /// `topk_fetch_query` rather than copied (`Tuning::mapped_queries`).
+    pub(crate) q_mapped: Option<DevSlice<'static, f32>>,
+    pub(crate) scores_host: LockedBuffer<f32>,
+    pub(crate) ids_host: LockedBuffer<u32>,
+    pub(crate) owner_host: LockedBuffer<u32>,
+    pub(crate) id_scores_host: LockedBuffer<f32>,
+    /// The slot's query graphs.
+    pub(crate) graphs: GraphCache,
+}
+
+/// What one slot's buffers are sized for: N rows of D columns, the slot's
+/// [`Sizes`], `max_k` results per query, `gather` listed ids and
+/// `filter_list` rows listed by a filtered chunk (0 where batches are never
+/// filtered).
+pub(crate) struct SlotShape {
+    pub(crate) n: usize,
+    pub(crate) d: usize,
+    pub(crate) sizes: Sizes,
+    pub(crate) max_k: usize,
+    pub(crate) gather: usize,
+    pub(crate) filter_list: usize,
+}
+
+impl SlotShape {
+    /// Device bytes one slot needs, for the up-front memory check.
+    pub(crate) fn bytes(&self) -> usize {
+        let Sizes { staged, chunk } = self.sizes;
+        let (n, d) = (self.n, self.d);
+        staged * d * 4
+            + chunk * 4
+            + chunk * n * 4
+            + chunk * AREA_STRIDE * 4
+            + chunk * 16
+            + chunk * CAND_CAP * 8
+            + chunk * MAYBE_CAP * 8
+            + staged * (self.max_k + 1) * 8
+            + self.gather * 12
+            + self.filter_list * 4
+            + (self.sizes.turn_chunks() + staged) * 4
+    }
+}
+
+/// How many queries a slot holds: `staged` queries and their results at
+/// once (a batch call's turn), scored and selected `chunk` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sizes {
+    pub(crate) staged: usize,
+    pub(crate) chunk: usize,
+}
+
+impl Sizes {
+    /// `max_batch` queries staged (at most [`MAX_STAGED`]); chunks as large
+    /// as `batch_scratch` bytes of scores allow over `n` rows, in whole
+    /// 32-query tiles of the batch kernel, at least [`BATCH_CHUNK`] (a
+    /// smaller chunk would read the corpus more often than the scoring
+    /// needs) and at most the staged queries.
+    pub(crate) fn new(n: usize, max_batch: usize, batch_scratch: usize) -> Self {
+        let staged = max_batch.min(MAX_STAGED);
+        let fit = batch_scratch / (4 * n.max(1));
+        let chunk = (fit - fit % 32).max(BATCH_CHUNK).min(staged);
+        Sizes { staged, chunk }
+    }
+
+    /// Chunks of a full turn.
+    pub(crate) fn turn_chunks(&self) -> usize {
+        self.staged.div_ceil(self.chunk)
+    }
+}
+
+impl Slot {
+    pub(crate) fn new(
+        shape: &SlotShape,
+        map_results: bool,
+        map_queries: bool,
+    ) -> Result<Self, CudaError> {
+        let SlotShape {
+            n,
+            d,
+            sizes,
+            max_k,
+            gather,
+            filter_list,
+        } = *shape;
+        let Sizes { staged, chunk } = sizes;
+        let counts = sizes.turn_chunks() + staged;
+        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
+        let mut slot = Slot {
+            queries: alloc("query staging", staged * d)?,
+            qnorm: alloc("query norms", chunk)?,
+            scores: alloc("score buffer", chunk * n)?,
+            area: alloc("selection areas", chunk * AREA_STRIDE)?,
+            th: alloc("thresholds", chunk)?,
+            cand: alloc("candidate keys", chunk * CAND_CAP)?,
+            maybe: alloc("threshold-bin keys", chunk * MAYBE_CAP)?,
+            out: alloc("results", staged * (max_k + 1))?,
+            ids: alloc("gather ids", gather)?,
+            owner: alloc("gather owners", gather)?,
+            id_scores: alloc("gather scores", gather)?,
+            flist: alloc("filtered rows", filter_list.max(1))?,
+            fcount: alloc("filter counts", counts)?,
+            fcount_host: pinned(counts)?,
+            q_host: pinned(staged * d)?,
+            out_host: pinned(staged * (max_k + 1))?,
+            scores_host: pinned(n)?,
+            ids_host: pinned(gather)?,
+            owner_host: pinned(gather)?,
+            id_scores_host: pinned(gather)?,
+            graphs: GraphCache::default(),
+            out_mapped: None,
+            q_mapped: None,
+            stream,
+        };
+        if map_results {
+            match driver::mapped(&mut slot.out_host) {
+                Ok(view) => slot.out_mapped = Some(view),
+                Err(e) => tracing::debug!("results copied back: host memory not mapped ({e})"),
+            }
+        }
+        if map_queries {
+            match driver::mapped(&mut slot.q_host) {
+                Ok(view) => slot.q_mapped = Some(view),
+                Err(e) => tracing::debug!("host queries copied: host memory not mapped ({e})"),
+            }
+        }
+        launch::zero32(slot.stream.as_inner(), DevSlice::of(&slot.area))?;
+        slot.stream.synchronize().op("cuStreamSynchronize")?;
+        Ok(slot)
+    }
+
+    /// Whether results land in `out_host` without a copy.
+    pub(crate) fn mapped(&self) -> bool {
+        self.out_mapped.is_some()
+    }
+
+    /// Where the kernels write results: `out_host` as mapped, else `out`.
+    pub(crate) fn out_view(&self) -> DevSlice<'_, DevNeighbor> {
+        self.out_mapped.unwrap_or_else(|| DevSlice::of(&self.out))
+    }
+
+    /// The slot's staged queries from query `first` on, for `nq` queries of
+    /// `d` values.
+    pub(crate) fn queries_at(
+        &self,
+        d: usize,
+        first: usize,
+        nq: usize,
+    ) -> Result<DevSlice<'_, f32>, CudaError> {
+        DevSlice::of(&self.queries).range("query staging", first * d, nq * d)
+    }
+
+    /// The buffers the selection kernels take, results from row `first` of
+    /// rows of `k + 1` entries where [`Self::out_view`] says.
+    pub(crate) fn select_bufs(&self, first: usize, k: usize) -> Result<SelectBufs<'_>, CudaError> {
+        Ok(SelectBufs {
+            scores: DevSlice::of(&self.scores),
+            area: DevSlice::of(&self.area),
+            th: DevSlice::of(&self.th),
+            cand: DevSlice::of(&self.cand),
+            maybe: DevSlice::of(&self.maybe),
+            out: self.out_view().skip("results", first * (k + 1))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_chunks_grow_with_the_scratch_and_stay_in_bounds() {
+        let scratch = crate::DEFAULT_BATCH_SCRATCH;
+        // 64-query chunks at 1M rows.
+        assert_eq!(
+            Sizes::new(1 << 20, 256, scratch),
+            Sizes {
+                staged: 256,
+                chunk: 64
+            }
+        );
+        // Smaller corpora take a whole default batch in one chunk.
+        assert_eq!(Sizes::new(262_144, 256, scratch).chunk, 256);
+        // Whole 32-query tiles: 223 fit at 300k rows, 67 at 1M.
+        assert_eq!(Sizes::new(300_000, 256, scratch).chunk, 192);
+        assert_eq!(Sizes::new(1_000_000, 256, scratch).chunk, 64);
+        assert_eq!(Sizes::new(10_000, 256, scratch).chunk, 256);
+        // Never fewer than 64 (nor more than staged), whatever the scratch.
+        assert_eq!(Sizes::new(10_000_000, 256, scratch).chunk, 64);
+        assert_eq!(Sizes::new(10_000, 256, 0).chunk, 64);
+        assert_eq!(
+            Sizes::new(10_000, 5, scratch),
+            Sizes {
+                staged: 5,
+                chunk: 5
+            }
+        );
+        // Staging stops at MAX_STAGED queries; a larger max_batch runs in turns.
+        assert_eq!(
+            Sizes::new(10, 1 << 20, scratch),
+            Sizes {
+                staged: 1024,
+                chunk: 1024
+            }
+        );
+        assert_eq!(
+            Sizes::new(0, 3, 0),
+            Sizes {
+                staged: 3,
+                chunk: 3
+            }
+        );
+    }
+}

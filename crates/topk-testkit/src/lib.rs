@@ -1,0 +1,25 @@
+//! Test support of the topk workspace (dev-only, not published).
+//!
+//! | item | what it is for |
+//! | --- | --- |
+//! | [`corpora`] | seeded corpora rich in ties, `-0.0`, subnormals, huge values and shuffled duplicates; [`corpora::bitwise_diff`] |
+//! | [`gpu_or_skip`], [`or_skip`] | device cases skip with a printed reason where there is no device, and fail instead under `TOPK_REQUIRE_GPU=1` |
+//! | [`conformance`], [`Subject`], [`Label`] | every input rule and bit-identical oracle agreement, through any backend |
+//!
+//! ```
+//! use topk_testkit::{conformance, Label};
+//!
+//! for label in Label::cpu_paths() {
+//!     let covered = conformance(&label.subject());
+//!     assert!(covered.answers > 0);
+//! }
+//! ```
+
+mod conformance;
+pub mod corpora;
+mod gpu;
+mod labels;
+
+pub use conformance::{conformance, Coverage, OpenFn, Subject};
+pub use gpu::{gpu_or_skip, gpu_required, or_skip, REQUIRE_GPU};
+pub use labels::Label;

@@ -1,0 +1,71 @@
+//! The `cuda` arm of [`crate::open`] and [`crate::Backend::available`].
+//!
+//! The engine is loaded at run time by `topk-cuda-loader`, so this crate
+//! never links the NVIDIA driver: a build without the `cuda` feature says how
+//! to get it, and a build with it reports a missing plugin, driver or device
+//! as [`Unavailable`].
+
+use topk_core::{Metric, Retriever};
+use topk_cuda_loader::{EngineErrorKind, LoadError};
+
+use crate::backend::{Backend, Unavailable};
+use crate::open::Error;
+use crate::CudaConfig;
+
+/// Whether the GPU engine can run here: its plugin and the driver load and
+/// the configured device exists.
+pub(crate) fn available() -> Result<(), Unavailable> {
+    if !Backend::Cuda.compiled() {
+        return Err(Unavailable::NotCompiled {
+            backend: Backend::Cuda,
+        });
+    }
+    topk_cuda_loader::available().map(|_| ()).map_err(|e| {
+        unavailable(e).unwrap_or_else(|e| Unavailable::NotLoaded {
+            reason: e.to_string(),
+        })
+    })
+}
+
+/// Builds the GPU engine over `data` (row-major, `dim` values a row).
+pub(crate) fn open(
+    data: &[f32],
+    dim: usize,
+    metric: Metric,
+    config: &CudaConfig,
+) -> Result<Box<dyn Retriever>, Error> {
+    if !Backend::Cuda.compiled() {
+        return Err(Unavailable::NotCompiled {
+            backend: Backend::Cuda,
+        }
+        .into());
+    }
+    match topk_cuda_loader::open_rowmajor(data, dim, metric, config) {
+        Ok(engine) => Ok(Box::new(engine)),
+        Err(LoadError::Input(e)) => Err(Error::Core(e)),
+        Err(e) => Err(match unavailable(e) {
+            Ok(why) => Error::Unavailable(why),
+            Err(e) => Error::Cuda(e),
+        }),
+    }
+}
+
+/// Why the engine cannot run here, or the error back when it is not about
+/// availability (memory, a limit out of range).
+fn unavailable(e: LoadError) -> Result<Unavailable, LoadError> {
+    match e {
+        LoadError::Engine {
+            kind: EngineErrorKind::NoDevice | EngineErrorKind::NoDriver,
+            message,
+        } => Ok(Unavailable::NoDevice { reason: message }),
+        e @ (LoadError::NotFound { .. }
+        | LoadError::DriverMissing { .. }
+        | LoadError::Load { .. }
+        | LoadError::MissingSymbol { .. }
+        | LoadError::AbiMismatch { .. }
+        | LoadError::WithoutCuda { .. }) => Ok(Unavailable::NotLoaded {
+            reason: e.to_string(),
+        }),
+        e => Err(e),
+    }
+}

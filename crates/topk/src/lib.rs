@@ -1,0 +1,64 @@
+//! Exact top-K vector retrieval: the crate to depend on.
+//!
+//! topk answers one question: the K rows of a corpus most similar to a query,
+//! exactly, with the same bytes (indices and score bits) on every exact
+//! backend. This crate is the front door: it re-exports the contracts of
+//! `topk-core`, names every backend once in [`Backend`], and builds any of
+//! them with [`open`], returning a `Box<dyn Retriever>` that generic code
+//! holds.
+//!
+//! | item | what it is for |
+//! | --- | --- |
+//! | [`Backend`] | `cpu`, `oracle`, `cuda`, `hnsw`: parse, print, [`Backend::compiled`], [`Backend::available`] |
+//! | [`open`] | build a backend from a [`Corpus`] (owned rows move in), a [`Metric`] and [`Options`] |
+//! | [`Retriever`] | `search`, `search_into`, `search_batch` on whatever was opened |
+//! | [`Error`] | why [`open`] failed: an input rule, an unavailable backend, a backend's own error |
+//! | [`core`], [`cpu`], [`hnsw`] | the backend crates, for what the front door does not cover |
+//!
+//! ```
+//! use ndarray::array;
+//! use topk::{Backend, Metric, Neighbor, Options};
+//!
+//! let corpus = array![[1.0_f32, 0.0], [0.0, 1.0], [0.6, 0.8]];
+//! let cpu = topk::open(Backend::Cpu, corpus.view(), Metric::Dot, &Options::new())?;
+//! let hits = cpu.search(&[0.0, 2.0], 2)?;
+//! assert_eq!(hits, vec![Neighbor::new(1, 2.0), Neighbor::new(2, 1.6)]);
+//! // The owned corpus moves into the backend; exact backends agree to the bit.
+//! let oracle = topk::open(Backend::Oracle, corpus, Metric::Dot, &Options::new())?;
+//! assert_eq!(hits, oracle.search(&[0.0, 2.0], 2)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The `cuda` feature adds the GPU engine, loaded at run time so that a
+//! binary built with it still starts (and serves the host backends) on a
+//! machine without the NVIDIA driver; [`Backend::available`] says why the
+//! engine cannot run. The `clap` feature implements `clap::ValueEnum` for
+//! [`Backend`].
+
+mod backend;
+mod cuda;
+mod open;
+
+pub use backend::{Backend, ParseBackendError, Unavailable};
+pub use open::{open, Corpus, Error, Options};
+
+pub use topk_core::{
+    canon_dot, canon_norm, canon_sqdist, cmp_rank, cosine_from_parts, rank_key, validate,
+    Error as CoreError, Located, Metric, Neighbor, Retriever, TopK,
+};
+pub use topk_cpu::{CpuRetriever, Oracle};
+pub use topk_cuda::CudaConfig;
+pub use topk_cuda_loader::LoadError as CudaLoadError;
+pub use topk_hnsw::{Hnsw, HnswError, HnswParams};
+
+/// The contracts every backend keeps (`topk-core`).
+pub use topk_core as core;
+/// The exact CPU backends and their kernels (`topk-cpu`).
+pub use topk_cpu as cpu;
+/// The HNSW graph index: persistence, recall, synthetic corpora (`topk-hnsw`).
+pub use topk_hnsw as hnsw;
+
+/// The README's Rust example, compiled and run as a doc-test so it cannot rot.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
