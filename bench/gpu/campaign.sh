@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark campaign inside the GPU bundle (called by run.sh's "bench"
-# section): topk_bench, built with CUDA, over the DESIGN.md §6 grid (GPU-resident,
+# section): topk_bench, built with CUDA, over the docs/CONTRACTS.md §6 grid (GPU-resident,
 # device-query and CPU round-trip paths, each gated bit for bit against the
 # oracle before timing), then the torch anchor on the very same .npy files, then
 # the join into OUT/campaign/joined.csv. Plots and the README table are drawn

@@ -1,4 +1,4 @@
-//! The campaign of DESIGN.md §6 in one process: every (N, D, K) and the batch
+//! The campaign of docs/CONTRACTS.md §6 in one process: every (N, D, K) and the batch
 //! sweep, gated against the oracle, timed on the GPU-resident path, the
 //! device-query path and the CPU round-trip baseline (batches: the resident
 //! path and the CPU backend's host batch), or on the CPU path alone with
@@ -49,7 +49,7 @@ pub struct Spec {
     pub query_pool: usize,
     /// Seed of corpus and queries.
     pub seed: u64,
-    /// Metric (DESIGN §6: dot on L2-normalised rows).
+    /// Metric (docs/CONTRACTS.md §6: dot on L2-normalised rows).
     pub metric: Metric,
     /// Timed trials of a GPU single query.
     pub gpu_trials: usize,

@@ -27,7 +27,7 @@ pub const MAX_TRIALS: usize = 1_000_000;
 /// The backend a run measures: the facade's one list of backends.
 pub use topk::Backend;
 
-/// Which end-to-end path a timing covers (DESIGN.md §6).
+/// Which end-to-end path a timing covers (docs/CONTRACTS.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TimedPath {

@@ -3,7 +3,7 @@
 //! configuration that fails is reported with `correct = false` and never timed.
 //!
 //! References are computed once per corpus with the largest K of the sweep:
-//! the result order is total (DESIGN.md §3), so the best `k` rows are always
+//! the result order is total (docs/CONTRACTS.md §3), so the best `k` rows are always
 //! the first `k` of the best `K ≥ k`, and one oracle pass serves every K.
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! The GPU-side timed paths of DESIGN.md §6, through topk-cuda:
+//! The GPU-side timed paths of docs/CONTRACTS.md §6, through topk-cuda:
 //!
 //! - `resident`: the engine's own `search_into` / `search_batch` (query
 //!   host→device, score, select, results device→host, synchronised);

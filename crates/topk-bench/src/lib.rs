@@ -1,4 +1,4 @@
-//! The benchmark campaign of topk (DESIGN.md §6).
+//! The benchmark campaign of topk (docs/CONTRACTS.md §6).
 //!
 //! The `topk_bench` binary measures exact top-K retrieval end to end and
 //! prints one `TOPK_BENCH_JSON {...}` line per measured configuration. Every

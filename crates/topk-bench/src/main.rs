@@ -91,7 +91,7 @@ struct RunArgs {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// The DESIGN §6 campaign in one process: results.jsonl, results.csv,
+    /// The docs/CONTRACTS.md §6 campaign in one process: results.jsonl, results.csv,
     /// environment.json and the .npy data the anchors load.
     Campaign {
         /// Results folder.

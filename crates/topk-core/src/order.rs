@@ -1,4 +1,4 @@
-//! The one ordering of results (DESIGN.md §3).
+//! The one ordering of results (docs/CONTRACTS.md §3).
 //!
 //! Best first: higher score; on equal score (IEEE equality, so `-0.0 == +0.0`)
 //! the smaller row index; a NaN score below every number. The order is defined

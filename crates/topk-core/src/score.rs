@@ -1,4 +1,4 @@
-//! The canonical score (DESIGN.md §2): the one summation order every backend
+//! The canonical score (docs/CONTRACTS.md §2): the one summation order every backend
 //! reproduces, so that CPU and GPU results agree to the bit.
 //!
 //! A dot product of length D is split over [`LANES`] = 32 partial sums, the

@@ -6,7 +6,7 @@
 //! at most [`MAX_DIM`] values. Under that rule no score of any metric (dot,
 //! cosine, l2), computed in the canonical order, can be NaN or infinite,
 //! except the documented `-inf` of cosine against a vector whose computed
-//! norm is zero. docs/overflow-rule.md holds the derivation.
+//! norm is zero. docs/CONTRACTS.md §4.1 holds the derivation.
 
 use ndarray::ArrayView2;
 
@@ -23,7 +23,7 @@ pub const MAX_DIM: usize = u32::MAX as usize;
 /// Largest squared Euclidean norm of a corpus row or a query, `2^100`
 /// (a norm of `2^50`, about `1.13e15`). The sum is taken in `f64`, where
 /// every square is exact; its rounding (relative `2^-21` at most) is far
-/// inside the margin of the derivation in docs/overflow-rule.md.
+/// inside the margin of the derivation in docs/CONTRACTS.md §4.1.
 pub const MAX_SQUARED_NORM: f64 = (1u128 << 100) as f64;
 
 /// Checks a row-major corpus buffer of `n = data.len() / dim` rows and returns `n`.

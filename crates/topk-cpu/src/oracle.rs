@@ -21,7 +21,7 @@ fn scalar_norms(data: &[f32], dim: usize) -> Vec<f32> {
 }
 
 impl Oracle {
-    /// Copies an `N × D` corpus (any layout) and validates it (DESIGN.md §4).
+    /// Copies an `N × D` corpus (any layout) and validates it (docs/CONTRACTS.md §4).
     pub fn new(corpus: ArrayView2<'_, f32>, metric: Metric) -> Result<Oracle> {
         Ok(Oracle {
             corpus: Corpus::from_view(corpus, metric, scalar_norms)?,

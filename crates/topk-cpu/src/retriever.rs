@@ -37,7 +37,7 @@ fn norms_with(kernels: Kernels) -> impl FnOnce(&[f32], usize) -> Vec<f32> {
 }
 
 impl CpuRetriever {
-    /// Copies an `N × D` corpus (any layout) and validates it (DESIGN.md §4).
+    /// Copies an `N × D` corpus (any layout) and validates it (docs/CONTRACTS.md §4).
     pub fn new(corpus: ArrayView2<'_, f32>, metric: Metric) -> Result<CpuRetriever> {
         let kernels = Kernels::best();
         Ok(CpuRetriever {

@@ -1,4 +1,4 @@
-//! Every input rule of DESIGN.md §4, on both backends: the error variant, and
+//! Every input rule of docs/CONTRACTS.md §4, on both backends: the error variant, and
 //! a message that names the offending value.
 
 use ndarray::Array2;

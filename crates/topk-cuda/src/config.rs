@@ -227,7 +227,10 @@ mod tests {
     fn the_default_is_valid_and_out_of_range_limits_are_named() {
         assert!(CudaConfig::default().check().is_ok());
         for (field, set) in [
-            ("max_k", (|c: &mut CudaConfig| c.max_k = 0) as fn(&mut CudaConfig)),
+            (
+                "max_k",
+                (|c: &mut CudaConfig| c.max_k = 0) as fn(&mut CudaConfig),
+            ),
             ("max_k", |c| c.max_k = MAX_DEVICE_K + 1),
             ("max_batch", |c| c.max_batch = 0),
             ("streams", |c| c.streams = 0),

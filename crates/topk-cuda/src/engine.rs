@@ -268,13 +268,12 @@ impl Engine {
                 .norms(s, queries, nq as u32, d, DevSlice::of(&slot.qnorm))?;
         }
         // A single query's scoring kernel also finds its threshold.
-        let threshold = (nq == 1 && matches!(select, Select::Fused | Select::Hist)).then(|| {
-            FusedThreshold {
+        let threshold =
+            (nq == 1 && matches!(select, Select::Fused | Select::Hist)).then(|| FusedThreshold {
                 area: DevSlice::of(&slot.area),
                 k: k as u32,
                 th: DevSlice::of(&slot.th),
-            }
-        });
+            });
         let fused = self
             .kernels
             .score(s, self.metric, &ops, &self.score_plan, threshold)?;

@@ -101,14 +101,8 @@ impl Engine {
         }
         let ops = self.operands(slot, qview, nq);
         let scores_dev = DevSlice::of(&slot.id_scores).range("gather scores", 0, count)?;
-        self.kernels.score_ids(
-            s,
-            self.metric(),
-            &ops,
-            ids_dev,
-            owner_dev,
-            scores_dev,
-        )?;
+        self.kernels
+            .score_ids(s, self.metric(), &ops, ids_dev, owner_dev, scores_dev)?;
         launch::d2h(s, &mut slot.id_scores_host, scores_dev)?;
         slot.stream.synchronize().op("cuStreamSynchronize")?;
         out.copy_from_slice(&slot.id_scores_host.as_slice()[..count]);

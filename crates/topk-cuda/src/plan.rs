@@ -365,7 +365,10 @@ mod tests {
         assert_eq!(p.chunk(100, queries).steps, Steps::Filtered);
         assert_eq!(path(&p, 100, queries - 1), PlanPath::CanonicalBatch);
         assert_eq!(path(&p, FILTER_MAX_K, queries), PlanPath::FilteredBatch);
-        assert_eq!(path(&p, FILTER_MAX_K + 1, queries), PlanPath::CanonicalBatch);
+        assert_eq!(
+            path(&p, FILTER_MAX_K + 1, queries),
+            PlanPath::CanonicalBatch
+        );
         // Too few rows, or D not a multiple of 4.
         assert_eq!(
             path(&planner(rows - 1, 384, &c, true), 100, queries),
@@ -425,7 +428,14 @@ mod tests {
         // histogram path needs a wider D), the one-launch kernel available.
         for &want in PlanPath::ALL {
             let c = CudaConfig::for_path(want);
-            let (n, d) = (1000, if want == PlanPath::HistGather { 20_000 } else { 64 });
+            let (n, d) = (
+                1000,
+                if want == PlanPath::HistGather {
+                    20_000
+                } else {
+                    64
+                },
+            );
             let p = planner(n, d, &c, true);
             let got = match want {
                 PlanPath::CanonicalBatch | PlanPath::FilteredBatch => path(&p, 10, 8),

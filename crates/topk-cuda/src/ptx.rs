@@ -108,9 +108,18 @@ mod tests {
         ("filter.cu", include_str!("../../../kernels/filter.cu")),
         ("norms.cu", include_str!("../../../kernels/norms.cu")),
         ("pairs.cuh", include_str!("../../../kernels/pairs.cuh")),
-        ("score_batch.cu", include_str!("../../../kernels/score_batch.cu")),
-        ("score_ids.cu", include_str!("../../../kernels/score_ids.cu")),
-        ("score_single.cu", include_str!("../../../kernels/score_single.cu")),
+        (
+            "score_batch.cu",
+            include_str!("../../../kernels/score_batch.cu"),
+        ),
+        (
+            "score_ids.cu",
+            include_str!("../../../kernels/score_ids.cu"),
+        ),
+        (
+            "score_single.cu",
+            include_str!("../../../kernels/score_single.cu"),
+        ),
         ("select.cu", include_str!("../../../kernels/select.cu")),
         ("select.cuh", include_str!("../../../kernels/select.cuh")),
         ("shapes.cuh", include_str!("../../../kernels/shapes.cuh")),

@@ -107,7 +107,10 @@ fn engine(data: &[f32], d: usize, metric: Metric, config: CudaConfig) -> (CudaRe
 /// Asserts that `path` served at least one query of `gpu`.
 fn assert_ran(gpu: &CudaRetriever, path: PlanPath, ctx: &str) {
     let counts = gpu.path_counts();
-    assert!(counts.get(path) > 0, "{ctx}: path {path} ran nothing ({counts:?})");
+    assert!(
+        counts.get(path) > 0,
+        "{ctx}: path {path} ran nothing ({counts:?})"
+    );
 }
 
 /// A configuration whose tuning makes `path` serve what the shape allows,
@@ -288,7 +291,12 @@ fn many_blocks_and_batches_past_one_chunk() {
     // shared memory (query and tiles), else on the separate kernels.
     let (n3, d3) = (3000, 6000);
     let data3 = corpus(10, n3, d3, 0);
-    let (gpu3, oracle3) = engine(&data3, d3, Metric::Dot, CudaConfig::for_path(PlanPath::OneLaunch));
+    let (gpu3, oracle3) = engine(
+        &data3,
+        d3,
+        Metric::Dot,
+        CudaConfig::for_path(PlanPath::OneLaunch),
+    );
     let q3 = query_like(11, d3, 0);
     assert_same(
         &gpu3.search(&q3, 40).expect("gpu"),
@@ -431,7 +439,11 @@ fn filtered_batches_are_exact_and_fall_back_where_bounds_tie() {
             0,
             "n {n} d {d} {metric}: chunks ran again"
         );
-        assert_ran(&gpu, PlanPath::FilteredBatch, &format!("n {n} d {d} {metric}"));
+        assert_ran(
+            &gpu,
+            PlanPath::FilteredBatch,
+            &format!("n {n} d {d} {metric}"),
+        );
     }
     // Every row the same: all lower bounds tie, the first selection cannot
     // finish on the device, and every chunk runs again, still exact.
@@ -541,9 +553,8 @@ fn score_ids_matches_the_scalar_score() {
     let (n, d) = (3000, 70);
     let data = corpus(31, n, d, 3);
     for metric in Metric::ALL {
-        let gpu =
-            CudaRetriever::from_rowmajor(data.clone(), d, metric, CudaConfig::default())
-                .expect("engine");
+        let gpu = CudaRetriever::from_rowmajor(data.clone(), d, metric, CudaConfig::default())
+            .expect("engine");
         let queries = corpus(32, 3, d, 3);
         let ids: Vec<u32> = vec![0, 5, 2999, 17, 17, 1, 2, 3, 1000];
         let offsets = [0usize, 3, 3, 9];

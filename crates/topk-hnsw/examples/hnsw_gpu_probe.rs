@@ -107,7 +107,8 @@ fn main() -> AnyResult<()> {
     let bn = a.build_n.min(n);
     if bn > 0 {
         let prefix = &data[..bn * d];
-        let small_gpu = CudaRetriever::from_rowmajor(prefix.to_vec(), d, a.metric, CudaConfig::default())?;
+        let small_gpu =
+            CudaRetriever::from_rowmajor(prefix.to_vec(), d, a.metric, CudaConfig::default())?;
         let t = Instant::now();
         let cpu_index = Hnsw::build(prefix, d, a.metric, params)?;
         let cpu_s = t.elapsed().as_secs_f64();

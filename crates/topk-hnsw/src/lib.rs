@@ -3,7 +3,7 @@
 //! An approximate index: a layered proximity graph (Malkov & Yashunin) that
 //! answers a query by scoring a few hundred to a few thousand rows instead of
 //! all of them. It keeps topk's contracts where they apply: scores are the
-//! canonical score of DESIGN.md §2 (a returned neighbour's score has exactly
+//! canonical score of docs/CONTRACTS.md §2 (a returned neighbour's score has exactly
 //! the bits the exact backends give that row), results are ordered by the §3
 //! comparator, inputs follow the §4 rules, and [`Hnsw`] implements
 //! [`topk_core::Retriever`] so generic code can swap it in.

@@ -1,7 +1,7 @@
 //! The corpus as the index holds it, and the canonical scores on it.
 //!
 //! Rows are stored row-major in one allocation (the layout the GPU path
-//! uploads unchanged). Scores follow DESIGN.md §2 exactly, so a neighbour's
+//! uploads unchanged). Scores follow docs/CONTRACTS.md §2 exactly, so a neighbour's
 //! score here has the same bits as the exact backends give for that row:
 //! that is what makes recall measurable against the oracle and lets the GPU
 //! distance path reproduce the CPU graph.

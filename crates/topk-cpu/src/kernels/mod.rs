@@ -1,4 +1,4 @@
-//! The canonical primitives (DESIGN.md §2) on the widest vector unit the CPU
+//! The canonical primitives (docs/CONTRACTS.md §2) on the widest vector unit the CPU
 //! offers, chosen at run time, bit-identical to topk-core's scalar reference.
 //!
 //! Every instruction-set path keeps the 32 partial sums of the canonical order

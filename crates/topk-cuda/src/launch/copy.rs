@@ -26,14 +26,13 @@ pub(crate) fn h2d<T: DeviceCopy>(
     len: usize,
 ) -> Result<(), CudaError> {
     dst.need("copy destination", len)?;
-    let host = src
-        .as_slice()
-        .get(start..start.saturating_add(len))
-        .ok_or(CudaError::DeviceBufferTooSmall {
+    let host = src.as_slice().get(start..start.saturating_add(len)).ok_or(
+        CudaError::DeviceBufferTooSmall {
             what: "pinned copy source",
             needed: start.saturating_add(len),
             len: src.len(),
-        })?;
+        },
+    )?;
     let (from, bytes) = (host.as_ptr() as *const c_void, std::mem::size_of_val(host));
     match q {
         // SAFETY: `host` is pinned memory of `bytes`, alive until the stream
@@ -43,7 +42,11 @@ pub(crate) fn h2d<T: DeviceCopy>(
         }),
         // SAFETY: as above, for as long as the graph lives.
         Queue::Graph(g) => unsafe {
-            g.copy(Mem::Device(dst.ptr()), Mem::Host(from as *mut c_void), bytes)
+            g.copy(
+                Mem::Device(dst.ptr()),
+                Mem::Host(from as *mut c_void),
+                bytes,
+            )
         },
     }
 }

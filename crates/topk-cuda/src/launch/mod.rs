@@ -546,7 +546,12 @@ mod tests {
         let batch = [metrics("topk_scoreb"), metrics("topk_scoreq32")].concat();
         let batch = [batch, metrics("topk_scoreq16")].concat();
         let filter = [metrics("topk_approx"), metrics("topk_filter")].concat();
-        let filter = [filter, metrics("topk_rescore"), vec!["topk_select_listed".into()]].concat();
+        let filter = [
+            filter,
+            metrics("topk_rescore"),
+            vec!["topk_select_listed".into()],
+        ]
+        .concat();
         let select: Vec<String> = ["topk_select_small", "topk_hist", "topk_gather"]
             .map(String::from)
             .to_vec();

@@ -67,13 +67,8 @@ impl Kernels {
                 stride
             ]
         );
-        let launch = Launch::new(
-            "topk_select_small",
-            self.select_small,
-            (1, nq),
-            SEL_THREADS,
-        )
-        .shared(small_smem(n));
+        let launch = Launch::new("topk_select_small", self.select_small, (1, nq), SEL_THREADS)
+            .shared(small_smem(n));
         // SAFETY: the parameter list of topk_select_small; buffers checked
         // above; the stash and scratch fit the shared memory allowed at load
         // (small_smem grows with n up to STASH_ROWS only).
@@ -135,7 +130,8 @@ impl Kernels {
             ]
         );
         let grid = (select_blocks(self.sm_count, n, nq), nq);
-        let launch = Launch::new("topk_gather", self.gather, grid, SEL_THREADS).shared(RANK_TMP_BYTES);
+        let launch =
+            Launch::new("topk_gather", self.gather, grid, SEL_THREADS).shared(RANK_TMP_BYTES);
         // SAFETY: the parameter list of topk_gather; buffers checked above;
         // its scratch is the dynamic shared memory allowed at load.
         unsafe { launch.run(q, &mut args) }
