@@ -66,8 +66,17 @@ impl<'a> Subject<'a> {
         &self.label
     }
 
-    fn open(&self, data: Vec<f32>, dim: usize, metric: Metric) -> Result<Box<dyn Retriever>> {
+    /// Opens the backend over `data` (`dim` values a row) under `metric`.
+    pub fn open(&self, data: Vec<f32>, dim: usize, metric: Metric) -> Result<Box<dyn Retriever>> {
         (self.open)(data, dim, metric)
+    }
+
+    /// Runs the final check given to [`Subject::after`], if any.
+    pub fn finish(&self) -> std::result::Result<(), String> {
+        match &self.after {
+            Some(after) => after().map_err(|why| format!("{}: {why}", self.label)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -104,10 +113,8 @@ pub fn conformance(subject: &Subject<'_>) -> Coverage {
             agreement(subject, &case, metric, &mut cov);
         }
     }
-    if let Some(after) = &subject.after {
-        if let Err(why) = after() {
-            panic!("{}: {why}", subject.label);
-        }
+    if let Err(why) = subject.finish() {
+        panic!("{why}");
     }
     cov
 }

@@ -5,6 +5,7 @@
 //! | [`corpora`] | seeded corpora rich in ties, `-0.0`, subnormals, huge values and shuffled duplicates; [`corpora::bitwise_diff`] |
 //! | [`gpu_or_skip`], [`or_skip`] | device cases skip with a printed reason where there is no device, and fail instead under `TOPK_REQUIRE_GPU=1` |
 //! | [`conformance`], [`Subject`], [`Label`] | every input rule and bit-identical oracle agreement, through any backend |
+//! | [`overflow`] | the overflow rule as a property test any exact backend must keep |
 //!
 //! ```
 //! use topk_testkit::{conformance, Label};
@@ -19,6 +20,7 @@ mod conformance;
 pub mod corpora;
 mod gpu;
 mod labels;
+pub mod overflow;
 
 pub use conformance::{conformance, Coverage, OpenFn, Subject};
 pub use gpu::{gpu_or_skip, gpu_required, or_skip, REQUIRE_GPU};
