@@ -203,8 +203,9 @@ pub fn bundle_cmd() -> XResult<()> {
             name.clone()
         };
         if kind.ends_with("-test") {
-            let pkg = name.split('-').take(2).collect::<Vec<_>>().join("-");
-            if cuda_pkgs.contains(&pkg) {
+            // `name` is `<package>-<test target>`; target names have no `-`.
+            let pkg = name.rsplit_once('-').map_or(name.as_str(), |(p, _)| p);
+            if cuda_pkgs.iter().any(|p| p == pkg) {
                 gpu_tests.push(file.clone());
             } else {
                 cpu_tests.push(file.clone());

@@ -210,7 +210,7 @@ fn synthetic(
     };
     let count = count.ok_or_else(oom)?;
     let mut values = Vec::new();
-    values.try_reserve_exact(count).map_err(|_| oom())?;
+    topk_io::memory::reserve(&mut values, count).map_err(|_| oom())?;
     values.resize(count, 0.0_f32);
     topk_io::synth::fill_rows(stream, d, seed, true, &mut values);
     Array2::from_shape_vec((rows, d), values).map_err(|_| oom())

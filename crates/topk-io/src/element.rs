@@ -90,16 +90,11 @@ pub(crate) fn as_bytes_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
 /// A zeroed buffer of `count` elements, or a typed error naming the bytes
 /// when the size overflows or the allocation fails.
 pub(crate) fn alloc_zeroed<T: Element>(path: &Path, count: usize) -> Result<Vec<T>> {
-    let oom = |bytes: u64| Error::OutOfMemory {
+    let mut v = Vec::new();
+    crate::memory::reserve(&mut v, count).map_err(|bytes| Error::OutOfMemory {
         path: path.to_owned(),
         bytes,
-    };
-    let bytes = count
-        .checked_mul(size_of::<T>())
-        .filter(|&b| b <= isize::MAX as usize)
-        .ok_or_else(|| oom((count as u64).saturating_mul(size_of::<T>() as u64)))?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(count).map_err(|_| oom(bytes as u64))?;
+    })?;
     v.resize(count, T::ZERO);
     Ok(v)
 }

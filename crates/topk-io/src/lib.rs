@@ -50,6 +50,7 @@ mod error;
 mod format;
 mod fsutil;
 mod map;
+pub mod memory;
 pub mod npy;
 pub mod results;
 pub mod synth;
