@@ -6,33 +6,34 @@ use std::collections::BinaryHeap;
 
 use crate::order::{rank_key, Neighbor};
 
-/// Keeps the best `k` of a stream of candidates under the §3 order.
+/// Keeps the best `k` of a stream of keys, a larger key ranking first.
 ///
-/// A min-heap of keys: the worst kept candidate sits on top, so a candidate is
-/// admitted with one integer comparison. [`TopK::threshold`] exposes that
-/// key so hot loops can reject most candidates before calling [`TopK::push`].
-/// `clear` keeps the allocation for reuse across queries.
+/// The one bounded selection of the workspace, generic over the key: [`TopK`]
+/// selects [`rank_key`]s (`u64`, docs/CONTRACTS.md §3) and
+/// [`crate::HitTopK`] selects [`crate::hit::hit_key`]s (`u128`,
+/// docs/CONTRACTS.md §10). A min-heap: the worst kept key sits on top, so a
+/// candidate is admitted with one comparison. `reset` keeps the allocation.
 #[derive(Debug, Clone)]
-pub struct TopK {
+pub struct TopKBy<K: Ord> {
     k: usize,
-    heap: BinaryHeap<Reverse<u64>>,
+    heap: BinaryHeap<Reverse<K>>,
 }
 
-impl TopK {
-    /// A selector that keeps at most `k` candidates.
+impl<K: Ord + Copy> TopKBy<K> {
+    /// A selector that keeps at most `k` keys.
     pub fn new(k: usize) -> Self {
-        TopK {
+        TopKBy {
             k,
             heap: BinaryHeap::with_capacity(k.saturating_add(1).min(1 << 20)),
         }
     }
 
-    /// How many candidates it keeps at most.
+    /// How many keys it keeps at most.
     pub fn k(&self) -> usize {
         self.k
     }
 
-    /// Number of candidates held now.
+    /// Number of keys held now.
     pub fn len(&self) -> usize {
         self.heap.len()
     }
@@ -42,17 +43,16 @@ impl TopK {
         self.heap.is_empty()
     }
 
-    /// Forgets every candidate and sets a new bound, keeping the allocation.
+    /// Forgets every key and sets a new bound, keeping the allocation.
     pub fn reset(&mut self, k: usize) {
         self.heap.clear();
         self.k = k;
     }
 
-    /// The key a candidate must exceed to be admitted: the worst kept key once
-    /// `k` are held, 0 before (every real key is larger than 0 unless its score is NaN
-    /// and its index is `u32::MAX`).
+    /// The worst kept key once `k` are held (a candidate must exceed it),
+    /// `None` before.
     #[inline]
-    pub fn threshold(&self) -> Option<u64> {
+    pub fn threshold(&self) -> Option<K> {
         if self.heap.len() < self.k {
             None
         } else {
@@ -60,9 +60,9 @@ impl TopK {
         }
     }
 
-    /// Offers a candidate by key.
+    /// Offers a key.
     #[inline]
-    pub fn push_key(&mut self, key: u64) {
+    pub fn push_key(&mut self, key: K) {
         if self.heap.len() < self.k {
             self.heap.push(Reverse(key));
         } else if let Some(mut top) = self.heap.peek_mut() {
@@ -70,6 +70,66 @@ impl TopK {
                 *top = Reverse(key);
             }
         }
+    }
+
+    /// The kept keys, best (largest) first, leaving the selector empty.
+    pub fn drain_sorted_keys(&mut self) -> Vec<K> {
+        let mut keys: Vec<K> = self.heap.drain().map(|r| r.0).collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        keys
+    }
+}
+
+/// Keeps the best `k` of a stream of candidates under the §3 order.
+///
+/// A [`TopKBy`] of [`rank_key`]s. [`TopK::threshold`] exposes the worst kept
+/// key so hot loops can reject most candidates before calling [`TopK::push`].
+/// `clear` keeps the allocation for reuse across queries.
+#[derive(Debug, Clone)]
+pub struct TopK {
+    keys: TopKBy<u64>,
+}
+
+impl TopK {
+    /// A selector that keeps at most `k` candidates.
+    pub fn new(k: usize) -> Self {
+        TopK {
+            keys: TopKBy::new(k),
+        }
+    }
+
+    /// How many candidates it keeps at most.
+    pub fn k(&self) -> usize {
+        self.keys.k()
+    }
+
+    /// Number of candidates held now.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Forgets every candidate and sets a new bound, keeping the allocation.
+    pub fn reset(&mut self, k: usize) {
+        self.keys.reset(k);
+    }
+
+    /// The key a candidate must exceed to be admitted: the worst kept key once
+    /// `k` are held, 0 before (every real key is larger than 0 unless its score is NaN
+    /// and its index is `u32::MAX`).
+    #[inline]
+    pub fn threshold(&self) -> Option<u64> {
+        self.keys.threshold()
+    }
+
+    /// Offers a candidate by key.
+    #[inline]
+    pub fn push_key(&mut self, key: u64) {
+        self.keys.push_key(key);
     }
 
     /// Offers a candidate.
@@ -80,9 +140,7 @@ impl TopK {
 
     /// The kept keys, best first, leaving the selector empty.
     pub fn drain_sorted_keys(&mut self) -> Vec<u64> {
-        let mut keys: Vec<u64> = self.heap.drain().map(|r| r.0).collect();
-        keys.sort_unstable_by(|a, b| b.cmp(a));
-        keys
+        self.keys.drain_sorted_keys()
     }
 
     /// Writes the kept candidates into `out`, best first, resolving each key's
@@ -90,8 +148,7 @@ impl TopK {
     /// (keys canonicalise `-0.0` and NaN). Leaves the selector empty.
     pub fn drain_into(&mut self, out: &mut Vec<Neighbor>, score_of: impl Fn(u32) -> f32) {
         out.clear();
-        out.extend(self.heap.drain().map(|r| Neighbor::from_key(r.0)));
-        out.sort_unstable_by(crate::order::cmp_rank);
+        out.extend(self.drain_sorted_keys().into_iter().map(Neighbor::from_key));
         for n in out.iter_mut() {
             n.score = score_of(n.index);
         }

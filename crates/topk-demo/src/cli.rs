@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use topk_core::Metric;
 
 use topk::Backend;
@@ -17,7 +17,10 @@ With no arguments, runs the smoke story: a seeded corpus of 4,096 Gaussian rows
 of the first queries together with the backend that ran.
 
 With --corpus and --queries it searches your own files (.npy float32 in C order,
-.fvecs, or .bvecs) and can write every result with --out.";
+.fvecs, or .bvecs) and can write every result with --out.
+
+`topk_demo index ...` builds, changes, searches and describes index files
+(external ids, add / remove, filtered search); see `topk_demo index --help`.";
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -25,13 +28,26 @@ Examples:
   topk_demo --backend oracle --n 10000 --d 384 --k 10
   topk_demo --corpus corpus.npy --queries queries.fvecs --k 100 --metric cosine --out hits.jsonl
   topk_demo --corpus corpus.npy --queries queries.npy --out hits.npy   # also writes hits.scores.npy
+  topk_demo index build --corpus corpus.npy --ids ids.npy --metric cosine --out docs.topkidx
+  topk_demo index search --index docs.topkidx --queries queries.npy --filter allowed.npy --k 10
 
 Timings are logged on stderr at info level; set RUST_LOG=warn to silence them.";
 
 /// Arguments of `topk_demo`.
 #[derive(Debug, Parser)]
-#[command(name = "topk_demo", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+#[command(
+    name = "topk_demo",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Args {
+    /// Index files (docs/CONTRACTS.md §10); without a command, the search story.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Corpus rows: .npy (float32, C order), .fvecs or .bvecs.
     #[arg(long, value_name = "FILE", requires = "queries")]
     pub corpus: Option<PathBuf>,
@@ -119,6 +135,106 @@ impl From<MetricArg> for Metric {
             MetricArg::Dot => Metric::Dot,
             MetricArg::Cosine => Metric::Cosine,
             MetricArg::L2 => Metric::L2,
+        }
+    }
+}
+
+/// The commands of `topk_demo`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build, change, search and describe index files.
+    #[command(subcommand)]
+    Index(IndexCommand),
+}
+
+/// `topk_demo index ...`: index files, saved atomically after every change.
+///
+/// Id files (`--ids`, `--filter`) are `.npy` (uint32, int32 or int64) or
+/// `.ivecs`; every value of the file is one id, in row-major order.
+#[derive(Debug, Subcommand)]
+pub enum IndexCommand {
+    /// Builds an index file from a corpus file (ids 0..N-1 without --ids).
+    Build {
+        /// Corpus rows: .npy (float32, C order), .fvecs or .bvecs.
+        #[arg(long, value_name = "FILE")]
+        corpus: PathBuf,
+        /// One id per corpus row.
+        #[arg(long, value_name = "FILE")]
+        ids: Option<PathBuf>,
+        /// Similarity of the index's searches.
+        #[arg(long, value_enum, default_value_t = MetricArg::Dot)]
+        metric: MetricArg,
+        /// The index file to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Adds rows to an index file (ids after the largest one without --ids).
+    Add {
+        /// The index file, rewritten in place.
+        #[arg(long, value_name = "FILE")]
+        index: PathBuf,
+        /// Rows to add, same formats as a corpus.
+        #[arg(long, value_name = "FILE")]
+        rows: PathBuf,
+        /// One id per row.
+        #[arg(long, value_name = "FILE")]
+        ids: Option<PathBuf>,
+        /// Replace the rows of ids already present instead of refusing them.
+        #[arg(long, requires = "ids")]
+        upsert: bool,
+    },
+    /// Removes ids from an index file (absent ids are ignored).
+    Remove {
+        /// The index file, rewritten in place.
+        #[arg(long, value_name = "FILE")]
+        index: PathBuf,
+        /// The ids to remove.
+        #[arg(long, value_name = "FILE")]
+        ids: PathBuf,
+    },
+    /// Searches an index file, optionally among the ids of a filter file only.
+    Search {
+        /// The index file.
+        #[arg(long, value_name = "FILE")]
+        index: PathBuf,
+        /// Query rows, same formats as a corpus.
+        #[arg(long, value_name = "FILE")]
+        queries: PathBuf,
+        /// Allowed ids, shared by every query.
+        #[arg(long, value_name = "FILE")]
+        filter: Option<PathBuf>,
+        /// Neighbours per query.
+        #[arg(short, long, default_value_t = 8)]
+        k: usize,
+        /// Which exact engine answers.
+        #[arg(long, value_enum, default_value_t = IndexBackendArg::Cpu)]
+        backend: IndexBackendArg,
+        /// How many queries to print the neighbours of.
+        #[arg(long, default_value_t = 3, value_name = "QUERIES")]
+        show: usize,
+    },
+    /// Describes an index file: rows, dimension, metric.
+    Info {
+        /// The index file.
+        #[arg(long, value_name = "FILE")]
+        index: PathBuf,
+    },
+}
+
+/// The exact backends an index file opens on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IndexBackendArg {
+    /// SIMD kernels on every core.
+    Cpu,
+    /// The scalar reference.
+    Oracle,
+}
+
+impl From<IndexBackendArg> for topk::IndexBackend {
+    fn from(b: IndexBackendArg) -> topk::IndexBackend {
+        match b {
+            IndexBackendArg::Cpu => topk::IndexBackend::Cpu,
+            IndexBackendArg::Oracle => topk::IndexBackend::Oracle,
         }
     }
 }

@@ -34,6 +34,21 @@ pub enum DemoError {
         /// The backend asked for.
         backend: String,
     },
+    /// An index command failed: a bad id, row or file (docs/CONTRACTS.md §10).
+    #[error(transparent)]
+    Index(#[from] topk::IndexError),
+    /// An id file's rows do not match the rows they name.
+    #[error("{ids} has {got} ids for the {rows} rows of {what}: give one id per row")]
+    IdCount {
+        /// The id file.
+        ids: String,
+        /// Ids in it.
+        got: usize,
+        /// Rows they should name.
+        rows: usize,
+        /// The row file.
+        what: String,
+    },
     /// Memory for the synthetic rows could not be allocated.
     #[error("cannot allocate {bytes} bytes for the synthetic {what} (--n/--nq x --d values)")]
     OutOfMemory {

@@ -12,6 +12,7 @@
 
 mod cli;
 mod error;
+mod index_cmd;
 mod output;
 mod run;
 
@@ -38,7 +39,11 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    match hnsw_flags_need_hnsw(&args, &matches).and_then(|()| run::run(&args)) {
+    let result = match &args.command {
+        Some(cli::Command::Index(cmd)) => index_cmd::run(cmd),
+        None => hnsw_flags_need_hnsw(&args, &matches).and_then(|()| run::run(&args)),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // A closed stderr leaves nowhere to report to; the status still says it.

@@ -24,7 +24,7 @@ use std::time::Instant;
 use crate::error::{HnswError, Result};
 use crate::graph::{Layout, Links};
 use crate::params::{draw_levels, HnswParams};
-use crate::search::{greedy, search_layer, Cand, CpuScorer, Scorer, ScratchPool};
+use crate::search::{greedy, search_layer, All, Cand, CpuScorer, Scorer, ScratchPool};
 use crate::vectors::Vectors;
 
 /// Hands out a scorer whose query is a corpus row (the node being inserted).
@@ -124,6 +124,32 @@ pub(crate) fn build<Src: ScorerSource>(
     Ok(graph)
 }
 
+/// The neighbour-selection heuristic (Algorithm 4): walking candidates
+/// best first, keep one only if it is closer to the base node than to
+/// every neighbour already kept, so links spread across directions
+/// instead of crowding into one cluster. `cands` is sorted best first by
+/// score against the base node.
+pub(crate) fn select_neighbours(vectors: &Vectors, cands: &[Cand], m: usize, out: &mut Vec<Cand>) {
+    out.clear();
+    if cands.len() < m {
+        out.extend_from_slice(cands);
+        return;
+    }
+    for &e in cands {
+        if out.len() >= m {
+            break;
+        }
+        let to_base = e.score();
+        let diverse = out.iter().all(|r| {
+            // Kept on ties and NaN, as in hnswlib (`dist(e, r) < dist(e, q)` rejects).
+            vectors.pair(e.id(), r.id()).partial_cmp(&to_base) != Some(std::cmp::Ordering::Greater)
+        });
+        if diverse {
+            out.push(e);
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding a node lock leaves at worst a shorter list, which
     // is still a valid list; the build itself reports the panic.
@@ -173,7 +199,15 @@ impl<Src: ScorerSource> Builder<'_, Src> {
         let mut sc = self.pool.take();
         let mut cur = Cand::new(entry, scorer.score_one(entry)?);
         if max_level > level {
-            cur = greedy(&self.links, &mut scorer, &mut sc, cur, max_level, level + 1)?;
+            cur = greedy(
+                &self.links,
+                &mut scorer,
+                &mut sc,
+                cur,
+                max_level,
+                level + 1,
+                &All,
+            )?;
         }
         let mut selected = Vec::with_capacity(self.params.m);
         let mut ids = Vec::with_capacity(self.params.m0() + 1);
@@ -185,6 +219,7 @@ impl<Src: ScorerSource> Builder<'_, Src> {
                 cur,
                 self.params.ef_construction,
                 lc,
+                &All,
             )?;
             sc.sort_results();
             self.select(&sc.sorted, self.params.m, &mut selected);
@@ -209,31 +244,8 @@ impl<Src: ScorerSource> Builder<'_, Src> {
         Ok(())
     }
 
-    /// The neighbour-selection heuristic (Algorithm 4): walking candidates
-    /// best first, keep one only if it is closer to the base node than to
-    /// every neighbour already kept, so links spread across directions
-    /// instead of crowding into one cluster. `cands` is sorted best first by
-    /// score against the base node.
     fn select(&self, cands: &[Cand], m: usize, out: &mut Vec<Cand>) {
-        out.clear();
-        if cands.len() < m {
-            out.extend_from_slice(cands);
-            return;
-        }
-        for &e in cands {
-            if out.len() >= m {
-                break;
-            }
-            let to_base = e.score();
-            let diverse = out.iter().all(|r| {
-                // Kept on ties and NaN, as in hnswlib (`dist(e, r) < dist(e, q)` rejects).
-                self.vectors.pair(e.id(), r.id()).partial_cmp(&to_base)
-                    != Some(std::cmp::Ordering::Greater)
-            });
-            if diverse {
-                out.push(e);
-            }
-        }
+        select_neighbours(self.vectors, cands, m, out);
     }
 
     /// Adds the link `e → q` on `level`, re-pruning `e`'s list with the

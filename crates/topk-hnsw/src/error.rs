@@ -18,6 +18,24 @@ pub enum HnswError {
         /// The valid range.
         reason: &'static str,
     },
+    /// A slot number the index does not have.
+    #[error("slot {slot} is out of range: the index has {len} slots (0..{len})")]
+    SlotOutOfRange {
+        /// The slot given.
+        slot: u64,
+        /// Slots the index has.
+        len: usize,
+    },
+    /// A real-valued setting outside its range (or NaN).
+    #[error("invalid {name} = {value}: {reason}")]
+    InvalidValue {
+        /// Setting name.
+        name: &'static str,
+        /// The value given.
+        value: f64,
+        /// The valid range.
+        reason: &'static str,
+    },
     /// The corpus or a query broke an input rule of topk-core (shape, finiteness, K).
     #[error(transparent)]
     Input(#[from] topk_core::Error),
@@ -62,12 +80,12 @@ pub enum HnswError {
     },
     /// The file was written by an unknown format version.
     #[error(
-        "index file format version {found} is not supported (this build reads version {supported})"
+        "index file format version {found} is not supported (this build reads versions 1 to {supported})"
     )]
     UnsupportedVersion {
         /// Version in the file.
         found: u32,
-        /// Version this build reads and writes.
+        /// Newest version this build reads (the one it writes).
         supported: u32,
     },
     /// The file is shorter than its header says.

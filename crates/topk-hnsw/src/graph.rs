@@ -64,6 +64,13 @@ impl Layout {
         self.levels.len()
     }
 
+    /// Appends a node on `level`; its upper blocks go after every existing one.
+    pub(crate) fn push(&mut self, level: u8) {
+        self.upper_offset.push(self.upper_len);
+        self.upper_len += usize::from(level) * (1 + self.m);
+        self.levels.push(level);
+    }
+
     pub(crate) fn layer0_len(&self) -> usize {
         self.levels.len() * (1 + self.m0)
     }
@@ -129,6 +136,34 @@ impl Links<u32> {
     /// The count slot of a list as stored, before clamping (for file checks).
     pub(crate) fn stored_count(&self, node: u32, level: usize) -> usize {
         self.block(node, level)[0] as usize
+    }
+
+    /// Replaces the list of `node` on `level` (at most the layer's capacity).
+    pub(crate) fn set(&mut self, node: u32, level: usize, ids: &[u32]) {
+        let block = self.block_mut(node, level);
+        debug_assert!(ids.len() < block.len());
+        let count = ids.len().min(block.len() - 1);
+        block[1..1 + count].copy_from_slice(&ids[..count]);
+        block[0] = count as u32;
+    }
+
+    /// Appends a node on `level` with empty lists.
+    pub(crate) fn push_node(&mut self, level: u8) {
+        self.layout.push(level);
+        self.layer0.resize(self.layout.layer0_len(), 0);
+        self.upper.resize(self.layout.upper_len(), 0);
+    }
+
+    fn block_mut(&mut self, node: u32, level: usize) -> &mut [u32] {
+        if level == 0 {
+            let stride = 1 + self.layout.m0;
+            let start = node as usize * stride;
+            &mut self.layer0[start..start + stride]
+        } else {
+            let stride = 1 + self.layout.m;
+            let start = self.layout.upper_offset[node as usize] + (level - 1) * stride;
+            &mut self.upper[start..start + stride]
+        }
     }
 
     /// The neighbours of `node` on `level`, borrowed (finished index only).

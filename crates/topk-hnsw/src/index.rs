@@ -6,21 +6,48 @@ use topk_core::{validate, Metric, Neighbor, Retriever};
 
 use crate::build::{build, Graph, Mode};
 use crate::error::Result;
-use crate::params::{check_ef, HnswParams};
-use crate::search::{greedy, search_layer, Cand, CpuScorer, Scorer, Scratch, ScratchPool};
+use crate::filter::SlotFilter;
+use crate::params::{check_ef, rng_after, HnswParams, SplitMix64};
+use crate::search::{
+    greedy, search_layer, All, Allow, Cand, CpuScorer, Scorer, Scratch, ScratchPool,
+};
 use crate::vectors::Vectors;
+
+/// Default of [`Hnsw::set_filter_walk_cost`], measured on the MiniLM 20k
+/// set (the crate README has the sweep and the command).
+///
+/// A walk that must find `ef` allowed rows when a fraction `s` of the graph's
+/// `N` nodes is allowed scores about `c · ef / s` rows; scoring the allowed
+/// rows exactly costs `s · N`. A search is exact when `s · N ≤ c · ef / s`,
+/// that is when the allowed rows number at most `sqrt(c · ef · N)`. The
+/// crossovers measured at N = 5k, 10k and 20k with ef = 64, and at 20k with
+/// ef = 128, gave c between 15 and 20; at N = 20k and ef = 64 the rule
+/// switches to exact scoring below about 4,500 allowed rows (selectivity 0.23).
+pub const DEFAULT_FILTER_WALK_COST: f64 = 16.0;
 
 /// An HNSW graph over a corpus it owns, searched with canonical scores.
 ///
 /// Built once (sequentially and deterministically with [`Hnsw::build`], or
-/// from all rayon threads with [`Hnsw::build_parallel`]), then read-only:
-/// searches take `&self` and may run from many threads at once, each drawing
-/// reusable working memory from an internal pool.
+/// from all rayon threads with [`Hnsw::build_parallel`]); searches take
+/// `&self` and may run from many threads at once, each drawing reusable
+/// working memory from an internal pool. Rows are *slots* `0..len()`:
+/// [`Hnsw::insert`] adds one (reusing a deleted slot when there is one) and
+/// [`Hnsw::mark_deleted`] takes one out of every later result.
 pub struct Hnsw {
     pub(crate) params: HnswParams,
     pub(crate) vectors: Vectors,
     pub(crate) graph: Graph,
     pub(crate) pool: ScratchPool,
+    /// Deletion marks: deleted slots navigate but are never returned.
+    pub(crate) deleted: SlotFilter,
+    pub(crate) deleted_count: usize,
+    /// Deleted slots in the order [`Hnsw::insert`] reuses them (last first);
+    /// always exactly the marked slots.
+    pub(crate) free: Vec<u32>,
+    /// The level generator, continued by every insertion of a new slot.
+    pub(crate) rng: SplitMix64,
+    /// `c` of [`DEFAULT_FILTER_WALK_COST`]: when a search is exact.
+    pub(crate) walk_cost: f64,
 }
 
 impl std::fmt::Debug for Hnsw {
@@ -33,6 +60,7 @@ impl std::fmt::Debug for Hnsw {
             .field("params", &self.params)
             .field("max_level", &self.graph.max_level)
             .field("entry", &self.graph.entry)
+            .field("deleted", &self.deleted_count)
             .finish()
     }
 }
@@ -115,13 +143,20 @@ impl Hnsw {
         Self::from_rowmajor(data.to_vec(), dim, metric, params)
     }
 
+    /// A freshly built index: no deletions, the level stream continued after
+    /// the build's `n` draws.
     pub(crate) fn from_parts(params: HnswParams, vectors: Vectors, graph: Graph) -> Self {
-        let pool = ScratchPool::new(vectors.len());
+        let n = vectors.len();
         Hnsw {
             params,
+            pool: ScratchPool::new(n),
             vectors,
             graph,
-            pool,
+            deleted: SlotFilter::new(),
+            deleted_count: 0,
+            free: Vec::new(),
+            rng: rng_after(params.seed, n),
+            walk_cost: DEFAULT_FILTER_WALK_COST,
         }
     }
 
@@ -143,7 +178,8 @@ impl Hnsw {
         Ok(())
     }
 
-    /// The corpus rows, row-major (`len() × dim()`).
+    /// The rows of every slot, row-major (`len() × dim()`); a deleted
+    /// slot still holds its last row until [`Hnsw::insert`] reuses it.
     pub fn vectors(&self) -> &[f32] {
         self.vectors.data()
     }
@@ -179,7 +215,7 @@ impl Hnsw {
         }
     }
 
-    /// Writes the `min(k, N)` best neighbours found with beam width
+    /// Writes the `min(k, live)` best live neighbours found with beam width
     /// `max(ef, k)` into `out`, best first.
     pub fn search_with_ef(
         &self,
@@ -223,14 +259,8 @@ impl Hnsw {
             .collect()
     }
 
-    /// The search proper, for any scorer (CPU or GPU-batched): greedy descent
-    /// to layer 1, beam search of layer 0, best `min(k, N)` of the beam.
-    ///
-    /// Two cases leave the graph walk: a beam at least as wide as the corpus
-    /// scores every row (the exact answer, cheaper than walking), and a beam
-    /// that ended with fewer than `min(k, N)` nodes (the walk exhausted the
-    /// part of the graph reachable from the entry) is completed by scoring
-    /// the rows it never reached, so a search always returns `min(k, N)` rows.
+    /// The search proper, for any scorer (CPU or GPU-batched), over the live
+    /// rows: [`Hnsw::walk`] with deleted slots disallowed.
     pub(crate) fn search_scored<F: Scorer>(
         &self,
         scorer: &mut F,
@@ -239,23 +269,63 @@ impl Hnsw {
         sc: &mut Scratch,
         out: &mut Vec<Neighbor>,
     ) -> Result<()> {
+        if self.deleted_count == 0 {
+            let n = self.vectors.len();
+            self.walk(scorer, k, ef, sc, out, &All, n)
+        } else {
+            let live = self.live_len();
+            let allow = NotIn(&self.deleted);
+            self.walk(scorer, k, ef, sc, out, &allow, live)
+        }
+    }
+
+    /// Greedy descent to layer 1, beam search of layer 0 admitting only rows
+    /// `allow` accepts (`allowed` of them), best `min(k, allowed)` of the beam.
+    ///
+    /// Three cases leave the graph walk: a beam at least as wide as the
+    /// graph, and an allowed set (some rows excluded) small enough that
+    /// scoring it is cheaper than walking ([`DEFAULT_FILTER_WALK_COST`]),
+    /// score every allowed row (the exact answer); and
+    /// a beam that ended with fewer than `min(k, allowed)` nodes (the walk
+    /// exhausted the part of the graph reachable from the entry) is completed
+    /// by scoring the allowed rows it never reached, so a search always
+    /// returns `min(k, allowed)` rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn walk<F: Scorer, A: Allow>(
+        &self,
+        scorer: &mut F,
+        k: usize,
+        ef: usize,
+        sc: &mut Scratch,
+        out: &mut Vec<Neighbor>,
+        allow: &A,
+        allowed: usize,
+    ) -> Result<()> {
         let n = self.vectors.len();
-        let want = k.min(n);
+        let want = k.min(allowed);
         let ef = ef.max(k);
         out.clear();
-        if ef >= n {
+        if want == 0 {
+            return Ok(());
+        }
+        let (a, e, nodes) = (allowed as f64, ef as f64, n as f64);
+        // Only a search that excludes rows switches: an unfiltered search of
+        // an index without deletions walks whatever its size, as it always has.
+        if ef >= n || (allowed < n && a * a <= self.walk_cost * e * nodes) {
             sc.sorted.clear();
-            let all: Vec<u32> = (0..n as u32).collect();
-            return score_all_into(scorer, &all, &mut sc.sorted, want, out);
+            let ids = allow.slots(n);
+            return score_all_into(scorer, &ids, &mut sc.sorted, want, out);
         }
         let g = &self.graph;
         let mut cur = Cand::new(g.entry, scorer.score_one(g.entry)?);
         if g.max_level > 0 {
-            cur = greedy(&g.links, scorer, sc, cur, g.max_level, 1)?;
+            cur = greedy(&g.links, scorer, sc, cur, g.max_level, 1, &All)?;
         }
-        search_layer(&g.links, scorer, sc, cur, ef, 0)?;
+        search_layer(&g.links, scorer, sc, cur, ef, 0, allow)?;
         if sc.results.len() < want {
-            let unseen: Vec<u32> = (0..n as u32).filter(|&i| !sc.seen(i)).collect();
+            let unseen: Vec<u32> = (0..n as u32)
+                .filter(|&i| !sc.seen(i) && allow.allows(i))
+                .collect();
             tracing::debug!(
                 reached = sc.results.len(),
                 unreached = unseen.len(),
@@ -273,6 +343,37 @@ impl Hnsw {
     }
 }
 
+/// Allows the slots not in a set (the live rows: not deleted).
+pub(crate) struct NotIn<'a>(pub(crate) &'a SlotFilter);
+
+impl Allow for NotIn<'_> {
+    #[inline]
+    fn allows(&self, id: u32) -> bool {
+        !self.0.contains(id)
+    }
+}
+
+/// Allows the slots of a filter that are not deleted.
+pub(crate) struct InButNot<'a> {
+    pub(crate) filter: &'a SlotFilter,
+    pub(crate) deleted: &'a SlotFilter,
+}
+
+impl Allow for InButNot<'_> {
+    #[inline]
+    fn allows(&self, id: u32) -> bool {
+        self.filter.contains(id) && !self.deleted.contains(id)
+    }
+
+    fn slots(&self, n: usize) -> Vec<u32> {
+        self.filter
+            .iter()
+            .take_while(|&s| (s as usize) < n)
+            .filter(|&s| !self.deleted.contains(s))
+            .collect()
+    }
+}
+
 /// Scores `ids`, adds them to the candidates already in `pool`, and writes
 /// the best `want` of all of them to `out`.
 fn score_all_into<F: Scorer>(
@@ -287,8 +388,16 @@ fn score_all_into<F: Scorer>(
         scorer.score_ids(chunk, s)?;
     }
     pool.extend(ids.iter().zip(&scores).map(|(&i, &s)| Cand::new(i, s)));
-    pool.sort_unstable_by_key(|c| std::cmp::Reverse(c.key));
     out.clear();
+    if want == 0 {
+        return Ok(());
+    }
+    if pool.len() > want {
+        // Keys are unique (they encode the id), so the best `want` are exact.
+        pool.select_nth_unstable_by_key(want - 1, |c| std::cmp::Reverse(c.key));
+        pool.truncate(want);
+    }
+    pool.sort_unstable_by_key(|c| std::cmp::Reverse(c.key));
     out.extend(pool.iter().take(want).map(|c| c.neighbor()));
     Ok(())
 }
@@ -298,6 +407,8 @@ impl Retriever for Hnsw {
         "hnsw"
     }
 
+    /// The number of slots, deleted ones included ([`Hnsw::live_len`] counts
+    /// the rows a search can return).
     fn len(&self) -> usize {
         self.vectors.len()
     }

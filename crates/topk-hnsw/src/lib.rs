@@ -11,6 +11,8 @@
 //! | item | what it is for |
 //! | --- | --- |
 //! | [`Hnsw`] | build (deterministic or parallel), search with a per-call `ef`, save/load |
+//! | [`Hnsw::insert`], [`Hnsw::mark_deleted`] | add a row (reusing a deleted slot), take one out of every result |
+//! | [`Hnsw::search_filtered`], [`SlotFilter`] | search only the live slots of an allow-list |
 //! | [`HnswParams`] | `m`, `ef_construction`, default `ef`, seed; valid ranges |
 //! | [`recall_at_k`] | recall against exact ground truth (oracle or `.ivecs`) |
 //! | [`HnswError`] | every failure, with the offending value |
@@ -29,6 +31,25 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! Rows are slots `0..len()`. Deleting marks a slot (it still routes walks);
+//! inserting fills the most recently deleted slot or appends one:
+//!
+//! ```
+//! use topk_core::{Metric, Retriever};
+//! use topk_hnsw::{Hnsw, HnswParams, SlotFilter};
+//!
+//! let dim = 8;
+//! let data = topk_hnsw::synth::gaussian_clusters(500, dim, 10, 0.3, 1);
+//! let mut index = Hnsw::build(&data, dim, Metric::L2, HnswParams::default())?;
+//! assert!(index.mark_deleted(3)?);
+//! assert!(index.search(&data[3 * dim..4 * dim], 5)?.iter().all(|h| h.index != 3));
+//! assert_eq!(index.insert(&data[3 * dim..4 * dim])?, 3); // slot 3 reused
+//! let even = SlotFilter::from_fn(index.len(), |s| s % 2 == 0);
+//! let hits = index.search_filtered(&data[..dim], 5, &even)?;
+//! assert!(hits.iter().all(|h| h.index % 2 == 0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! With the `cuda` feature, `Hnsw::build_gpu`, `Hnsw::search_gpu` and
 //! `Hnsw::search_batch_gpu` score each expansion's neighbours on the GPU
 //! (topk-cuda's resident corpus) with the same results as the CPU path.
@@ -41,10 +62,12 @@
 mod batched;
 mod build;
 mod error;
+mod filter;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod graph;
 mod index;
+mod lifecycle;
 mod params;
 mod persist;
 mod recall;
@@ -53,7 +76,8 @@ pub mod synth;
 mod vectors;
 
 pub use error::{HnswError, Result};
-pub use index::{GraphStats, Hnsw};
+pub use filter::SlotFilter;
+pub use index::{GraphStats, Hnsw, DEFAULT_FILTER_WALK_COST};
 pub use params::{HnswParams, SplitMix64, MAX_LEVEL, MAX_M};
 pub use persist::{FORMAT_VERSION, MAGIC};
 pub use recall::recall_at_k;

@@ -120,9 +120,14 @@ impl SplitMix64 {
         SplitMix64(seed)
     }
 
+    /// The internal state; `SplitMix64::new(g.state())` continues the stream of `g`.
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(SPLITMIX_GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -138,15 +143,23 @@ impl SplitMix64 {
 /// The layer of every node, drawn in insertion order: `floor(-ln(U) · mL)`.
 pub(crate) fn draw_levels(n: usize, params: &HnswParams) -> Vec<u8> {
     let mut rng = SplitMix64::new(params.seed);
-    let ml = params.level_mult();
-    (0..n)
-        .map(|_| {
-            let level = (-rng.next_open01().ln() * ml).floor();
-            // In range by construction (see MAX_LEVEL); the clamp keeps the cast total.
-            level.clamp(0.0, MAX_LEVEL as f64) as u8
-        })
-        .collect()
+    (0..n).map(|_| draw_level(&mut rng, params)).collect()
 }
+
+/// One level draw, `floor(-ln(U) · mL)`, advancing `rng` by one step.
+pub(crate) fn draw_level(rng: &mut SplitMix64, params: &HnswParams) -> u8 {
+    let level = (-rng.next_open01().ln() * params.level_mult()).floor();
+    // In range by construction (see MAX_LEVEL); the clamp keeps the cast total.
+    level.clamp(0.0, MAX_LEVEL as f64) as u8
+}
+
+/// The level generator after the `n` draws of a build: the stream later
+/// insertions continue, so a history of builds and inserts is reproducible.
+pub(crate) fn rng_after(seed: u64, n: usize) -> SplitMix64 {
+    SplitMix64(seed.wrapping_add((n as u64).wrapping_mul(SPLITMIX_GAMMA)))
+}
+
+const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 #[cfg(test)]
 mod tests {
@@ -162,6 +175,19 @@ mod tests {
         assert!((above0 - 1.0 / 16.0).abs() < 0.005, "{above0}");
         assert!((above1 - 1.0 / 256.0).abs() < 0.001, "{above1}");
         assert_eq!(draw_levels(1000, &p), draw_levels(1000, &p));
+    }
+
+    #[test]
+    fn rng_after_continues_the_build_stream() {
+        let p = HnswParams::with_m(8);
+        let mut rng = SplitMix64::new(p.seed);
+        for _ in 0..1234 {
+            draw_level(&mut rng, &p);
+        }
+        assert_eq!(rng_after(p.seed, 1234).state(), rng.state());
+        let mut after = rng_after(p.seed, 1000);
+        let tail: Vec<u8> = (0..234).map(|_| draw_level(&mut after, &p)).collect();
+        assert_eq!(tail, draw_levels(1234, &p)[1000..].to_vec());
     }
 
     #[test]

@@ -8,14 +8,23 @@
 //! | offset | size | field |
 //! | --- | --- | --- |
 //! | 0 | 8 | magic `TOPKHNSW` |
-//! | 8 | 4 | format version (1) |
+//! | 8 | 4 | format version (2; version 1 files are still read) |
 //! | 12 | 4 | metric (0 dot, 1 cosine, 2 l2) |
 //! | 16 | 8 × 7 | dim, n, m, m0, ef_construction, ef_search, seed |
 //! | 72 | 4 + 4 | entry node, top layer |
 //! | 80 | 8 + 8 | upper-layer slot count, payload length in bytes |
 //! | 96 | 4 | CRC-32 of bytes 0..96 |
-//! | 100 | payload | levels (n × u8), layer-0 slots (n·(1+m0) × u32), upper slots (u32), rows (n·dim × f32) |
+//! | 100 | payload | levels (n × u8), layer-0 slots (n·(1+m0) × u32), upper slots (u32), rows (n·dim × f32), then the lifecycle section |
 //! | end − 4 | 4 | CRC-32 of the payload |
+//!
+//! The lifecycle section (version 2) closes the payload: the level
+//! generator's state (u64), the number of deleted slots `f` (u64), and the
+//! deleted slots in reuse order (`f` × u32). It holds the deletion marks (a
+//! slot is deleted exactly when it is listed) and the free-slot order, so a
+//! loaded index answers and inserts exactly as the saved one would. A
+//! version 1 file has no such section; it opens as an index without
+//! deletions whose level stream continues after the build's `n` draws (the
+//! state a version 1 writer had).
 //!
 //! Loading checks, in order: magic, version, header checksum, the header's
 //! declared sizes against each other and against the file length, the
@@ -33,13 +42,15 @@ use crate::build::Graph;
 use crate::error::{HnswError, Result};
 use crate::graph::{Layout, Links};
 use crate::index::Hnsw;
-use crate::params::{HnswParams, MAX_LEVEL};
+use crate::params::{rng_after, HnswParams, SplitMix64, MAX_LEVEL};
 use crate::vectors::Vectors;
 
 /// First bytes of every index file.
 pub const MAGIC: &[u8; 8] = b"TOPKHNSW";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes; it reads this one and version 1.
+pub const FORMAT_VERSION: u32 = 2;
+/// Bytes of the lifecycle section before its slot list.
+const LIFECYCLE_FIXED: u64 = 16;
 const HEADER_LEN: usize = 96;
 const PAYLOAD_START: usize = HEADER_LEN + 4;
 
@@ -78,7 +89,11 @@ impl Hnsw {
         let layout = &links.layout;
         let n = layout.len();
         let dim = self.vectors.dim();
-        let payload_len = n + 4 * (links.layer0.len() + links.upper.len()) + 4 * n * dim;
+        let payload_len = n
+            + 4 * (links.layer0.len() + links.upper.len())
+            + 4 * n * dim
+            + LIFECYCLE_FIXED as usize
+            + 4 * self.free.len();
         let mut out = Vec::with_capacity(PAYLOAD_START + payload_len + 4);
 
         out.extend_from_slice(MAGIC);
@@ -110,6 +125,11 @@ impl Hnsw {
         for &v in self.vectors.data() {
             out.extend_from_slice(&v.to_le_bytes());
         }
+        out.extend_from_slice(&self.rng.state().to_le_bytes());
+        out.extend_from_slice(&(self.free.len() as u64).to_le_bytes());
+        for &slot in &self.free {
+            out.extend_from_slice(&slot.to_le_bytes());
+        }
         let payload_crc = crc32fast::hash(&out[PAYLOAD_START..]);
         out.extend_from_slice(&payload_crc.to_le_bytes());
         out
@@ -134,7 +154,7 @@ impl Hnsw {
         let mut h = Reader::new(&bytes[..PAYLOAD_START]);
         h.skip(MAGIC.len());
         let version = h.u32();
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != 1 {
             return Err(HnswError::UnsupportedVersion {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -193,11 +213,29 @@ impl Hnsw {
             n.checked_add(slots)?.checked_add(rows)
         })()
         .ok_or_else(|| corrupt(format!("sizes overflow: n = {n}, dim = {dim}, m0 = {m0}")))?;
-        if expected_payload != payload_len {
-            return Err(corrupt(format!(
-                "payload length {payload_len} does not match the {expected_payload} bytes its sizes imply"
-            )));
-        }
+        // Version 2 appends the lifecycle section, whose slot list is sized
+        // by the payload length (its stored count is checked against it).
+        let free_len = if version == 1 {
+            if expected_payload != payload_len {
+                return Err(corrupt(format!(
+                    "payload length {payload_len} does not match the {expected_payload} bytes its sizes imply"
+                )));
+            }
+            0
+        } else {
+            let fixed = expected_payload
+                .checked_add(LIFECYCLE_FIXED)
+                .ok_or_else(|| corrupt(format!("sizes overflow: n = {n}, dim = {dim}")))?;
+            if payload_len < fixed
+                || (payload_len - fixed) % 4 != 0
+                || (payload_len - fixed) / 4 > n
+            {
+                return Err(corrupt(format!(
+                    "payload length {payload_len} does not match the {fixed} bytes its sizes imply plus 4 per deleted slot (at most n = {n})"
+                )));
+            }
+            (payload_len - fixed) / 4
+        };
         let total = (PAYLOAD_START as u64)
             .checked_add(payload_len)
             .and_then(|t| t.checked_add(4))
@@ -239,6 +277,18 @@ impl Hnsw {
         let layer0 = p.u32s(layout.layer0_len());
         let upper = p.u32s(layout.upper_len());
         let data = p.f32s(n * dim);
+        let (rng_state, free) = if version == 1 {
+            (rng_after(params.seed, n).state(), Vec::new())
+        } else {
+            let state = p.u64();
+            let stored = p.u64();
+            if stored != free_len {
+                return Err(corrupt(format!(
+                    "{stored} deleted slots declared, the payload holds {free_len}"
+                )));
+            }
+            (state, p.u32s(free_len as usize))
+        };
         let links = Links {
             layout,
             layer0,
@@ -252,7 +302,20 @@ impl Hnsw {
             entry,
             max_level,
         };
-        Ok(Hnsw::from_parts(params, vectors, graph))
+        let mut index = Hnsw::from_parts(params, vectors, graph);
+        index.rng = SplitMix64::new(rng_state);
+        for &slot in &free {
+            let fresh = (slot as usize) < n && !index.deleted.contains(slot);
+            if !fresh {
+                return Err(corrupt(format!(
+                    "deleted slot {slot} is out of range (n = {n}) or listed twice"
+                )));
+            }
+            index.deleted.insert(slot);
+        }
+        index.deleted_count = free.len();
+        index.free = free;
+        Ok(index)
     }
 }
 

@@ -79,6 +79,38 @@ impl Scorer for CpuScorer<'_> {
     }
 }
 
+/// Which nodes a walk may return. Every node navigates (its links are
+/// followed); only allowed nodes enter the beam that becomes the result.
+pub(crate) trait Allow {
+    /// Whether `id` may be returned.
+    fn allows(&self, id: u32) -> bool;
+
+    /// The allowed nodes of `0..n`, in increasing order.
+    fn slots(&self, n: usize) -> Vec<u32> {
+        (0..n as u32).filter(|&i| self.allows(i)).collect()
+    }
+}
+
+/// Every node is allowed (the unfiltered walk; the check compiles away).
+pub(crate) struct All;
+
+impl Allow for All {
+    #[inline(always)]
+    fn allows(&self, _: u32) -> bool {
+        true
+    }
+}
+
+/// Every node but one (the slot being re-inserted, whose lists are empty).
+pub(crate) struct AllBut(pub(crate) u32);
+
+impl Allow for AllBut {
+    #[inline]
+    fn allows(&self, id: u32) -> bool {
+        id != self.0
+    }
+}
+
 /// Per-walk working memory, reused across searches so that a search
 /// allocates nothing once warm.
 #[derive(Debug)]
@@ -109,6 +141,14 @@ impl Scratch {
             ids: Vec::new(),
             scores: Vec::new(),
             sorted: Vec::new(),
+        }
+    }
+
+    /// Grows the visited set to cover `n` nodes (after insertions).
+    fn cover(&mut self, n: usize) {
+        if self.visited.len() < n {
+            // Tag 0 is never a live epoch, so the new nodes read as unseen.
+            self.visited.resize(n, 0);
         }
     }
 
@@ -155,7 +195,14 @@ impl ScratchPool {
         // A poisoned pool only means another search panicked; its scratch
         // holds no invariant a new walk relies on (every walk starts a new epoch).
         let popped = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        popped.unwrap_or_else(|| Scratch::new(self.n))
+        let mut s = popped.unwrap_or_else(|| Scratch::new(self.n));
+        s.cover(self.n);
+        s
+    }
+
+    /// Sets the node count that scratches handed out from now on cover.
+    pub(crate) fn set_len(&mut self, n: usize) {
+        self.n = n;
     }
 
     pub(crate) fn put(&self, s: Scratch) {
@@ -164,14 +211,15 @@ impl ScratchPool {
 }
 
 /// Greedy descent: on each layer from `top` down to `bottom` (inclusive),
-/// move to the best neighbour while it beats the current node.
-pub(crate) fn greedy<S: Slot, F: Scorer>(
+/// move to the best allowed neighbour while it beats the current node.
+pub(crate) fn greedy<S: Slot, F: Scorer, A: Allow>(
     links: &Links<S>,
     scorer: &mut F,
     sc: &mut Scratch,
     mut cur: Cand,
     top: usize,
     bottom: usize,
+    allow: &A,
 ) -> Result<Cand> {
     for level in (bottom..=top).rev() {
         loop {
@@ -186,6 +234,7 @@ pub(crate) fn greedy<S: Slot, F: Scorer>(
                 .nbr
                 .iter()
                 .zip(&sc.scores)
+                .filter(|(&id, _)| allow.allows(id))
                 .map(|(&id, &s)| Cand::new(id, s))
                 .max_by_key(|c| c.key);
             match best {
@@ -198,14 +247,21 @@ pub(crate) fn greedy<S: Slot, F: Scorer>(
 }
 
 /// Beam search of one layer from `start` with width `ef`; leaves the beam
-/// (the best `ef` nodes reached) in `sc.results`.
-pub(crate) fn search_layer<S: Slot, F: Scorer>(
+/// (the best `ef` allowed nodes reached) in `sc.results`.
+///
+/// Disallowed nodes are scored and expanded like any other (they keep the
+/// graph navigable) but never enter the beam; while the beam holds fewer
+/// than `ef` nodes every reached node is expanded, so a selective `allow`
+/// widens the walk until it has found `ef` allowed nodes or run out of
+/// graph (hnswlib's filtered search works the same way).
+pub(crate) fn search_layer<S: Slot, F: Scorer, A: Allow>(
     links: &Links<S>,
     scorer: &mut F,
     sc: &mut Scratch,
     start: Cand,
     ef: usize,
     level: usize,
+    allow: &A,
 ) -> Result<()> {
     sc.new_epoch();
     let Scratch {
@@ -223,7 +279,9 @@ pub(crate) fn search_layer<S: Slot, F: Scorer>(
     results.clear();
     visited[start.id() as usize] = epoch;
     candidates.push(start);
-    results.push(Reverse(start));
+    if allow.allows(start.id()) {
+        results.push(Reverse(start));
+    }
 
     while let Some(c) = candidates.pop() {
         if results.len() >= ef {
@@ -256,9 +314,11 @@ pub(crate) fn search_layer<S: Slot, F: Scorer>(
                     .is_some_and(|Reverse(worst)| cand.key > worst.key);
             if admit {
                 candidates.push(cand);
-                results.push(Reverse(cand));
-                if results.len() > ef {
-                    results.pop();
+                if allow.allows(e) {
+                    results.push(Reverse(cand));
+                    if results.len() > ef {
+                        results.pop();
+                    }
                 }
             }
         }

@@ -64,6 +64,23 @@ impl Vectors {
         &self.data
     }
 
+    /// Appends a validated row.
+    pub(crate) fn push(&mut self, row: &[f32]) {
+        self.data.extend_from_slice(row);
+        if self.metric == Metric::Cosine {
+            self.norms.push(self.kern.norm(row));
+        }
+    }
+
+    /// Overwrites row `i` with a validated row.
+    pub(crate) fn replace(&mut self, i: u32, row: &[f32]) {
+        let start = i as usize * self.dim;
+        self.data[start..start + self.dim].copy_from_slice(row);
+        if self.metric == Metric::Cosine {
+            self.norms[i as usize] = self.kern.norm(row);
+        }
+    }
+
     /// Row `i`.
     #[inline]
     pub(crate) fn row(&self, i: u32) -> &[f32] {

@@ -197,7 +197,8 @@ fn consistent_checksums_do_not_admit_a_broken_graph() {
 
     // A non-finite stored row value.
     let mut bad = good.clone();
-    let rows_at = bad.len() - 4 - n * DIM * 4;
+    // The rows end where the 16-byte lifecycle section (no deletions) starts.
+    let rows_at = bad.len() - 4 - 16 - n * DIM * 4;
     bad[rows_at..rows_at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     reseal(&mut bad);
     let e = Hnsw::from_bytes(&bad).unwrap_err();

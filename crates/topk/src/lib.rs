@@ -13,7 +13,8 @@
 //! | [`open`] | build a backend from a [`Corpus`] (owned rows move in), a [`Metric`] and [`Options`] |
 //! | [`Retriever`] | `search`, `search_into`, `search_batch` on whatever was opened |
 //! | [`Error`] | why [`open`] failed: an input rule, an unavailable backend, a backend's own error |
-//! | [`core`], [`cpu`], [`hnsw`] | the backend crates, for what the front door does not cover |
+//! | [`Index`] | a corpus that changes: external ids ([`Hit`]), add / upsert / remove, [`Filter`]ed search, save / open (docs/CONTRACTS.md §10) |
+//! | [`core`], [`cpu`], [`hnsw`], [`index`] | the backend crates, for what the front door does not cover |
 //!
 //! ```
 //! use ndarray::array;
@@ -50,6 +51,7 @@ pub use topk_cpu::{CpuRetriever, Oracle};
 pub use topk_cuda::CudaConfig;
 pub use topk_cuda_loader::LoadError as CudaLoadError;
 pub use topk_hnsw::{Hnsw, HnswError, HnswParams};
+pub use topk_index::{cmp_hit, Filter, FilterSpec, Hit, Index, IndexBackend, IndexError, MAX_ID};
 
 /// The contracts every backend keeps (`topk-core`).
 pub use topk_core as core;
@@ -57,6 +59,8 @@ pub use topk_core as core;
 pub use topk_cpu as cpu;
 /// The HNSW graph index: persistence, recall, synthetic corpora (`topk-hnsw`).
 pub use topk_hnsw as hnsw;
+/// The lifecycle index over the exact CPU backends (`topk-index`).
+pub use topk_index as index;
 
 /// The README's Rust example, compiled and run as a doc-test so it cannot rot.
 #[doc = include_str!("../../../README.md")]

@@ -1,0 +1,190 @@
+//! Results named by external ids, and their ordering (docs/CONTRACTS.md §10).
+//!
+//! Best first: higher score; on equal score (IEEE equality, so `-0.0 == +0.0`)
+//! the smaller id. As for row indices (§3) the order is defined once, by
+//! [`hit_key`]: a 128-bit integer whose natural order is the ranking (larger
+//! key = better). [`cmp_hit`] compares keys, and [`HitTopK`] selects by them,
+//! so the comparator and the selection cannot drift apart.
+
+use std::cmp::Ordering;
+
+use crate::order::{ordered_bits, score_from_ordered_bits};
+use crate::select::TopKBy;
+
+/// The largest external id, `2^63 - 1`: every id fits a signed 64-bit
+/// integer, leaving `-1` free to mean "no result" in other languages.
+pub const MAX_ID: u64 = (1 << 63) - 1;
+
+/// One search result of an index: a row's external id and its score.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[repr(C)]
+pub struct Hit {
+    /// The row's external id, at most [`MAX_ID`].
+    pub id: u64,
+    /// Score (higher is better); for L2 the negated squared distance.
+    pub score: f32,
+}
+
+impl Hit {
+    /// A hit from its parts.
+    pub const fn new(id: u64, score: f32) -> Self {
+        Hit { id, score }
+    }
+
+    /// This hit's [`hit_key`].
+    #[inline]
+    pub fn key(self) -> u128 {
+        hit_key(self.score, self.id)
+    }
+
+    /// The hit a key encodes. As with [`crate::Neighbor::from_key`], `-0.0`
+    /// comes back as `+0.0` and a NaN as the default NaN: keep the original
+    /// score where its exact bits matter.
+    #[inline]
+    pub fn from_key(key: u128) -> Self {
+        Hit {
+            id: u64::MAX - (key as u64),
+            score: score_from_ordered_bits((key >> 64) as u32),
+        }
+    }
+}
+
+/// The total ranking key of a hit:
+/// `(ordered_bits(score) << 64) | (u64::MAX - id)`. A larger key ranks first.
+#[inline]
+pub fn hit_key(score: f32, id: u64) -> u128 {
+    (u128::from(ordered_bits(score)) << 64) | u128::from(u64::MAX - id)
+}
+
+/// The comparator of hits: `Less` means `a` ranks before `b`.
+/// `v.sort_by(cmp_hit)` sorts best first.
+#[inline]
+pub fn cmp_hit(a: &Hit, b: &Hit) -> Ordering {
+    b.key().cmp(&a.key())
+}
+
+/// The bounded selector of hits: a [`TopKBy`] of [`hit_key`]s.
+pub type HitTopK = TopKBy<u128>;
+
+impl TopKBy<u128> {
+    /// Offers a hit.
+    #[inline]
+    pub fn push_hit(&mut self, id: u64, score: f32) {
+        self.push_key(hit_key(score, id));
+    }
+
+    /// The kept hits, best first, leaving the selector empty. `score_of(id)`
+    /// supplies each score's exact bits (a key folds `-0.0` into `+0.0`).
+    pub fn drain_hits(&mut self, mut score_of: impl FnMut(u64) -> f32) -> Vec<Hit> {
+        self.drain_sorted_keys()
+            .into_iter()
+            .map(|key| {
+                let id = Hit::from_key(key).id;
+                Hit::new(id, score_of(id))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Finite scores with many exact ties and both zeros (§4.1: no NaN).
+    fn any_score() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            any::<f32>().prop_filter("finite or infinite, never NaN", |s| !s.is_nan()),
+            Just(0.0),
+            Just(-0.0),
+            Just(f32::INFINITY),
+            Just(f32::NEG_INFINITY),
+            (-3i32..3).prop_map(|v| v as f32),
+        ]
+    }
+
+    fn any_id() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..8, 0..=MAX_ID, Just(MAX_ID), Just(0)]
+    }
+
+    fn any_hit() -> impl Strategy<Value = Hit> {
+        (any_id(), any_score()).prop_map(|(id, s)| Hit::new(id, s))
+    }
+
+    /// The ordering written from its English definition.
+    fn by_definition(a: &Hit, b: &Hit) -> Ordering {
+        if a.score > b.score {
+            Ordering::Less
+        } else if a.score < b.score {
+            Ordering::Greater
+        } else {
+            a.id.cmp(&b.id)
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn key_order_is_the_definition(a in any_hit(), b in any_hit()) {
+            prop_assert_eq!(cmp_hit(&a, &b), by_definition(&a, &b));
+            prop_assert_eq!(b.key().cmp(&a.key()), by_definition(&a, &b));
+        }
+
+        #[test]
+        fn keys_round_trip(h in any_hit()) {
+            let back = Hit::from_key(h.key());
+            prop_assert_eq!(back.id, h.id);
+            prop_assert_eq!(back.score, h.score);
+        }
+
+        #[test]
+        fn selection_equals_a_full_sort(
+            scores in prop::collection::vec((-2i32..2).prop_map(|v| v as f32), 0..150),
+            // Distinct ids spread over the whole id range, shuffled.
+            ids in Just((0..150u64).map(|i| i * (MAX_ID / 149)).collect::<Vec<u64>>()).prop_shuffle(),
+            k in 1usize..40,
+        ) {
+            let mut sel = HitTopK::new(k);
+            for (&s, &id) in scores.iter().zip(&ids) {
+                sel.push_hit(id, s);
+            }
+            let score_of = |id: u64| {
+                let at = ids.iter().position(|&i| i == id).unwrap_or(0);
+                scores[at]
+            };
+            let got = sel.drain_hits(score_of);
+            let mut all: Vec<Hit> = scores.iter().zip(&ids).map(|(&s, &id)| Hit::new(id, s)).collect();
+            all.sort_by(cmp_hit);
+            all.truncate(k);
+            prop_assert_eq!(got, all);
+        }
+    }
+
+    #[test]
+    fn negative_zero_ties_with_positive_zero_and_keeps_its_bits() {
+        let mut sel = HitTopK::new(2);
+        sel.push_hit(7, -0.0);
+        sel.push_hit(3, 0.0);
+        sel.push_hit(9, -0.0);
+        let got = sel.drain_hits(|id| if id == 3 { 0.0 } else { -0.0 });
+        assert_eq!(got.iter().map(|h| h.id).collect::<Vec<_>>(), [3, 7]);
+        assert_eq!(got[1].score.to_bits(), (-0.0_f32).to_bits());
+    }
+
+    #[test]
+    fn smaller_id_wins_ties_across_the_whole_range() {
+        let mut v = vec![
+            Hit::new(MAX_ID, 1.0),
+            Hit::new(0, 1.0),
+            Hit::new(1 << 40, 2.0),
+        ];
+        v.sort_by(cmp_hit);
+        assert_eq!(
+            v,
+            vec![
+                Hit::new(1 << 40, 2.0),
+                Hit::new(0, 1.0),
+                Hit::new(MAX_ID, 1.0)
+            ]
+        );
+    }
+}

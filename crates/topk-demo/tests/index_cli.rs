@@ -1,0 +1,225 @@
+//! `topk_demo index ...` end to end: build, add, remove, search with a filter
+//! file and info on saved index files, every answer equal to an in-process
+//! `topk::Index` holding the same content, and bad inputs named.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ndarray::Array2;
+use topk::{Filter, FilterSpec, Hit, Index, IndexBackend, Metric};
+
+fn demo<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Command::new(env!("CARGO_BIN_EXE_topk_demo"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the demo binary runs")
+}
+
+fn ok(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "status {:?}: {err}", o.status);
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails_with(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains(needle), "`{needle}` missing from: {err}");
+}
+
+/// Rows of small integers: many exact ties, so the id tiebreak shows.
+fn rows(n: usize, d: usize, seed: usize) -> Array2<f32> {
+    Array2::from_shape_fn((n, d), |(i, j)| (((i + seed) * 7 + j * 3) % 5) as f32 - 2.0)
+}
+
+fn write_ids(path: &Path, ids: &[u32]) {
+    let a = Array2::from_shape_vec((ids.len(), 1), ids.to_vec()).expect("shape");
+    topk_io::write_npy_u32(path, a.view()).expect("write ids");
+}
+
+/// The report `index search` prints for these hits.
+fn report(hits: &[Vec<Hit>], metric: Metric) -> String {
+    let mut out = String::new();
+    for (q, hs) in hits.iter().enumerate() {
+        out.push_str(&format!("query {q}:\n"));
+        for (rank, h) in hs.iter().enumerate() {
+            let value = metric.display_value(h.score);
+            out.push_str(&format!("  {rank:>3}  id {:<20} {value}\n", h.id));
+        }
+    }
+    out
+}
+
+#[test]
+fn build_add_remove_search_and_info_agree_with_an_in_process_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name);
+    let (n, d) = (40, 6);
+    let corpus = rows(n, d, 0);
+    topk_io::write_matrix(p("corpus.npy"), corpus.view()).expect("corpus");
+    let ids: Vec<u32> = (0..n as u32).map(|i| (i * 37) % 101 + 1000).collect();
+    write_ids(&p("ids.npy"), &ids);
+    let idx = p("docs.topkidx");
+    let o = demo([
+        OsStr::new("index"),
+        OsStr::new("build"),
+        OsStr::new("--corpus"),
+        p("corpus.npy").as_os_str(),
+        OsStr::new("--ids"),
+        p("ids.npy").as_os_str(),
+        OsStr::new("--metric"),
+        OsStr::new("cosine"),
+        OsStr::new("--out"),
+        idx.as_os_str(),
+    ]);
+    assert!(ok(&o).contains(&format!("{n} rows, D = {d}, metric cosine")));
+
+    // Add 5 rows under ids of a file, then 3 under the next ids.
+    let more = rows(5, d, 3);
+    topk_io::write_matrix(p("more.npy"), more.view()).expect("rows");
+    write_ids(&p("more_ids.npy"), &[1, 2, 3, 4, 5]);
+    let add = |rows: &str, ids: Option<&str>| {
+        let mut a = vec![
+            "index".into(),
+            "add".into(),
+            "--index".into(),
+            idx.clone().into_os_string(),
+            "--rows".into(),
+            p(rows).into_os_string(),
+        ];
+        if let Some(i) = ids {
+            a.push("--ids".into());
+            a.push(p(i).into_os_string());
+        }
+        demo(a)
+    };
+    assert!(ok(&add("more.npy", Some("more_ids.npy"))).contains("45 rows now (5 new)"));
+    let auto = rows(3, d, 9);
+    topk_io::write_matrix(p("auto.npy"), auto.view()).expect("rows");
+    ok(&add("auto.npy", None));
+    // An id already present is refused, and the file keeps its rows.
+    fails_with(
+        &add("more.npy", Some("more_ids.npy")),
+        "id 1 at position 0 is already in the index",
+    );
+
+    write_ids(&p("gone.npy"), &[1000, 2, 77]);
+    let o = demo([
+        OsStr::new("index"),
+        OsStr::new("remove"),
+        OsStr::new("--index"),
+        idx.as_os_str(),
+        OsStr::new("--ids"),
+        p("gone.npy").as_os_str(),
+    ]);
+    assert!(ok(&o).contains("removed 2 of 3 ids given"));
+
+    // The same content, built in process.
+    let mut want = Index::with_ids(
+        &ids.iter().map(|&i| u64::from(i)).collect::<Vec<_>>(),
+        corpus.view(),
+        Metric::Cosine,
+        IndexBackend::Oracle,
+    )
+    .expect("index");
+    want.add(&[1, 2, 3, 4, 5], more.view()).expect("add");
+    want.add_auto(auto.view()).expect("add");
+    want.remove(&[1000, 2, 77]);
+
+    let queries = rows(4, d, 1);
+    topk_io::write_matrix(p("q.npy"), queries.view()).expect("queries");
+    let allowed: Vec<u32> = ids.iter().copied().step_by(3).chain([3, 4, 9999]).collect();
+    write_ids(&p("allow.npy"), &allowed);
+    for backend in ["cpu", "oracle"] {
+        let o = demo([
+            OsStr::new("index"),
+            OsStr::new("search"),
+            OsStr::new("--index"),
+            idx.as_os_str(),
+            OsStr::new("--queries"),
+            p("q.npy").as_os_str(),
+            OsStr::new("--filter"),
+            p("allow.npy").as_os_str(),
+            OsStr::new("--k"),
+            OsStr::new("7"),
+            OsStr::new("--show"),
+            OsStr::new("4"),
+            OsStr::new("--backend"),
+            OsStr::new(backend),
+        ]);
+        let f = Filter::new(allowed.iter().map(|&i| u64::from(i)));
+        let hits = want
+            .search_batch(queries.view(), 7, FilterSpec::Shared(&f))
+            .expect("search");
+        let out = ok(&o);
+        assert!(
+            out.starts_with(&report(&hits, Metric::Cosine)),
+            "{backend}:\n{out}"
+        );
+        assert!(out.contains(&format!(
+            "4 queries, K = 7, {} index rows, filter of",
+            want.len()
+        )));
+    }
+    let o = demo([
+        OsStr::new("index"),
+        OsStr::new("info"),
+        OsStr::new("--index"),
+        idx.as_os_str(),
+    ]);
+    assert!(ok(&o).contains(&format!("{} rows, D = {d}, metric cosine", want.len())));
+    assert_eq!(want.len(), n + 5 + 3 - 2);
+}
+
+#[test]
+fn bad_index_files_and_id_counts_are_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let corpus = rows(10, 4, 0);
+    let c = dir.path().join("c.npy");
+    topk_io::write_matrix(&c, corpus.view()).expect("corpus");
+    let ids = dir.path().join("ids.npy");
+    write_ids(&ids, &[1, 2, 3]);
+    let idx = dir.path().join("x.topkidx");
+    let build = |with_ids: bool| {
+        let mut a: Vec<std::ffi::OsString> = vec![
+            "index".into(),
+            "build".into(),
+            "--corpus".into(),
+            c.clone().into(),
+            "--out".into(),
+            idx.clone().into(),
+        ];
+        if with_ids {
+            a.extend(["--ids".into(), ids.clone().into()]);
+        }
+        demo(a)
+    };
+    fails_with(&build(true), "has 3 ids for the 10 rows of");
+    ok(&build(false));
+    let bytes = std::fs::read(&idx).expect("read");
+    std::fs::write(&idx, &bytes[..bytes.len() - 3]).expect("truncate");
+    let o = demo([
+        OsStr::new("index"),
+        OsStr::new("info"),
+        OsStr::new("--index"),
+        idx.as_os_str(),
+    ]);
+    fails_with(
+        &o,
+        &format!("truncated: the file ends at offset {}", bytes.len() - 3),
+    );
+    let o = demo([
+        OsStr::new("index"),
+        OsStr::new("info"),
+        OsStr::new("--index"),
+        c.as_os_str(),
+    ]);
+    fails_with(&o, "not a topk index file");
+}

@@ -1,0 +1,420 @@
+//! `Index`: the stored rows, their ids and tombstones, and every mutation.
+//! Searching lives in [`crate::search`], files in [`crate::file`].
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use ndarray::ArrayView2;
+use topk_core::{validate, Error as CoreError, Metric, MAX_ID};
+use topk_cpu::Kernels;
+
+use crate::error::IndexError;
+
+/// Tombstones may reach this fraction of the stored rows before an automatic
+/// compaction: a scan then spends at most a quarter of its reads on dead rows
+/// (docs/CONTRACTS.md §10).
+pub const COMPACT_FRACTION: f64 = 0.25;
+
+/// Which exact engine scores an [`Index`]'s searches. Both return the same
+/// bytes (docs/CONTRACTS.md §10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IndexBackend {
+    /// The canonical SIMD kernels of topk-cpu on rayon's threads; sparse
+    /// filters gather, dense ones mask.
+    #[default]
+    Cpu,
+    /// The scalar reference: every live allowed row scored with
+    /// [`Metric::score_scalar`], then sorted with [`topk_core::cmp_hit`].
+    Oracle,
+}
+
+impl IndexBackend {
+    /// Both backends.
+    pub const ALL: [IndexBackend; 2] = [IndexBackend::Cpu, IndexBackend::Oracle];
+
+    /// Lowercase name ("cpu", "oracle").
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IndexBackend::Cpu => "cpu",
+            IndexBackend::Oracle => "oracle",
+        }
+    }
+}
+
+impl fmt::Display for IndexBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A corpus that changes over time, searched exactly (docs/CONTRACTS.md §10).
+///
+/// Rows carry external ids (`u64`, at most [`MAX_ID`]). Mutations take
+/// `&mut self` and are all or nothing; searches take `&self`, and an `Index`
+/// is `Send + Sync`, so many threads may search one index behind an `Arc`
+/// (or an `RwLock` when it also changes). A result depends only on the
+/// (id, vector) pairs present, never on the history that led there.
+#[derive(Debug, Clone)]
+pub struct Index {
+    pub(crate) dim: usize,
+    pub(crate) metric: Metric,
+    pub(crate) backend: IndexBackend,
+    pub(crate) kernels: Kernels,
+    /// Stored rows, row-major, tombstoned ones included.
+    pub(crate) data: Vec<f32>,
+    /// Id of each stored row.
+    pub(crate) ids: Vec<u64>,
+    /// Canonical norm of each stored row for cosine; empty otherwise.
+    pub(crate) norms: Vec<f32>,
+    /// One bit per stored row: set while the row is live.
+    pub(crate) live: Vec<u64>,
+    /// Stored row of each live id.
+    pub(crate) rows_of: IdMap<usize>,
+    /// Tombstoned rows.
+    pub(crate) dead: usize,
+}
+
+/// The ids and rows of one mutation, checked and row-major.
+struct Checked<'a> {
+    ids: &'a [u64],
+    rows: Cow<'a, [f32]>,
+}
+
+impl Index {
+    /// An empty index of `dim`-value rows.
+    pub fn new(dim: usize, metric: Metric, backend: IndexBackend) -> Result<Index, IndexError> {
+        if dim == 0 {
+            return Err(CoreError::ZeroDimension.into());
+        }
+        if dim > validate::MAX_DIM {
+            return Err(CoreError::DimensionTooLarge {
+                dim,
+                max: validate::MAX_DIM,
+            }
+            .into());
+        }
+        Ok(Index {
+            dim,
+            metric,
+            backend,
+            kernels: Kernels::best(),
+            data: Vec::new(),
+            ids: Vec::new(),
+            norms: Vec::new(),
+            live: Vec::new(),
+            rows_of: IdMap::default(),
+            dead: 0,
+        })
+    }
+
+    /// An index of `rows` with the default ids `0..N-1`.
+    pub fn from_rows(
+        rows: ArrayView2<'_, f32>,
+        metric: Metric,
+        backend: IndexBackend,
+    ) -> Result<Index, IndexError> {
+        let ids: Vec<u64> = (0..rows.nrows() as u64).collect();
+        Index::with_ids(&ids, rows, metric, backend)
+    }
+
+    /// An index of `rows` whose row `i` has id `ids[i]`.
+    pub fn with_ids(
+        ids: &[u64],
+        rows: ArrayView2<'_, f32>,
+        metric: Metric,
+        backend: IndexBackend,
+    ) -> Result<Index, IndexError> {
+        let mut index = Index::new(rows.ncols(), metric, backend)?;
+        index.add(ids, rows)?;
+        Ok(index)
+    }
+
+    /// The same index searched by another backend (no copy of the rows is made
+    /// beyond the move).
+    pub fn with_backend(mut self, backend: IndexBackend) -> Index {
+        self.backend = backend;
+        self
+    }
+
+    /// Number of live rows.
+    pub fn len(&self) -> usize {
+        self.rows_of.len()
+    }
+
+    /// Whether no row is live.
+    pub fn is_empty(&self) -> bool {
+        self.rows_of.is_empty()
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The metric searches score with.
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+
+    /// The backend searches run on.
+    pub fn backend(&self) -> IndexBackend {
+        self.backend
+    }
+
+    /// Rows removed but still stored, until the next compaction.
+    pub fn tombstones(&self) -> usize {
+        self.dead
+    }
+
+    /// Whether `id` is live in the index.
+    pub fn contains(&self, id: u64) -> bool {
+        self.rows_of.contains_key(&id)
+    }
+
+    /// The vector of `id`, when live.
+    pub fn get(&self, id: u64) -> Option<&[f32]> {
+        self.rows_of.get(&id).map(|&r| self.row(r))
+    }
+
+    /// The live ids, ascending.
+    pub fn ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.rows_of.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Adds rows under new ids, all or nothing: an id already present, given
+    /// twice, or above [`MAX_ID`], a count of ids other than the count of rows,
+    /// rows of the wrong width or breaking docs/CONTRACTS.md §4 are errors that
+    /// leave the index unchanged.
+    pub fn add(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), IndexError> {
+        let checked = self.check(ids, rows)?;
+        if let Some((position, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, id)| self.rows_of.contains_key(id))
+        {
+            return Err(IndexError::IdExists { id, position });
+        }
+        self.append(&checked);
+        Ok(())
+    }
+
+    /// Adds rows under the ids that follow the largest id present (`0, 1, …`
+    /// in an empty index) and returns the first new id.
+    pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, IndexError> {
+        let first = match self.rows_of.keys().max() {
+            None => 0,
+            Some(&largest) => largest + 1,
+        };
+        let n = rows.nrows() as u64;
+        if n > 0 && (first > MAX_ID || MAX_ID - first < n - 1) {
+            return Err(IndexError::IdsExhausted {
+                largest: first.saturating_sub(1),
+                rows: rows.nrows(),
+            });
+        }
+        let ids: Vec<u64> = (first..first + n).collect();
+        self.add(&ids, rows)?;
+        Ok(first)
+    }
+
+    /// Replaces the vector of every present id and adds the others, all or
+    /// nothing (the checks of [`Index::add`], except that a present id is
+    /// expected).
+    pub fn upsert(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), IndexError> {
+        let checked = self.check(ids, rows)?;
+        let d = self.dim;
+        let mut fresh_ids = Vec::new();
+        let mut fresh_rows = Vec::new();
+        for (&id, row) in checked.ids.iter().zip(checked.rows.chunks_exact(d)) {
+            match self.rows_of.get(&id) {
+                Some(&r) => {
+                    self.data[r * d..(r + 1) * d].copy_from_slice(row);
+                    if self.metric == Metric::Cosine {
+                        self.norms[r] = self.kernels.norm(row);
+                    }
+                }
+                None => {
+                    fresh_ids.push(id);
+                    fresh_rows.extend_from_slice(row);
+                }
+            }
+        }
+        self.append(&Checked {
+            ids: &fresh_ids,
+            rows: Cow::Owned(fresh_rows),
+        });
+        Ok(())
+    }
+
+    /// Removes the rows of `ids` from every later result and returns how many
+    /// were present (absent ids, and repeats, are ignored). Compacts when the
+    /// tombstones reach [`COMPACT_FRACTION`] of the stored rows.
+    pub fn remove(&mut self, ids: &[u64]) -> usize {
+        let mut removed = 0;
+        for id in ids {
+            if let Some(r) = self.rows_of.remove(id) {
+                self.live[r / 64] &= !(1 << (r % 64));
+                removed += 1;
+            }
+        }
+        self.dead += removed;
+        if self.dead > 0 && self.dead as f64 >= COMPACT_FRACTION * self.ids.len() as f64 {
+            self.compact();
+        }
+        removed
+    }
+
+    /// Drops every tombstoned row now. Changes no result.
+    pub fn compact(&mut self) {
+        if self.dead == 0 {
+            return;
+        }
+        let d = self.dim;
+        let stored = self.ids.len();
+        let cosine = self.metric == Metric::Cosine;
+        let mut w = 0;
+        for r in 0..stored {
+            if !self.is_live(r) {
+                continue;
+            }
+            if w != r {
+                self.data.copy_within(r * d..(r + 1) * d, w * d);
+                self.ids[w] = self.ids[r];
+                if cosine {
+                    self.norms[w] = self.norms[r];
+                }
+            }
+            w += 1;
+        }
+        self.data.truncate(w * d);
+        self.ids.truncate(w);
+        self.norms.truncate(if cosine { w } else { 0 });
+        self.live = full_bitset(w);
+        self.rows_of = self
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(r, &id)| (id, r))
+            .collect();
+        tracing::debug!(dropped = self.dead, rows = w, "index compacted");
+        self.dead = 0;
+    }
+
+    /// Row `r` of the store.
+    #[inline]
+    pub(crate) fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.dim..(r + 1) * self.dim]
+    }
+
+    /// Whether stored row `r` is live.
+    #[inline]
+    pub(crate) fn is_live(&self, r: usize) -> bool {
+        self.live[r / 64] & (1 << (r % 64)) != 0
+    }
+
+    /// Checks what every mutation checks, before anything changes.
+    fn check<'a>(
+        &self,
+        ids: &'a [u64],
+        rows: ArrayView2<'a, f32>,
+    ) -> Result<Checked<'a>, IndexError> {
+        if rows.ncols() != self.dim {
+            return Err(IndexError::DimensionMismatch {
+                expected: self.dim,
+                got: rows.ncols(),
+            });
+        }
+        if ids.len() != rows.nrows() {
+            return Err(IndexError::CountMismatch {
+                ids: ids.len(),
+                rows: rows.nrows(),
+            });
+        }
+        let mut first_at: HashMap<u64, usize> = HashMap::with_capacity(ids.len());
+        for (position, &id) in ids.iter().enumerate() {
+            if id > MAX_ID {
+                return Err(IndexError::IdTooLarge {
+                    id,
+                    position,
+                    max: MAX_ID,
+                });
+            }
+            if let Some(&first) = first_at.get(&id) {
+                return Err(IndexError::DuplicateInCall {
+                    id,
+                    first,
+                    second: position,
+                });
+            }
+            first_at.insert(id, position);
+        }
+        if rows.nrows() > 0 {
+            validate::corpus_view(rows)?;
+        }
+        let rows = match rows.to_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(rows.iter().copied().collect()),
+        };
+        Ok(Checked { ids, rows })
+    }
+
+    /// Appends checked rows as live rows.
+    fn append(&mut self, c: &Checked<'_>) {
+        let start = self.ids.len();
+        self.data.extend_from_slice(&c.rows);
+        self.ids.extend_from_slice(c.ids);
+        if self.metric == Metric::Cosine {
+            let k = self.kernels;
+            self.norms
+                .extend(c.rows.chunks_exact(self.dim).map(|r| k.norm(r)));
+        }
+        let stored = self.ids.len();
+        self.live.resize(stored.div_ceil(64), 0);
+        for r in start..stored {
+            self.live[r / 64] |= 1 << (r % 64);
+        }
+        self.rows_of
+            .extend(c.ids.iter().enumerate().map(|(j, &id)| (id, start + j)));
+    }
+}
+
+/// A map keyed by id under [`IdHasher`].
+pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// The hash of an id for the id → row map: one multiply and a fold, where
+/// the default SipHash costs several times more. A filtered search looks up
+/// every id of its filter, so this hash is on the search path.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // The folded high half spreads the product's best bits over the low
+        // bits the table indexes with.
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 ^= id;
+    }
+}
+
+/// A bitset of `n` set bits.
+pub(crate) fn full_bitset(n: usize) -> Vec<u64> {
+    let mut bits = vec![u64::MAX; n / 64];
+    if !n.is_multiple_of(64) {
+        bits.push((1u64 << (n % 64)) - 1);
+    }
+    bits
+}

@@ -1,0 +1,420 @@
+//! Random histories of mutations, saves and searches: every search of the
+//! index that lived through the history equals, bit for bit, the search of an
+//! oracle index built from scratch on the content at that moment
+//! (docs/CONTRACTS.md §10: a result depends only on the (id, vector) pairs).
+
+use std::collections::BTreeMap;
+
+use ndarray::{Array2, ArrayView2};
+use proptest::prelude::*;
+use topk_core::{Hit, Metric, MAX_ID};
+use topk_index::{Filter, FilterSpec, Index, IndexBackend};
+use topk_testkit::corpora::{self, Kind, Rng};
+
+/// One step of a history.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Add this many fresh ids.
+    Add(usize),
+    /// Add with ids following the largest.
+    AddAuto(usize),
+    /// Upsert this many ids, about half of them present.
+    Upsert(usize),
+    /// Remove this many ids, about half of them present.
+    Remove(usize),
+    /// Compact now.
+    Compact,
+    /// Save, then reopen on the given backend.
+    SaveOpen(bool),
+    /// Try to add an id already present (must fail and change nothing).
+    AddExisting,
+    /// Search with filter shape `0..6` and this K.
+    Search(u8, usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1usize..12).prop_map(Op::Add),
+        1 => (1usize..4).prop_map(Op::AddAuto),
+        2 => (1usize..8).prop_map(Op::Upsert),
+        2 => (1usize..10).prop_map(Op::Remove),
+        1 => Just(Op::Compact),
+        1 => any::<bool>().prop_map(Op::SaveOpen),
+        1 => Just(Op::AddExisting),
+        5 => (0u8..6, 1usize..40).prop_map(|(f, k)| Op::Search(f, k)),
+    ]
+}
+
+/// Ids drawn from a shuffled pool spanning small values and the top of the
+/// id range, so the tiebreak compares ids of every magnitude.
+fn id_pool(rng: &mut Rng) -> Vec<u64> {
+    let mut pool: Vec<u64> = (0..48u64)
+        .chain((0..16).map(|i| MAX_ID - 3 * i))
+        .chain((0..16).map(|i| (1 << 40) + 7 * i))
+        .collect();
+    for i in (1..pool.len()).rev() {
+        pool.swap(i, rng.below(i + 1));
+    }
+    pool
+}
+
+/// Compares two hit lists bit for bit (ids and score bits).
+fn same(got: &[Hit], want: &[Hit]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{} hits, expected {}: {got:?} vs {want:?}",
+            got.len(),
+            want.len()
+        ));
+    }
+    for (rank, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.id != w.id || g.score.to_bits() != w.score.to_bits() {
+            return Err(format!("rank {rank}: got {g:?}, expected {w:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn rows_of(vectors: &[Vec<f32>], d: usize) -> Array2<f32> {
+    let flat: Vec<f32> = vectors.iter().flatten().copied().collect();
+    Array2::from_shape_vec((vectors.len(), d), flat).unwrap_or_else(|_| Array2::zeros((0, d)))
+}
+
+/// The oracle rebuilt from scratch on the model's content.
+fn rebuilt(model: &BTreeMap<u64, Vec<f32>>, d: usize, metric: Metric) -> Index {
+    let ids: Vec<u64> = model.keys().copied().collect();
+    let vs: Vec<Vec<f32>> = model.values().cloned().collect();
+    let rows = rows_of(&vs, d);
+    Index::with_ids(&ids, rows.view(), metric, IndexBackend::Oracle)
+        .expect("model content is valid")
+}
+
+/// A filter of shape `shape` over the model's ids: 0 empty, 1 every id,
+/// 2 sparse (about 5 %), 3 dense (about 60 %), 4 only absent ids, 5 a mix of
+/// present and absent ids.
+fn filter(shape: u8, model: &BTreeMap<u64, Vec<f32>>, pool: &[u64], rng: &mut Rng) -> Filter {
+    let present: Vec<u64> = model.keys().copied().collect();
+    let absent = pool.iter().copied().filter(|id| !model.contains_key(id));
+    match shape {
+        0 => Filter::default(),
+        1 => Filter::new(present),
+        2 => Filter::new(present.into_iter().filter(|_| rng.below(20) == 0)),
+        3 => Filter::new(present.into_iter().filter(|_| rng.below(5) < 3)),
+        4 => Filter::new(absent.chain([MAX_ID + 1, u64::MAX])),
+        _ => Filter::new(
+            present
+                .into_iter()
+                .filter(|_| rng.below(3) == 0)
+                .chain(absent.take(5)),
+        ),
+    }
+}
+
+fn run_history(
+    seed: u64,
+    d: usize,
+    metric: Metric,
+    kinds: &[Kind],
+    ops: &[Op],
+) -> Result<(), String> {
+    let mut rng = Rng::new(seed);
+    let pool = id_pool(&mut rng);
+    let mut model: BTreeMap<u64, Vec<f32>> = BTreeMap::new();
+    let mut earlier: Vec<f32> = Vec::new();
+    let mut cpu = Index::new(d, metric, IndexBackend::Cpu).map_err(|e| e.to_string())?;
+    let mut oracle = Index::new(d, metric, IndexBackend::Oracle).map_err(|e| e.to_string())?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let fresh = |rng: &mut Rng, earlier: &mut Vec<f32>| {
+        let v = corpora::vector_of(rng, kinds, d, earlier);
+        earlier.extend_from_slice(&v);
+        v
+    };
+    for (step, op) in ops.iter().enumerate() {
+        let both = |f: &mut dyn FnMut(&mut Index) -> Result<(), String>,
+                    cpu: &mut Index,
+                    oracle: &mut Index| {
+            f(cpu)?;
+            f(oracle)
+        };
+        match *op {
+            Op::Add(n) => {
+                let ids: Vec<u64> = pool
+                    .iter()
+                    .copied()
+                    .filter(|id| !model.contains_key(id))
+                    .take(n)
+                    .collect();
+                let vs: Vec<Vec<f32>> = ids.iter().map(|_| fresh(&mut rng, &mut earlier)).collect();
+                let rows = rows_of(&vs, d);
+                both(
+                    &mut |ix| ix.add(&ids, rows.view()).map_err(|e| e.to_string()),
+                    &mut cpu,
+                    &mut oracle,
+                )?;
+                model.extend(ids.into_iter().zip(vs));
+            }
+            Op::AddAuto(n) => {
+                let vs: Vec<Vec<f32>> = (0..n).map(|_| fresh(&mut rng, &mut earlier)).collect();
+                let rows = rows_of(&vs, d);
+                let first = model.keys().next_back().map_or(0, |&m| m + 1);
+                if first.saturating_add(n as u64 - 1) > MAX_ID {
+                    let err = cpu
+                        .add_auto(rows.view())
+                        .map(|_| ())
+                        .map_err(|e| e.to_string());
+                    if err.is_ok() {
+                        return Err(format!("step {step}: add_auto past MAX_ID succeeded"));
+                    }
+                    continue;
+                }
+                let a = cpu.add_auto(rows.view()).map_err(|e| e.to_string())?;
+                let b = oracle.add_auto(rows.view()).map_err(|e| e.to_string())?;
+                if a != first || b != first {
+                    return Err(format!(
+                        "step {step}: add_auto began at {a} / {b}, expected {first}"
+                    ));
+                }
+                model.extend((first..).zip(vs));
+            }
+            Op::Upsert(n) => {
+                let mut ids: Vec<u64> = Vec::new();
+                while ids.len() < n {
+                    let id = pool[rng.below(pool.len())];
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                let vs: Vec<Vec<f32>> = ids.iter().map(|_| fresh(&mut rng, &mut earlier)).collect();
+                let rows = rows_of(&vs, d);
+                both(
+                    &mut |ix| ix.upsert(&ids, rows.view()).map_err(|e| e.to_string()),
+                    &mut cpu,
+                    &mut oracle,
+                )?;
+                model.extend(ids.into_iter().zip(vs));
+            }
+            Op::Remove(n) => {
+                let ids: Vec<u64> = (0..n).map(|_| pool[rng.below(pool.len())]).collect();
+                let mut want = 0;
+                for id in &ids {
+                    if model.remove(id).is_some() {
+                        want += 1;
+                    }
+                }
+                let (a, b) = (cpu.remove(&ids), oracle.remove(&ids));
+                if a != want || b != want {
+                    return Err(format!(
+                        "step {step}: remove returned {a} / {b}, expected {want}"
+                    ));
+                }
+            }
+            Op::Compact => {
+                cpu.compact();
+                if cpu.tombstones() != 0 {
+                    return Err(format!("step {step}: tombstones left after compact"));
+                }
+            }
+            Op::SaveOpen(to_oracle) => {
+                let path = dir.path().join(format!("step{step}.topkidx"));
+                cpu.save(&path).map_err(|e| e.to_string())?;
+                let backend = if to_oracle {
+                    IndexBackend::Oracle
+                } else {
+                    IndexBackend::Cpu
+                };
+                let back = Index::open(&path, backend).map_err(|e| e.to_string())?;
+                let q = fresh(&mut rng, &mut earlier);
+                let before = cpu.search(&q, 7, None).map_err(|e| e.to_string())?;
+                same(
+                    &back.search(&q, 7, None).map_err(|e| e.to_string())?,
+                    &before,
+                )
+                .map_err(|e| format!("step {step}: reopened on {backend}: {e}"))?;
+                // The reopened index answers for the cpu one from now on, on its backend.
+                cpu = back.with_backend(IndexBackend::Cpu);
+            }
+            Op::AddExisting => {
+                if let Some(&id) = model.keys().next() {
+                    let v = fresh(&mut rng, &mut earlier);
+                    let other = pool.iter().copied().find(|p| !model.contains_key(p));
+                    let ids: Vec<u64> = other.into_iter().chain([id]).collect();
+                    let vs = vec![v; ids.len()];
+                    let rows = rows_of(&vs, d);
+                    match cpu.add(&ids, rows.view()) {
+                        Err(topk_index::IndexError::IdExists { id: got, .. }) if got == id => {}
+                        other => {
+                            return Err(format!("step {step}: add of present id {id}: {other:?}"))
+                        }
+                    }
+                }
+            }
+            Op::Search(shape, k) => {
+                let truth = rebuilt(&model, d, metric);
+                let corpus: Vec<f32> = model.values().flatten().copied().collect();
+                let qs = corpora::queries(rng.next_u64(), 3, d, kinds, &corpus);
+                let qv = ArrayView2::from_shape((3, d), &qs).map_err(|e| e.to_string())?;
+                let filters: Vec<Filter> = (0..3)
+                    .map(|_| filter(shape, &model, &pool, &mut rng))
+                    .collect();
+                let f0 = Some(&filters[0]);
+                for (i, q) in qs.chunks_exact(d).enumerate() {
+                    let want = truth.search(q, k, f0).map_err(|e| e.to_string())?;
+                    let ctx = |who: &str, e: String| {
+                        format!("step {step} query {i} {who} filter {shape} k {k}: {e}")
+                    };
+                    same(&cpu.search(q, k, f0).map_err(|e| e.to_string())?, &want)
+                        .map_err(|e| ctx("cpu", e))?;
+                    same(&oracle.search(q, k, f0).map_err(|e| e.to_string())?, &want)
+                        .map_err(|e| ctx("oracle", e))?;
+                    let unfiltered = truth.search(q, k, None).map_err(|e| e.to_string())?;
+                    same(
+                        &cpu.search(q, k, None).map_err(|e| e.to_string())?,
+                        &unfiltered,
+                    )
+                    .map_err(|e| ctx("cpu unfiltered", e))?;
+                }
+                let batch = cpu
+                    .search_batch(qv, k, FilterSpec::PerQuery(&filters))
+                    .map_err(|e| e.to_string())?;
+                let shared = cpu
+                    .search_batch(qv, k, FilterSpec::Shared(&filters[0]))
+                    .map_err(|e| e.to_string())?;
+                for (i, q) in qs.chunks_exact(d).enumerate() {
+                    let want = truth
+                        .search(q, k, Some(&filters[i]))
+                        .map_err(|e| e.to_string())?;
+                    same(&batch[i], &want)
+                        .map_err(|e| format!("step {step} batch query {i}: {e}"))?;
+                    let want = truth
+                        .search(q, k, Some(&filters[0]))
+                        .map_err(|e| e.to_string())?;
+                    same(&shared[i], &want)
+                        .map_err(|e| format!("step {step} shared batch query {i}: {e}"))?;
+                }
+            }
+        }
+        if cpu.len() != model.len() || oracle.len() != model.len() {
+            return Err(format!(
+                "step {step}: len {} / {}, expected {}",
+                cpu.len(),
+                oracle.len(),
+                model.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn metric() -> impl Strategy<Value = Metric> {
+    prop_oneof![Just(Metric::Dot), Just(Metric::Cosine), Just(Metric::L2)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Tie-rich rows (small integers, duplicates, constants, zeros) under
+    /// shuffled ids: equal scores are everywhere, so the id tiebreak decides.
+    #[test]
+    fn histories_match_an_oracle_rebuilt_from_scratch(
+        seed in any::<u64>(),
+        d in prop_oneof![1usize..6, Just(33usize)],
+        metric in metric(),
+        mask in any::<u8>(),
+        ops in prop::collection::vec(op(), 1..32),
+    ) {
+        // Tie-rich kinds always present; the rest of the palette by the mask.
+        let mut kinds = corpora::palette(mask & 0x7f);
+        kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Constant]);
+        if let Err(e) = run_history(seed, d, metric, &kinds, &ops) {
+            return Err(TestCaseError::fail(format!("seed {seed}: {e}")));
+        }
+    }
+}
+
+/// Large enough for the parallel scans, the block skipping of dense masks
+/// and both sides of the sparse threshold.
+#[test]
+fn large_index_agrees_with_the_oracle_under_every_filter_shape() {
+    let (n, d) = (20_000usize, 16usize);
+    let data = corpora::shuffled_duplicates(7, n, d, 300);
+    let rows = ArrayView2::from_shape((n, d), &data).expect("shape");
+    let mut rng = Rng::new(11);
+    let mut ids: Vec<u64> = (0..n as u64).map(|i| i * 3 + 1).collect();
+    for i in (1..n).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    for metric in Metric::ALL {
+        let mut cpu = Index::with_ids(&ids, rows, metric, IndexBackend::Cpu).expect("valid");
+        // Tombstones at a fifth of the rows stay below the compaction point.
+        let gone: Vec<u64> = ids.iter().copied().step_by(5).collect();
+        assert_eq!(cpu.remove(&gone), gone.len());
+        assert!(cpu.tombstones() > 0);
+        let oracle = rebuilt_from(&cpu, metric);
+        let qs = corpora::queries(5, 4, d, &[Kind::SmallInt], &data);
+        for fraction in [0usize, 1, 5, 10, 24, 26, 30, 60, 100] {
+            let f = Filter::new(ids.iter().copied().filter(|_| rng.below(100) < fraction));
+            for q in qs.chunks_exact(d) {
+                for k in [1, 10, 257] {
+                    let want = oracle.search(q, k, Some(&f)).expect("search");
+                    let got = cpu.search(q, k, Some(&f)).expect("search");
+                    same(&got, &want)
+                        .unwrap_or_else(|e| panic!("{metric} {fraction} % k {k}: {e}"));
+                }
+            }
+        }
+        let q = &qs[..d];
+        same(
+            &cpu.search(q, 50, None).expect("search"),
+            &oracle.search(q, 50, None).expect("search"),
+        )
+        .unwrap_or_else(|e| panic!("{metric} unfiltered: {e}"));
+    }
+}
+
+fn rebuilt_from(index: &Index, metric: Metric) -> Index {
+    let ids = index.ids();
+    let flat: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| index.get(id).unwrap_or(&[]).to_vec())
+        .collect();
+    let rows = ArrayView2::from_shape((ids.len(), index.dim()), &flat).expect("shape");
+    Index::with_ids(&ids, rows, metric, IndexBackend::Oracle).expect("valid")
+}
+
+#[test]
+fn empty_index_and_empty_filter_give_empty_results() {
+    let mut ix = Index::new(3, Metric::Dot, IndexBackend::Cpu).expect("index");
+    assert!(ix
+        .search(&[1.0, 2.0, 3.0], 5, None)
+        .expect("search")
+        .is_empty());
+    ix.add(
+        &[4],
+        ArrayView2::from_shape((1, 3), &[1.0, 0.0, 0.0]).expect("shape"),
+    )
+    .expect("add");
+    assert!(ix
+        .search(&[1.0, 2.0, 3.0], 5, Some(&Filter::default()))
+        .expect("search")
+        .is_empty());
+    assert_eq!(
+        ix.search(&[1.0, 2.0, 3.0], 5, None).expect("search"),
+        vec![Hit::new(4, 1.0)]
+    );
+}
+
+#[test]
+fn automatic_compaction_past_a_quarter_of_tombstones() {
+    let data: Vec<f32> = (0..40).map(|v| v as f32).collect();
+    let rows = ArrayView2::from_shape((20, 2), &data).expect("shape");
+    let mut ix = Index::from_rows(rows, Metric::L2, IndexBackend::Cpu).expect("index");
+    assert_eq!(ix.remove(&[0, 1, 2, 3]), 4);
+    assert_eq!(ix.tombstones(), 4);
+    assert_eq!(ix.remove(&[4, 100]), 1);
+    assert_eq!(ix.tombstones(), 0, "5 of 20 rows reach 25 %");
+    assert_eq!(ix.len(), 15);
+    assert_eq!(
+        ix.search(&[0.0, 0.0], 1, None).expect("search"),
+        vec![Hit::new(5, -(100.0 + 121.0))]
+    );
+}
