@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compares the GPU rows of campaigns of two builds run in the same device call.
 
-Usage: compare_builds.py --before A1.jsonl A2.jsonl --after B1.jsonl B2.jsonl [--tolerance 0.03]
+Usage: compare_builds.py --before A1.jsonl A2.jsonl --after B1.jsonl B2.jsonl [--tolerance 0.03] [--svg FILE]
 
 Each file is a campaign's results.jsonl (`topk_bench campaign --out DIR`).
 For every GPU configuration (backend cuda, paths resident and device, every
@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--before", nargs=2, required=True)
     ap.add_argument("--after", nargs=2, required=True)
     ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--svg", help="also draw after/before per configuration, with each limit, into this SVG file")
     args = ap.parse_args()
     b1, b2 = (load(p) for p in args.before)
     a1, a2 = (load(p) for p in args.after)
@@ -51,7 +52,7 @@ def main():
     missing = [k for k in keys if not all(k in r for r in (b1, b2, a1, a2))]
     print("| path | n | d | k | batch | before ms | before spread | after ms | after spread | after/before | verdict |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    worst, regressions, ratios = None, [], []
+    worst, regressions, ratios, points = None, [], [], []
     for k in keys:
         if k in missing:
             continue
@@ -61,6 +62,7 @@ def main():
         ratio = am / bm
         ratios.append(ratio)
         limit = 1 + args.tolerance + max(sb, sa)
+        points.append((k, ratio, limit))
         bad = ratio > limit
         if bad:
             regressions.append(k)
@@ -76,7 +78,32 @@ def main():
         print(f"closest to the limit: {worst[1]} ratio {worst[2]:.3f} (limit {worst[3]:.3f})")
     for k in missing:
         print(f"missing in a run: {k}")
+    if args.svg:
+        draw(points, args.svg)
     return 1 if regressions or missing else 0
+
+
+def draw(points, path):
+    """One mark per configuration (x: its place in the table), its ratio
+    (filled: within its limit; red: beyond) and its limit (a short dash)."""
+    w, h, left, top, bottom = 900, 360, 60, 30, 40
+    lo, hi = 0.85, 1.20
+    y = lambda r: top + (hi - min(max(r, lo), hi)) / (hi - lo) * (h - top - bottom)
+    x = lambda i: left + (i + 0.5) * (w - left - 20) / max(len(points), 1)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{left}" y="18">after / before median time per GPU configuration (lower is faster); dash: 1 + tolerance + spread</text>']
+    for r in (0.9, 1.0, 1.1, 1.2):
+        out.append(f'<line x1="{left}" x2="{w - 20}" y1="{y(r):.1f}" y2="{y(r):.1f}" stroke="#ccc"/>')
+        out.append(f'<text x="{left - 8}" y="{y(r) + 4:.1f}" text-anchor="end">{r:.1f}</text>')
+    for i, (k, ratio, limit) in enumerate(points):
+        colour = "#c00" if ratio > limit else "#246"
+        out.append(f'<line x1="{x(i) - 2:.1f}" x2="{x(i) + 2:.1f}" y1="{y(limit):.1f}" y2="{y(limit):.1f}" stroke="#999"/>')
+        out.append(f'<circle cx="{x(i):.1f}" cy="{y(ratio):.1f}" r="2.2" fill="{colour}"><title>{k}: {ratio:.3f} (limit {limit:.3f})</title></circle>')
+    out.append(f'<text x="{left}" y="{h - 12}">{len(points)} configurations: path, n, d, k, batch in table order</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":

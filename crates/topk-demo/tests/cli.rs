@@ -11,19 +11,8 @@ use tempfile::TempDir;
 use topk_core::{Metric, Neighbor, Retriever};
 use topk_cpu::Oracle;
 
-/// The binary under test: where cargo built it, or, in the GPU bundle (no
-/// cargo there), beside this test executable.
-fn exe() -> std::path::PathBuf {
-    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_topk_demo"));
-    if built.is_file() {
-        return built;
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|t| t.parent().map(|d| d.join("topk_demo")))
-        .filter(|p| p.is_file())
-        .unwrap_or(built)
-}
+mod common;
+use common::exe;
 
 fn demo<I, S>(args: I) -> Output
 where

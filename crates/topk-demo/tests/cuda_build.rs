@@ -7,22 +7,11 @@
 //! The strictest form of these checks, on a machine known to have no driver,
 //! is `.ci/cuda-starts-anywhere.sh`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-/// The binary under test: where cargo built it, or, in the GPU bundle (no
-/// cargo there), beside this test executable.
-fn exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_topk_demo"));
-    if built.is_file() {
-        return built;
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|t| t.parent().map(|d| d.join("topk_demo")))
-        .filter(|p| p.is_file())
-        .unwrap_or(built)
-}
+mod common;
+use common::exe;
 
 /// Runs the demo with nothing extra on the loader path.
 fn demo(args: &[&str], plugin: Option<&Path>) -> Output {

@@ -11,18 +11,8 @@ use std::time::{Duration, Instant};
 use ndarray::Array2;
 use tempfile::TempDir;
 
-/// The binary under test: where cargo built it, or beside this test executable.
-fn exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_topk_demo"));
-    if built.is_file() {
-        return built;
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|t| t.parent().map(|d| d.join("topk_demo")))
-        .filter(|p| p.is_file())
-        .unwrap_or(built)
-}
+mod common;
+use common::exe;
 
 fn command<I, S>(args: I) -> Command
 where

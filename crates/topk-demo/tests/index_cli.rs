@@ -9,12 +9,15 @@ use std::process::{Command, Output};
 use ndarray::Array2;
 use topk::{Filter, FilterSpec, Hit, Index, IndexBackend, Metric};
 
+mod common;
+use common::exe;
+
 fn demo<I, S>(args: I) -> Output
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    Command::new(env!("CARGO_BIN_EXE_topk_demo"))
+    Command::new(exe())
         .args(args)
         .env("RUST_LOG", "warn")
         .output()

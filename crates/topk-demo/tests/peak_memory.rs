@@ -6,20 +6,11 @@
 //! bench/memory/peak_rss.sh is the same measurement as a script.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_topk_demo"));
-    if built.is_file() {
-        return built;
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|t| t.parent().map(|d| d.join("topk_demo")))
-        .filter(|p| p.is_file())
-        .unwrap_or(built)
-}
+mod common;
+use common::exe;
 
 /// Writes a `.npy` of `blocks` copies of `block` (rows of `dim` float32).
 fn write_npy(path: &Path, block: &[f32], dim: usize, blocks: usize) {
