@@ -4,8 +4,9 @@
 //! `-inf` for a zero computed norm) and equal to the scalar reference.
 
 use proptest::prelude::*;
-use topk_core::{validate, Error, Metric, Retriever};
+use topk_core::{Error, Metric, Retriever};
 use topk_hnsw::{Hnsw, HnswError, HnswParams};
+use topk_testkit::overflow;
 
 fn params() -> HnswParams {
     HnswParams {
@@ -15,37 +16,6 @@ fn params() -> HnswParams {
         seed: 3,
         ..HnswParams::default()
     }
-}
-
-fn value() -> impl Strategy<Value = f32> {
-    prop_oneof![
-        Just(0.0_f32),
-        -1.0f32..1.0,
-        (-1.0f32..1.0).prop_map(|v| v * 3e38),
-        (-1.0f32..1.0).prop_map(|v| v * 2.0_f32.powi(48)),
-        (-1.0f32..1.0).prop_map(|v| v * 1e-20),
-        (0u32..(1 << 23)).prop_map(f32::from_bits),
-    ]
-}
-
-fn rows(n: usize, d: usize) -> impl Strategy<Value = Vec<f32>> {
-    (
-        prop::collection::vec(value(), n * d),
-        any::<bool>(),
-        0.95f64..1.05,
-    )
-        .prop_map(move |(mut v, scale, f)| {
-            if scale {
-                for row in v.chunks_mut(d) {
-                    let sq: f64 = row.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-                    if sq > 0.0 {
-                        let s = (validate::MAX_SQUARED_NORM / sq).sqrt() * f;
-                        row.iter_mut().for_each(|x| *x = (f64::from(*x) * s) as f32);
-                    }
-                }
-            }
-            v
-        })
 }
 
 fn is_rule(e: &HnswError) -> bool {
@@ -60,19 +30,17 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn huge_and_tiny_values_are_rejected_or_score_finitely(
-        (d, corpus, query) in (1usize..24, 1usize..20)
-            .prop_flat_map(|(d, n)| (Just(d), rows(n, d), rows(1, d)))
-    ) {
-        for metric in Metric::ALL {
-            let index = match Hnsw::build(&corpus, d, metric, params()) {
+    fn huge_and_tiny_values_are_rejected_or_score_finitely(case in overflow::case()) {
+        let (d, corpus) = (case.dim, &case.corpus);
+        for (metric, query) in Metric::ALL.into_iter().flat_map(|m| case.queries.chunks(d).map(move |q| (m, q))) {
+            let index = match Hnsw::build(corpus, d, metric, params()) {
                 Ok(i) => i,
                 Err(e) => {
                     prop_assert!(is_rule(&e), "{e:?}");
                     continue;
                 }
             };
-            let hits = match index.search(&query, corpus.len() / d) {
+            let hits = match index.search(query, corpus.len() / d) {
                 Ok(h) => h,
                 Err(e) => {
                     prop_assert!(is_core_rule(&e), "{e:?}");
@@ -81,7 +49,7 @@ proptest! {
             };
             for h in hits {
                 let row = &corpus[h.index as usize * d..][..d];
-                prop_assert_eq!(h.score.to_bits(), metric.score_scalar(&query, row).to_bits());
+                prop_assert_eq!(h.score.to_bits(), metric.score_scalar(query, row).to_bits());
                 prop_assert!(
                     h.score.is_finite()
                         || (metric == Metric::Cosine && h.score == f32::NEG_INFINITY),
