@@ -31,7 +31,9 @@ Examples:
   topk_demo index build --corpus corpus.npy --ids ids.npy --metric cosine --out docs.topkidx
   topk_demo index search --index docs.topkidx --queries queries.npy --filter allowed.npy --k 10
 
-Timings are logged on stderr at info level; set RUST_LOG=warn to silence them.";
+Timings are logged on stderr at info level; set RUST_LOG=warn to silence them.
+Long steps (loading, building, uploading, saving) show progress on stderr when it
+is a terminal; --no-progress turns it off.";
 
 /// Arguments of `topk_demo`.
 #[derive(Debug, Parser)]
@@ -101,9 +103,22 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub ef: usize,
 
+    /// HNSW: after the search, compare the results of N sampled queries
+    /// (seeded) with exact search and print recall@K in the report. The
+    /// corpus is then held twice in memory (the index's copy and the exact
+    /// search's).
+    #[arg(long, value_name = "N")]
+    pub recall_sample: Option<usize>,
+
     /// How many queries to print the neighbours of.
     #[arg(long, default_value_t = 3, value_name = "QUERIES")]
     pub show: usize,
+
+    /// Show no progress on stderr. Progress bars are drawn on stderr only
+    /// when it is a terminal; when stderr is a file or a pipe, the HNSW build
+    /// logs an info line every 10 % instead. Stdout carries only the report.
+    #[arg(long, global = true)]
+    pub no_progress: bool,
 }
 
 impl Args {

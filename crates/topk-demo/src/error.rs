@@ -34,6 +34,17 @@ pub enum DemoError {
         /// The backend asked for.
         backend: String,
     },
+    /// `--recall-sample` given with another backend than HNSW.
+    #[error(
+        "--recall-sample only applies to --backend hnsw (the backend is {backend}, which is exact)"
+    )]
+    RecallNeedsHnsw {
+        /// The backend asked for.
+        backend: String,
+    },
+    /// `--recall-sample 0`.
+    #[error("--recall-sample 0 measures nothing: give at least one query")]
+    RecallSampleZero,
     /// An index command failed: a bad id, row or file (docs/CONTRACTS.md §10).
     #[error(transparent)]
     Index(#[from] topk::IndexError),

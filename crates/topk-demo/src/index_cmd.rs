@@ -13,9 +13,10 @@ use tracing::info;
 
 use crate::cli::IndexCommand;
 use crate::error::DemoError;
+use crate::progress::Progress;
 
 /// Runs one index command and prints its report on stdout.
-pub fn run(cmd: &IndexCommand) -> Result<(), DemoError> {
+pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
     let report = match cmd {
         IndexCommand::Build {
             corpus,
@@ -23,15 +24,18 @@ pub fn run(cmd: &IndexCommand) -> Result<(), DemoError> {
             metric,
             out,
         } => {
-            let rows = read_rows(corpus)?;
+            let rows = read_rows(corpus, progress)?;
             let ids = match ids {
                 Some(p) => ids_for(p, rows.nrows(), corpus)?,
                 None => (0..rows.nrows() as u64).collect(),
             };
             let started = Instant::now();
-            let index = Index::with_ids(&ids, rows.view(), (*metric).into(), IndexBackend::Cpu)?;
+            let step = progress.spinner(format!("building an index of {} rows", rows.nrows()));
+            let index = Index::with_ids(&ids, rows.view(), (*metric).into(), IndexBackend::Cpu);
+            step.finish();
+            let index = index?;
             info!(rows = index.len(), ms = ms(started), "index built");
-            save(&index, out)?;
+            save(&index, out, progress)?;
             describe(&index, out)
         }
         IndexCommand::Add {
@@ -40,8 +44,8 @@ pub fn run(cmd: &IndexCommand) -> Result<(), DemoError> {
             ids,
             upsert,
         } => {
-            let mut index = open(path, IndexBackend::Cpu)?;
-            let new = read_rows(rows)?;
+            let mut index = open(path, IndexBackend::Cpu, progress)?;
+            let new = read_rows(rows, progress)?;
             let before = index.len();
             match ids {
                 Some(p) => {
@@ -56,7 +60,7 @@ pub fn run(cmd: &IndexCommand) -> Result<(), DemoError> {
                     index.add_auto(new.view())?;
                 }
             }
-            save(&index, path)?;
+            save(&index, path, progress)?;
             format!(
                 "{} rows given, {} rows now ({} new)\n{}",
                 new.nrows(),
@@ -66,10 +70,10 @@ pub fn run(cmd: &IndexCommand) -> Result<(), DemoError> {
             )
         }
         IndexCommand::Remove { index: path, ids } => {
-            let mut index = open(path, IndexBackend::Cpu)?;
+            let mut index = open(path, IndexBackend::Cpu, progress)?;
             let ids = read_ids(ids)?;
             let removed = index.remove(&ids);
-            save(&index, path)?;
+            save(&index, path, progress)?;
             format!(
                 "removed {removed} of {} ids given\n{}",
                 ids.len(),
@@ -84,8 +88,8 @@ pub fn run(cmd: &IndexCommand) -> Result<(), DemoError> {
             backend,
             show,
         } => {
-            let index = open(path, (*backend).into())?;
-            let qs = read_rows(queries)?;
+            let index = open(path, (*backend).into(), progress)?;
+            let qs = read_rows(queries, progress)?;
             let filter = match filter {
                 Some(p) => Some(Filter::new(read_ids(p)?)),
                 None => None,
@@ -116,7 +120,9 @@ pub fn run(cmd: &IndexCommand) -> Result<(), DemoError> {
             );
             out
         }
-        IndexCommand::Info { index: path } => describe(&open(path, IndexBackend::Cpu)?, path),
+        IndexCommand::Info { index: path } => {
+            describe(&open(path, IndexBackend::Cpu, progress)?, path)
+        }
     };
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = writeln!(stdout, "{report}").and_then(|()| stdout.flush()) {
@@ -140,9 +146,12 @@ fn describe(index: &Index, path: &Path) -> String {
     )
 }
 
-fn read_rows(path: &Path) -> Result<Array2<f32>, DemoError> {
+fn read_rows(path: &Path, progress: Progress) -> Result<Array2<f32>, DemoError> {
     let started = Instant::now();
-    let rows = topk_io::read_matrix(path)?;
+    let step = progress.spinner(format!("loading {}", path.display()));
+    let rows = topk_io::read_matrix(path);
+    step.finish();
+    let rows = rows?;
     info!(file = %path.display(), rows = rows.nrows(), ms = ms(started), "rows read");
     Ok(rows)
 }
@@ -169,16 +178,22 @@ fn ids_for(path: &Path, rows: usize, rows_of: &Path) -> Result<Vec<u64>, DemoErr
     Ok(ids)
 }
 
-fn open(path: &Path, backend: IndexBackend) -> Result<Index, DemoError> {
+fn open(path: &Path, backend: IndexBackend, progress: Progress) -> Result<Index, DemoError> {
     let started = Instant::now();
-    let index = Index::open(path, backend)?;
+    let step = progress.spinner(format!("opening {}", path.display()));
+    let index = Index::open(path, backend);
+    step.finish();
+    let index = index?;
     info!(file = %path.display(), rows = index.len(), ms = ms(started), "index opened");
     Ok(index)
 }
 
-fn save(index: &Index, path: &Path) -> Result<(), DemoError> {
+fn save(index: &Index, path: &Path, progress: Progress) -> Result<(), DemoError> {
     let started = Instant::now();
-    index.save(path)?;
+    let step = progress.spinner(format!("saving {}", path.display()));
+    let saved = index.save(path);
+    step.finish();
+    saved?;
     info!(file = %path.display(), rows = index.len(), ms = ms(started), "index saved");
     Ok(())
 }

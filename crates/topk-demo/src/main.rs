@@ -14,6 +14,7 @@ mod cli;
 mod error;
 mod index_cmd;
 mod output;
+mod progress;
 mod run;
 
 use std::io::{IsTerminal, Write};
@@ -40,7 +41,9 @@ fn main() -> ExitCode {
         )
         .init();
     let result = match &args.command {
-        Some(cli::Command::Index(cmd)) => index_cmd::run(cmd),
+        Some(cli::Command::Index(cmd)) => {
+            index_cmd::run(cmd, progress::Progress::new(args.no_progress))
+        }
         None => hnsw_flags_need_hnsw(&args, &matches).and_then(|()| run::run(&args)),
     };
     match result {
@@ -53,11 +56,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// Refuses `--m`, `--ef-construction` or `--ef` typed with another backend
-/// than HNSW: silently ignoring them would hide a mistake.
+/// Refuses `--m`, `--ef-construction`, `--ef` or `--recall-sample` typed
+/// with another backend than HNSW (silently ignoring them would hide a
+/// mistake), and a `--recall-sample` of 0.
 fn hnsw_flags_need_hnsw(args: &cli::Args, matches: &ArgMatches) -> Result<(), DemoError> {
     if args.backend == topk::Backend::Hnsw {
-        return Ok(());
+        return match args.recall_sample {
+            Some(0) => Err(DemoError::RecallSampleZero),
+            _ => Ok(()),
+        };
+    }
+    if args.recall_sample.is_some() {
+        return Err(DemoError::RecallNeedsHnsw {
+            backend: args.backend.to_string(),
+        });
     }
     for (id, flag) in [
         ("m", "--m"),

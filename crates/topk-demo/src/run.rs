@@ -14,6 +14,10 @@ use tracing::info;
 use crate::cli::Args;
 use crate::error::DemoError;
 use crate::output;
+use crate::progress::{Progress, Step};
+
+/// Seed of the queries `--recall-sample` picks: the same sample every run.
+const RECALL_SEED: u64 = 0x7e57_5eed;
 
 /// Queries per backend call: large enough for a backend's batch path to pay
 /// off, small enough that the progress bar moves.
@@ -59,7 +63,8 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
         None => None,
     };
     let metric = Metric::from(args.metric);
-    let inputs = load(args)?;
+    let progress = Progress::new(args.no_progress);
+    let inputs = load(args, progress)?;
     let (n, d) = inputs.corpus.dim();
     if inputs.queries.ncols() != d {
         return Err(DemoError::DimensionMismatch {
@@ -77,9 +82,27 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     })?;
 
     let started = Instant::now();
-    let options = topk::Options::new().hnsw(args.hnsw_params());
-    let retriever = topk::open(args.backend, inputs.corpus, metric, &options)
-        .map_err(|source| DemoError::open(args.backend, &inputs.corpus_origin, source))?;
+    let step = build_step(progress, args.backend, n);
+    let reporter = step.clone();
+    let options = topk::Options::new()
+        .hnsw(args.hnsw_params())
+        .progress(topk::BuildProgress::new(move |rows| {
+            reporter.set(rows as u64)
+        }));
+    // Recall is measured against the corpus: the HNSW index gets a copy of it.
+    let (retriever, exact_corpus) = match args.recall_sample {
+        Some(_) => (
+            topk::open(args.backend, inputs.corpus.view(), metric, &options),
+            Some(inputs.corpus),
+        ),
+        None => (
+            topk::open(args.backend, inputs.corpus, metric, &options),
+            None,
+        ),
+    };
+    step.finish();
+    let retriever =
+        retriever.map_err(|source| DemoError::open(args.backend, &inputs.corpus_origin, source))?;
     let build_time = started.elapsed();
     info!(
         backend = retriever.backend(), n, d, %metric,
@@ -87,12 +110,13 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     );
 
     let started = Instant::now();
-    let results = search_all(&*retriever, inputs.queries.view(), args.k).map_err(|source| {
-        DemoError::Search {
-            backend: retriever.backend(),
-            source,
-        }
-    })?;
+    let results =
+        search_all(&*retriever, inputs.queries.view(), args.k, progress).map_err(|source| {
+            DemoError::Search {
+                backend: retriever.backend(),
+                source,
+            }
+        })?;
     let search_time = started.elapsed();
     let q = results.len();
     info!(
@@ -120,6 +144,27 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
         None => None,
     };
 
+    let recall = match (args.recall_sample, exact_corpus) {
+        (Some(sample), Some(corpus)) => Some(recall(
+            corpus,
+            metric,
+            inputs.queries.view(),
+            &results,
+            args.k,
+            sample,
+            progress,
+        )?),
+        _ => {
+            if args.backend == topk::Backend::Hnsw {
+                info!(
+                    "recall of --backend hnsw is unmeasured: --recall-sample N compares \
+                     N sampled queries with exact search"
+                );
+            }
+            None
+        }
+    };
+
     let mut text = report(
         &*retriever,
         &inputs.corpus_origin,
@@ -129,6 +174,13 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
         &results,
         (build_time, search_time),
     );
+    if let Some(r) = &recall {
+        let _ = writeln!(
+            text,
+            "recall@{} over {} sampled queries: {:.3}",
+            args.k, r.queries, r.value
+        );
+    }
     if let Some(files) = &written {
         let _ = writeln!(
             text,
@@ -146,13 +198,114 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     Ok(())
 }
 
+/// What `--recall-sample` measured.
+struct Recall {
+    /// Queries compared.
+    queries: usize,
+    /// Mean over them of the share of the exact top-K found.
+    value: f64,
+}
+
+/// The progress of building `backend` over `n` rows: rows inserted for
+/// HNSW, a spinner for the others.
+fn build_step(progress: Progress, backend: topk::Backend, n: usize) -> Step {
+    match backend {
+        topk::Backend::Hnsw => progress.bar(n as u64, "rows", "building the HNSW graph"),
+        topk::Backend::Cuda => progress.spinner("uploading the corpus to the GPU"),
+        topk::Backend::Cpu | topk::Backend::Oracle => {
+            progress.spinner(format!("building the {backend} backend"))
+        }
+    }
+}
+
+/// Recall@K of `results` over `sample` queries picked with [`RECALL_SEED`]
+/// (all of them when there are fewer), against exact search over `corpus`
+/// on the cpu backend.
+fn recall(
+    corpus: Array2<f32>,
+    metric: Metric,
+    queries: ArrayView2<'_, f32>,
+    results: &[Vec<Neighbor>],
+    k: usize,
+    sample: usize,
+    progress: Progress,
+) -> Result<Recall, DemoError> {
+    let picked = sample_rows(queries.nrows(), sample, RECALL_SEED);
+    let started = Instant::now();
+    let step = progress.spinner(format!("exact search of {} sampled queries", picked.len()));
+    let exact = topk::open(topk::Backend::Cpu, corpus, metric, &topk::Options::new())
+        .map_err(|source| DemoError::open(topk::Backend::Cpu, "the recall check", source))
+        .and_then(|cpu| {
+            cpu.search_batch(queries.select(Axis(0), &picked).view(), k)
+                .map_err(|source| DemoError::Search {
+                    backend: cpu.backend(),
+                    source,
+                })
+        });
+    step.finish();
+    let exact = exact?;
+    let (mut found, mut wanted) = (0usize, 0usize);
+    for (&q, truth) in picked.iter().zip(&exact) {
+        let got = &results[q];
+        wanted += truth.len();
+        found += truth
+            .iter()
+            .filter(|t| got.iter().any(|g| g.index == t.index))
+            .count();
+    }
+    let value = if wanted == 0 {
+        1.0
+    } else {
+        found as f64 / wanted as f64
+    };
+    info!(
+        queries = picked.len(),
+        k,
+        recall = value,
+        ms = ms(started.elapsed()),
+        "measured recall against exact search"
+    );
+    Ok(Recall {
+        queries: picked.len(),
+        value,
+    })
+}
+
+/// `min(sample, rows)` distinct row numbers below `rows`, in increasing
+/// order, the same for the same seed (a partial Fisher-Yates shuffle).
+fn sample_rows(rows: usize, sample: usize, seed: u64) -> Vec<usize> {
+    let mut all: Vec<usize> = (0..rows).collect();
+    if sample >= rows {
+        return all;
+    }
+    let mut state = seed;
+    for i in 0..sample {
+        let r = splitmix64(&mut state);
+        // Below rows - i: the modulo bias is negligible for a sample.
+        let j = i + (r % (rows - i) as u64) as usize;
+        all.swap(i, j);
+    }
+    all.truncate(sample);
+    all.sort_unstable();
+    all
+}
+
+/// The SplitMix64 generator: one 64-bit draw.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Reads the files named on the command line, or makes the synthetic story's rows.
-fn load(args: &Args) -> Result<Inputs, DemoError> {
+fn load(args: &Args, progress: Progress) -> Result<Inputs, DemoError> {
     match (&args.corpus, &args.queries) {
         (Some(corpus), Some(queries)) => Ok(Inputs {
-            corpus: read(corpus, "corpus")?,
+            corpus: read(corpus, "corpus", progress)?,
             corpus_origin: corpus.display().to_string(),
-            queries: read(queries, "queries")?,
+            queries: read(queries, "queries", progress)?,
             queries_origin: queries.display().to_string(),
             synthetic: false,
         }),
@@ -216,9 +369,19 @@ fn synthetic(
     Array2::from_shape_vec((rows, d), values).map_err(|_| oom())
 }
 
-fn read(path: &Path, what: &str) -> Result<Array2<f32>, DemoError> {
+fn read(path: &Path, what: &str, progress: Progress) -> Result<Array2<f32>, DemoError> {
     let started = Instant::now();
-    let m = topk_io::read_matrix(path)?;
+    let step = match std::fs::metadata(path) {
+        Ok(meta) => progress.spinner(format!(
+            "loading {what} {} ({})",
+            path.display(),
+            indicatif::HumanBytes(meta.len())
+        )),
+        Err(_) => progress.spinner(format!("loading {what} {}", path.display())),
+    };
+    let m = topk_io::read_matrix(path);
+    step.finish();
+    let m = m?;
     info!(
         path = %path.display(), rows = m.nrows(), dim = m.ncols(),
         ms = ms(started.elapsed()), "loaded {what}"
@@ -231,9 +394,10 @@ fn search_all(
     retriever: &dyn Retriever,
     queries: ArrayView2<'_, f32>,
     k: usize,
+    progress: Progress,
 ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
     let q = queries.nrows();
-    let bar = if q > CHUNK {
+    let bar = if q > CHUNK && progress.enabled() {
         // Drawn on stderr only when it is a terminal, so logs and pipes stay clean.
         let bar = ProgressBar::with_draw_target(Some(q as u64), ProgressDrawTarget::stderr());
         if let Ok(style) = ProgressStyle::with_template(
@@ -332,5 +496,27 @@ fn qps(q: usize, d: Duration) -> f64 {
         (q as f64 / secs).round()
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_is_seeded_distinct_and_sorted() {
+        let a = sample_rows(1000, 100, RECALL_SEED);
+        assert_eq!(a, sample_rows(1000, 100, RECALL_SEED));
+        assert_ne!(a, sample_rows(1000, 100, RECALL_SEED + 1));
+        assert_eq!(a.len(), 100);
+        assert!(a.windows(2).all(|w| w[0] < w[1]), "{a:?}");
+        assert!(a.iter().all(|&r| r < 1000));
+    }
+
+    #[test]
+    fn a_sample_beyond_the_queries_takes_them_all() {
+        assert_eq!(sample_rows(5, 5, 1), vec![0, 1, 2, 3, 4]);
+        assert_eq!(sample_rows(5, 50, 1), vec![0, 1, 2, 3, 4]);
+        assert_eq!(sample_rows(0, 3, 1), Vec::<usize>::new());
     }
 }

@@ -76,12 +76,33 @@ struct Builder<'v, Src> {
     pool: ScratchPool,
 }
 
+/// Rows between two calls of a build's progress callback: often enough for a
+/// progress bar to move, rarely enough that the call costs nothing next to
+/// the insertions.
+pub(crate) const PROGRESS_EVERY: usize = 1024;
+
+/// A build's progress callback: called with the rows inserted so far.
+pub(crate) type Progress<'p> = Option<&'p (dyn Fn(usize) + Sync)>;
+
 /// Builds the graph over `vectors`, scoring layer searches through `source`.
 pub(crate) fn build<Src: ScorerSource>(
     vectors: &Vectors,
     source: &Src,
     params: HnswParams,
     mode: Mode,
+) -> Result<Graph> {
+    build_with_progress(vectors, source, params, mode, None)
+}
+
+/// [`build`], calling `progress` with the rows inserted so far every
+/// [`PROGRESS_EVERY`] rows and once at the end. The callback only observes:
+/// the graph is the one [`build`] makes.
+pub(crate) fn build_with_progress<Src: ScorerSource>(
+    vectors: &Vectors,
+    source: &Src,
+    params: HnswParams,
+    mode: Mode,
+    progress: Progress<'_>,
 ) -> Result<Graph> {
     let n = vectors.len();
     let started = Instant::now();
@@ -101,9 +122,16 @@ pub(crate) fn build<Src: ScorerSource>(
         Mode::Sequential => {
             for i in 1..n {
                 b.insert(i as u32)?;
+                // Row 0 is the entry point: i + 1 rows are in the graph.
+                if let Some(report) = progress.filter(|_| (i + 1) % PROGRESS_EVERY == 0) {
+                    report(i + 1);
+                }
             }
         }
-        Mode::Parallel => b.insert_parallel()?,
+        Mode::Parallel => b.insert_parallel(progress)?,
+    }
+    if let Some(report) = progress {
+        report(n);
     }
     let (entry, max_level) = *lock(&b.top);
     let graph = Graph {
@@ -157,9 +185,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<Src: ScorerSource> Builder<'_, Src> {
-    fn insert_parallel(&self) -> Result<()> {
+    fn insert_parallel(&self, progress: Progress<'_>) -> Result<()> {
         let n = self.vectors.len();
         let next = AtomicUsize::new(1);
+        // Rows in the graph, the entry point (row 0) included.
+        let done = AtomicUsize::new(1);
         let failure: Mutex<Option<HnswError>> = Mutex::new(None);
         let workers = rayon::current_num_threads().max(1);
         rayon::scope(|s| {
@@ -174,6 +204,12 @@ impl<Src: ScorerSource> Builder<'_, Src> {
                         // Make the other workers stop at their next pull.
                         next.store(n, Ordering::Relaxed);
                         break;
+                    }
+                    if let Some(report) = progress {
+                        let rows = done.fetch_add(1, Ordering::Relaxed) + 1;
+                        if rows % PROGRESS_EVERY == 0 {
+                            report(rows);
+                        }
                     }
                 });
             }
@@ -275,5 +311,56 @@ impl<Src: ScorerSource> Builder<'_, Src> {
         ids.clear();
         ids.extend(kept.iter().map(|c| c.id()));
         self.links.set(e, level, &ids);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use topk_core::{Metric, Retriever};
+
+    use crate::{Hnsw, HnswParams};
+
+    fn rows(n: usize, dim: usize) -> Vec<f32> {
+        (0..n * dim)
+            .map(|i| ((i as f32) * 0.618).sin() + ((i / dim) as f32 * 0.1).cos())
+            .collect()
+    }
+
+    #[test]
+    fn progress_observes_a_sequential_build_without_changing_it() {
+        let (n, dim) = (2 * super::PROGRESS_EVERY + 7, 3);
+        let params = HnswParams {
+            parallel: false,
+            ..HnswParams::default()
+        };
+        let plain = Hnsw::from_rowmajor(rows(n, dim), dim, Metric::L2, params).unwrap();
+        let seen = Mutex::new(Vec::new());
+        let report = |r: usize| seen.lock().unwrap().push(r);
+        let watched =
+            Hnsw::from_rowmajor_with_progress(rows(n, dim), dim, Metric::L2, params, &report)
+                .unwrap();
+        assert_eq!(plain.to_bytes(), watched.to_bytes());
+        let every = super::PROGRESS_EVERY;
+        assert_eq!(seen.into_inner().unwrap(), vec![every, 2 * every, n]);
+    }
+
+    #[test]
+    fn progress_of_a_parallel_build_ends_at_every_row() {
+        let (n, dim) = (super::PROGRESS_EVERY + 300, 3);
+        let params = HnswParams {
+            parallel: true,
+            ..HnswParams::default()
+        };
+        let seen = Mutex::new(Vec::new());
+        let report = |r: usize| seen.lock().unwrap().push(r);
+        let index =
+            Hnsw::from_rowmajor_with_progress(rows(n, dim), dim, Metric::L2, params, &report)
+                .unwrap();
+        assert_eq!(index.len(), n);
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen.last(), Some(&n));
+        assert!(seen.contains(&super::PROGRESS_EVERY), "{seen:?}");
     }
 }

@@ -4,7 +4,7 @@ use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Retriever};
 
-use crate::build::{build, Graph, Mode};
+use crate::build::{build, build_with_progress, Graph, Mode};
 use crate::error::Result;
 use crate::filter::SlotFilter;
 use crate::params::{check_ef, rng_after, HnswParams, SplitMix64};
@@ -110,6 +110,46 @@ impl Hnsw {
             Mode::Sequential
         };
         let graph = build(&vectors, &vectors, params, mode)?;
+        Ok(Self::from_parts(params, vectors, graph))
+    }
+
+    /// [`Hnsw::from_rowmajor`], calling `progress` with the number of rows
+    /// inserted so far while the graph is built: every
+    /// 1,024 rows and once, with `N`, at the end, from the building threads.
+    /// The callback only observes: the index is the one
+    /// [`Hnsw::from_rowmajor`] builds (bit for bit for a sequential build).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use topk_core::Metric;
+    /// use topk_hnsw::{Hnsw, HnswParams};
+    ///
+    /// let data: Vec<f32> = (0..2048).map(|i| (i as f32 * 0.37).sin()).collect();
+    /// let last = AtomicUsize::new(0);
+    /// let report = |rows: usize| last.store(rows, Ordering::Relaxed);
+    /// let index = Hnsw::from_rowmajor_with_progress(
+    ///     data, 2, Metric::L2, HnswParams::default(), &report,
+    /// )?;
+    /// assert_eq!(last.load(Ordering::Relaxed), 1024);
+    /// # let _ = index;
+    /// # Ok::<_, topk_hnsw::HnswError>(())
+    /// ```
+    pub fn from_rowmajor_with_progress(
+        data: Vec<f32>,
+        dim: usize,
+        metric: Metric,
+        params: HnswParams,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Self> {
+        params.validate()?;
+        validate::corpus(&data, dim)?;
+        let vectors = Vectors::new(data, dim, metric);
+        let mode = if params.parallel {
+            Mode::Parallel
+        } else {
+            Mode::Sequential
+        };
+        let graph = build_with_progress(&vectors, &vectors, params, mode, Some(progress))?;
         Ok(Self::from_parts(params, vectors, graph))
     }
 
@@ -310,8 +350,10 @@ impl Hnsw {
         }
         let (a, e, nodes) = (allowed as f64, ef as f64, n as f64);
         // Only a search that excludes rows switches: an unfiltered search of
-        // an index without deletions walks whatever its size, as it always has.
-        if ef >= n || (allowed < n && a * a <= self.walk_cost * e * nodes) {
+        // an index without deletions walks whatever its size, as it always
+        // has, unless the walk cost is infinite ("always exact").
+        let switches = allowed < n || self.walk_cost == f64::INFINITY;
+        if ef >= n || (switches && a * a <= self.walk_cost * e * nodes) {
             sc.sorted.clear();
             let ids = allow.slots(n);
             return score_all_into(scorer, &ids, &mut sc.sorted, want, out);

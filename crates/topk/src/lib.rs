@@ -41,7 +41,7 @@ mod cuda;
 mod open;
 
 pub use backend::{Backend, ParseBackendError, Unavailable};
-pub use open::{open, Corpus, Error, Options};
+pub use open::{open, BuildProgress, Corpus, Error, Options};
 
 pub use topk_core::{
     canon_dot, canon_norm, canon_sqdist, cmp_rank, cosine_from_parts, rank_key, validate,

@@ -1,6 +1,7 @@
 //! One way to build any backend: a corpus, a metric, options.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use ndarray::{Array2, ArrayView2};
 use topk_core::{Metric, Retriever};
@@ -108,6 +109,43 @@ pub struct Options {
     /// Graph parameters of the `hnsw` backend (its build is parallel unless
     /// [`HnswParams::parallel`] is false).
     pub hnsw: HnswParams,
+    /// Told how many rows the `hnsw` backend's graph holds while it is
+    /// built; the other backends do not call it.
+    pub progress: Option<BuildProgress>,
+}
+
+/// A callback told the rows inserted so far while a long build runs (every
+/// 1,024 rows and once with `N` at the end), from the building threads. It
+/// only observes: the backend built is the same with or without it.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::sync::Arc;
+/// use topk::{Backend, BuildProgress, Metric, Options};
+///
+/// let rows = Arc::new(AtomicUsize::new(0));
+/// let seen = Arc::clone(&rows);
+/// let opts = Options::new().progress(BuildProgress::new(move |r| seen.store(r, Ordering::Relaxed)));
+/// let corpus = ndarray::Array2::from_shape_fn((50, 4), |(i, j)| (i * 4 + j) as f32);
+/// let index = topk::open(Backend::Hnsw, corpus, Metric::L2, &opts)?;
+/// assert_eq!(rows.load(Ordering::Relaxed), 50);
+/// # let _ = index;
+/// # Ok::<_, topk::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct BuildProgress(Arc<dyn Fn(usize) + Send + Sync>);
+
+impl BuildProgress {
+    /// Wraps `report`, called with the rows built so far.
+    pub fn new(report: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        BuildProgress(Arc::new(report))
+    }
+}
+
+impl std::fmt::Debug for BuildProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BuildProgress(..)")
+    }
 }
 
 impl Options {
@@ -125,6 +163,12 @@ impl Options {
     /// Uses `params` for the `hnsw` backend.
     pub fn hnsw(mut self, params: HnswParams) -> Self {
         self.hnsw = params;
+        self
+    }
+
+    /// Reports the progress of a long build to `progress`.
+    pub fn progress(mut self, progress: BuildProgress) -> Self {
+        self.progress = Some(progress);
         self
     }
 }
@@ -202,14 +246,39 @@ pub fn open<'a>(
         }),
         Backend::Hnsw => {
             let params = options.hnsw;
-            Box::new(match corpus {
-                Corpus::View(v) => Hnsw::new(v, metric, params)?,
-                Corpus::Owned(a) => {
-                    let dim = a.ncols();
-                    Hnsw::from_rowmajor(into_rowmajor(a), dim, metric, params)?
+            match &options.progress {
+                Some(progress) => {
+                    let (data, dim) = match corpus {
+                        Corpus::View(v) => {
+                            // Checked before the copy, as `Hnsw::new` does.
+                            topk_core::validate::corpus_view(v)?;
+                            (standard(v).into_owned(), v.ncols())
+                        }
+                        Corpus::Owned(a) => {
+                            let dim = a.ncols();
+                            (into_rowmajor(a), dim)
+                        }
+                        Corpus::RowMajor { data, dim } => (data, dim),
+                    };
+                    Box::new(Hnsw::from_rowmajor_with_progress(
+                        data,
+                        dim,
+                        metric,
+                        params,
+                        &*progress.0,
+                    )?)
                 }
-                Corpus::RowMajor { data, dim } => Hnsw::from_rowmajor(data, dim, metric, params)?,
-            })
+                None => Box::new(match corpus {
+                    Corpus::View(v) => Hnsw::new(v, metric, params)?,
+                    Corpus::Owned(a) => {
+                        let dim = a.ncols();
+                        Hnsw::from_rowmajor(into_rowmajor(a), dim, metric, params)?
+                    }
+                    Corpus::RowMajor { data, dim } => {
+                        Hnsw::from_rowmajor(data, dim, metric, params)?
+                    }
+                }),
+            }
         }
         Backend::Cuda => {
             let (data, dim) = corpus.rowmajor();
