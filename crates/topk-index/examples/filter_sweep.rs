@@ -1,6 +1,8 @@
 //! Times filtered searches of the `cpu` backend across filter fractions, on
 //! either side of `SPARSE_FRACTION` (gathered below, masked above), against
-//! the unfiltered search of the same index.
+//! the unfiltered search of the same index, with filter ids resolved to rows
+//! by hash lookups, by a merge with the id-sorted rows, and by the index's
+//! automatic choice (`MERGE_FRACTION`) side by side.
 //!
 //! `cargo run --release -p topk-index --example filter_sweep -- [N] [D] [REPEATS]`
 
@@ -8,7 +10,7 @@ use std::time::Instant;
 
 use ndarray::Array2;
 use topk_core::Metric;
-use topk_index::{Filter, Index, IndexBackend, SPARSE_FRACTION};
+use topk_index::{Filter, FilterResolution, Index, IndexBackend, MERGE_FRACTION, SPARSE_FRACTION};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<usize> = std::env::args()
@@ -31,35 +33,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Array2::from_shape_simple_fn((n, d), || (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0);
     let index = Index::from_rows(rows.view(), Metric::Dot, IndexBackend::Cpu)?;
     let query: Vec<f32> = rows.row(0).to_vec();
-    let time = |filter: Option<&Filter>| -> Result<f64, Box<dyn std::error::Error>> {
-        index.search(&query, 100, filter)?;
-        let t = Instant::now();
-        for _ in 0..repeats {
+    let time =
+        |index: &Index, filter: Option<&Filter>| -> Result<f64, Box<dyn std::error::Error>> {
             index.search(&query, 100, filter)?;
-        }
-        Ok(t.elapsed().as_secs_f64() * 1e3 / repeats as f64)
-    };
-    let full = time(None)?;
-    println!("N = {n}, D = {d}, K = 100, threshold {SPARSE_FRACTION}");
-    println!("unfiltered: {full:.3} ms");
-    for percent in [0.1, 1.0, 5.0, 10.0, 10.5, 20.0, 30.0, 50.0, 100.0] {
-        let every = (100.0 / percent) as u64;
+            let t = Instant::now();
+            for _ in 0..repeats {
+                index.search(&query, 100, filter)?;
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e3 / repeats as f64)
+        };
+    let full = time(&index, None)?;
+    let modes = [
+        FilterResolution::Lookup,
+        FilterResolution::Merge,
+        FilterResolution::Auto,
+    ];
+    let indexes: Vec<Index> = modes
+        .iter()
+        .map(|&m| index.clone().with_filter_resolution(m))
+        .collect();
+    println!(
+        "N = {n}, D = {d}, K = 100, gather at or below {SPARSE_FRACTION}, merge at or above {MERGE_FRACTION}"
+    );
+    println!("unfiltered: {full:.3} ms; filtered, as a multiple of unfiltered:");
+    println!("    % |     ids |   path | lookup |  merge |   auto");
+    for percent in [0.1, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 90.0, 99.0, 100.0] {
+        let per_mille = (percent * 10.0) as u64;
         let mut r = 0x9999_u64;
         let f = Filter::new((0..n as u64).filter(|_| {
             r = r.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (r >> 33).is_multiple_of(every)
+            (r >> 33) % 1000 < per_mille
         }));
-        let ms = time(Some(&f))?;
         let path = if f.len() as f64 <= SPARSE_FRACTION * n as f64 {
             "gather"
         } else {
             "mask"
         };
-        println!(
-            "{percent:>5} % ({:>7} ids, {path:>6}): {ms:.3} ms = {:.3} x unfiltered",
-            f.len(),
-            ms / full
-        );
+        let mut line = format!("{percent:>5} | {:>7} | {path:>6}", f.len());
+        for index in &indexes {
+            let ms = time(index, Some(&f))?;
+            line.push_str(&format!(" | {:>6.3}", ms / full));
+        }
+        println!("{line}");
     }
     Ok(())
 }

@@ -347,6 +347,7 @@ impl Index {
         index.live = full_bitset(n);
         index.data = data;
         index.ids = ids;
+        index.sort_by_id();
         tracing::debug!(file = %path.display(), rows = n, dim = d, "index opened");
         Ok(index)
     }

@@ -7,6 +7,7 @@ use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use ndarray::ArrayView2;
+use rayon::slice::ParallelSliceMut;
 use topk_core::{validate, Error as CoreError, Metric, MAX_ID};
 use topk_cpu::Kernels;
 
@@ -74,6 +75,37 @@ pub struct Index {
     pub(crate) rows_of: IdMap<usize>,
     /// Tombstoned rows.
     pub(crate) dead: usize,
+    /// The ids of the rows below `sorted_upto` that were live when last
+    /// sorted, ascending by id: a dense filter is resolved to rows by one
+    /// merge with it instead of a hash lookup per filter id. Entries of rows
+    /// removed since stay (the live bits drop them); rows appended since
+    /// (`sorted_upto..`) are merged in once they reach [`UNSORTED_FRACTION`]
+    /// of it.
+    pub(crate) by_id: Vec<u64>,
+    /// The stored row of each entry of `by_id`.
+    pub(crate) by_id_rows: Vec<usize>,
+    /// Stored rows below this are covered by `by_id`.
+    pub(crate) sorted_upto: usize,
+    /// How filters are resolved to rows.
+    pub(crate) resolution: FilterResolution,
+}
+
+/// Rows appended since `by_id` was last sorted are merged into it once they
+/// exceed this fraction of it, so an append costs amortized `O(log n)` and a
+/// dense filter binary-searches at most this fraction of the rows.
+pub(crate) const UNSORTED_FRACTION: f64 = 0.125;
+
+/// How a filtered `cpu` search turns filter ids into stored rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FilterResolution {
+    /// A hash lookup per filter id below [`crate::MERGE_FRACTION`] of the
+    /// live rows, one merge with the id-sorted rows at or above it.
+    #[default]
+    Auto,
+    /// Always a hash lookup per filter id.
+    Lookup,
+    /// Always one merge with the id-sorted rows.
+    Merge,
 }
 
 /// The ids and rows of one mutation, checked and row-major.
@@ -106,6 +138,10 @@ impl Index {
             live: Vec::new(),
             rows_of: IdMap::default(),
             dead: 0,
+            by_id: Vec::new(),
+            by_id_rows: Vec::new(),
+            sorted_upto: 0,
+            resolution: FilterResolution::Auto,
         })
     }
 
@@ -136,6 +172,18 @@ impl Index {
     pub fn with_backend(mut self, backend: IndexBackend) -> Index {
         self.backend = backend;
         self
+    }
+
+    /// The same index resolving filters by `resolution` (results are the
+    /// same bytes under every resolution; only the time differs).
+    pub fn with_filter_resolution(mut self, resolution: FilterResolution) -> Index {
+        self.resolution = resolution;
+        self
+    }
+
+    /// How this index resolves filters to rows.
+    pub fn filter_resolution(&self) -> FilterResolution {
+        self.resolution
     }
 
     /// Number of live rows.
@@ -300,6 +348,7 @@ impl Index {
             .enumerate()
             .map(|(r, &id)| (id, r))
             .collect();
+        self.sort_by_id();
         tracing::debug!(dropped = self.dead, rows = w, "index compacted");
         self.dead = 0;
     }
@@ -379,6 +428,51 @@ impl Index {
         }
         self.rows_of
             .extend(c.ids.iter().enumerate().map(|(j, &id)| (id, start + j)));
+        let unsorted = stored - self.sorted_upto;
+        if unsorted as f64 > UNSORTED_FRACTION * self.by_id.len() as f64 {
+            self.merge_unsorted();
+        }
+    }
+
+    /// Rebuilds `by_id` from every live row.
+    pub(crate) fn sort_by_id(&mut self) {
+        let mut by_id: Vec<(u64, usize)> = (0..self.ids.len())
+            .filter(|&r| self.is_live(r))
+            .map(|r| (self.ids[r], r))
+            .collect();
+        by_id.par_sort_unstable();
+        (self.by_id, self.by_id_rows) = by_id.into_iter().unzip();
+        self.sorted_upto = self.ids.len();
+    }
+
+    /// Sorts the live rows appended since `by_id` was last sorted and merges
+    /// them in, dropping the entries of rows removed since.
+    fn merge_unsorted(&mut self) {
+        let mut fresh: Vec<(u64, usize)> = (self.sorted_upto..self.ids.len())
+            .filter(|&r| self.is_live(r))
+            .map(|r| (self.ids[r], r))
+            .collect();
+        fresh.sort_unstable();
+        let old_ids = std::mem::take(&mut self.by_id);
+        let old_rows = std::mem::take(&mut self.by_id_rows);
+        let mut merged = Vec::with_capacity(old_ids.len() + fresh.len());
+        let mut old = old_ids
+            .into_iter()
+            .zip(old_rows)
+            .filter(|&(_, r)| self.is_live(r))
+            .peekable();
+        let mut fresh = fresh.into_iter().peekable();
+        loop {
+            let next = match (old.peek(), fresh.peek()) {
+                (Some(a), Some(b)) if a <= b => old.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => fresh.next(),
+                (Some(_), None) => old.next(),
+                (None, None) => break,
+            };
+            merged.extend(next);
+        }
+        (self.by_id, self.by_id_rows) = merged.into_iter().unzip();
+        self.sorted_upto = self.ids.len();
     }
 }
 

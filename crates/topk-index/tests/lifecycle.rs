@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use ndarray::{Array2, ArrayView2};
 use proptest::prelude::*;
 use topk_core::{Hit, Metric, MAX_ID};
-use topk_index::{Filter, FilterSpec, Index, IndexBackend};
+use topk_index::{Filter, FilterResolution, FilterSpec, Index, IndexBackend};
 use topk_testkit::corpora::{self, Kind, Rng};
 
 /// One step of a history.
@@ -417,4 +417,100 @@ fn automatic_compaction_past_a_quarter_of_tombstones() {
         ix.search(&[0.0, 0.0], 1, None).expect("search"),
         vec![Hit::new(5, -(100.0 + 121.0))]
     );
+}
+
+/// Filters allowing every live id, or all but a few, after removals, upserts
+/// and small appends (rows not yet in the id-sorted order), agree with the
+/// oracle under every way of resolving a filter.
+#[test]
+fn all_and_near_all_filters_after_removals_and_upserts() {
+    let (n, d) = (6_000usize, 8usize);
+    let data = corpora::shuffled_duplicates(3, n, d, 200);
+    let rows = ArrayView2::from_shape((n, d), &data).expect("shape");
+    let mut rng = Rng::new(5);
+    let mut ids: Vec<u64> = (0..n as u64).map(|i| i * 2 + 7).collect();
+    for i in (1..n).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
+    let metric = Metric::Dot;
+    let mut cpu = Index::with_ids(&ids, rows, metric, IndexBackend::Cpu).expect("valid");
+    let qs = corpora::queries(9, 2, d, &[Kind::SmallInt], &data);
+    let check = |cpu: &Index, stage: &str| {
+        let oracle = rebuilt_from(cpu, metric);
+        let live = cpu.ids();
+        let removed: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|&id| !cpu.contains(id))
+            .collect();
+        let filters = [
+            ("all", Filter::new(live.iter().copied())),
+            (
+                "all but every 97th",
+                Filter::new(
+                    live.iter()
+                        .copied()
+                        .enumerate()
+                        .filter(|(i, _)| i % 97 != 0)
+                        .map(|(_, id)| id),
+                ),
+            ),
+            (
+                "all with removed and absent ids",
+                Filter::new(
+                    live.iter()
+                        .copied()
+                        .chain(removed)
+                        .chain([0, 1, MAX_ID, u64::MAX]),
+                ),
+            ),
+        ];
+        for (name, f) in &filters {
+            for resolution in [
+                FilterResolution::Auto,
+                FilterResolution::Lookup,
+                FilterResolution::Merge,
+            ] {
+                let ix = cpu.clone().with_filter_resolution(resolution);
+                for q in qs.chunks_exact(d) {
+                    for k in [1, 100] {
+                        let want = oracle.search(q, k, Some(f)).expect("search");
+                        let got = ix.search(q, k, Some(f)).expect("search");
+                        same(&got, &want).unwrap_or_else(|e| {
+                            panic!("{stage}, {name}, {resolution:?}, k {k}: {e}")
+                        });
+                    }
+                }
+            }
+        }
+    };
+    check(&cpu, "fresh");
+    let gone: Vec<u64> = ids.iter().copied().step_by(7).collect();
+    assert_eq!(cpu.remove(&gone), gone.len());
+    check(&cpu, "after removals");
+    // Upserts of present ids tombstone their old rows and append new ones.
+    let up: Vec<u64> = ids.iter().copied().skip(1).step_by(11).take(40).collect();
+    let up_rows: Vec<f32> = (0..up.len() * d).map(|v| (v % 13) as f32 - 6.0).collect();
+    cpu.upsert(
+        &up,
+        ArrayView2::from_shape((up.len(), d), &up_rows).expect("shape"),
+    )
+    .expect("upsert");
+    // Re-adding removed ids appends rows whose ids also sit, dead, in the sorted order.
+    let back: Vec<u64> = gone
+        .iter()
+        .copied()
+        .filter(|&id| !cpu.contains(id))
+        .take(30)
+        .collect();
+    let back_rows: Vec<f32> = (0..back.len() * d).map(|v| (v % 7) as f32 - 3.0).collect();
+    cpu.add(
+        &back,
+        ArrayView2::from_shape((back.len(), d), &back_rows).expect("shape"),
+    )
+    .expect("add");
+    assert!(cpu.tombstones() > 0);
+    check(&cpu, "after upserts");
+    cpu.compact();
+    check(&cpu, "after compaction");
 }
