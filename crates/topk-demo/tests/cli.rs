@@ -2,9 +2,7 @@
 //! out (checked against the oracle, bit for bit), and every bad input
 //! refused with a message that names the problem.
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use ndarray::Array2;
 use tempfile::TempDir;
@@ -12,42 +10,7 @@ use topk_core::{Metric, Neighbor, Retriever};
 use topk_cpu::Oracle;
 
 mod common;
-use common::exe;
-
-fn demo<I, S>(args: I) -> Output
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    Command::new(exe())
-        .args(args)
-        .env("RUST_LOG", "info")
-        .output()
-        .expect("the demo binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Asserts a clean failure (status 1, `error: ...`, no panic) whose message
-/// contains every one of `needles`.
-fn fails_with(o: &Output, needles: &[&str]) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let line = err
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no `error:` line in {err}"));
-    for n in needles {
-        assert!(line.contains(n), "`{n}` missing from: {line}");
-    }
-}
+use common::{demo, fails_with, stderr, stdout};
 
 /// A corpus (n >= 8) with exact ties (row 3 duplicated) and its queries.
 fn fixture(n: usize, d: usize, q: usize) -> (Array2<f32>, Array2<f32>) {

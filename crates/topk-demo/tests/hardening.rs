@@ -12,7 +12,7 @@ use ndarray::Array2;
 use tempfile::TempDir;
 
 mod common;
-use common::exe;
+use common::{exe, fails_with, stderr};
 
 fn command<I, S>(args: I) -> Command
 where
@@ -51,24 +51,6 @@ where
     S: AsRef<OsStr>,
 {
     run_with_timeout(command(args))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A clean failure: status 1, no panic, an `error:` line holding every needle.
-fn fails_with(o: &Output, needles: &[&str]) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let line = err
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no `error:` line in {err}"));
-    for n in needles {
-        assert!(line.contains(n), "`{n}` missing from: {line}");
-    }
 }
 
 /// A finished run that never searched (the search logs "searched").

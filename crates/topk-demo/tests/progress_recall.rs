@@ -3,45 +3,10 @@
 //! search.
 
 use std::ffi::OsStr;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 mod common;
-use common::exe;
-
-fn demo<I, S>(args: I) -> Output
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    Command::new(exe())
-        .args(args)
-        .env("RUST_LOG", "info")
-        .output()
-        .expect("the demo binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Asserts a clean failure (status 1, one `error: ...` line, no panic) whose
-/// message contains every one of `needles`.
-fn fails_with(o: &Output, needles: &[&str]) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let line = err
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no `error:` line in {err}"));
-    for n in needles {
-        assert!(line.contains(n), "`{n}` missing from: {line}");
-    }
-}
+use common::{demo, exe, fails_with, stderr, stdout};
 
 /// The report with its one line of timings, which differ from run to run,
 /// masked.
