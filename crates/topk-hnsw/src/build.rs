@@ -84,20 +84,11 @@ pub(crate) const PROGRESS_EVERY: usize = 1024;
 /// A build's progress callback: called with the rows inserted so far.
 pub(crate) type Progress<'p> = Option<&'p (dyn Fn(usize) + Sync)>;
 
-/// Builds the graph over `vectors`, scoring layer searches through `source`.
-pub(crate) fn build<Src: ScorerSource>(
-    vectors: &Vectors,
-    source: &Src,
-    params: HnswParams,
-    mode: Mode,
-) -> Result<Graph> {
-    build_with_progress(vectors, source, params, mode, None)
-}
-
-/// [`build`], calling `progress` with the rows inserted so far every
+/// Builds the graph over `vectors`, scoring layer searches through `source`,
+/// calling `progress` (if any) with the rows inserted so far every
 /// [`PROGRESS_EVERY`] rows and once at the end. The callback only observes:
-/// the graph is the one [`build`] makes.
-pub(crate) fn build_with_progress<Src: ScorerSource>(
+/// the graph does not depend on it.
+pub(crate) fn build<Src: ScorerSource>(
     vectors: &Vectors,
     source: &Src,
     params: HnswParams,

@@ -162,6 +162,7 @@ impl Hnsw {
             },
             params,
             mode,
+            None,
         )?;
         Ok(Hnsw::from_parts(params, vectors, graph))
     }

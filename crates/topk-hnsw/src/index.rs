@@ -4,7 +4,7 @@ use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Retriever};
 
-use crate::build::{build, build_with_progress, Graph, Mode};
+use crate::build::{build, Graph, Mode};
 use crate::error::Result;
 use crate::filter::SlotFilter;
 use crate::params::{check_ef, rng_after, HnswParams, SplitMix64};
@@ -101,16 +101,7 @@ impl Hnsw {
         metric: Metric,
         params: HnswParams,
     ) -> Result<Self> {
-        params.validate()?;
-        validate::corpus(&data, dim)?;
-        let vectors = Vectors::new(data, dim, metric);
-        let mode = if params.parallel {
-            Mode::Parallel
-        } else {
-            Mode::Sequential
-        };
-        let graph = build(&vectors, &vectors, params, mode)?;
-        Ok(Self::from_parts(params, vectors, graph))
+        Self::build_rowmajor(data, dim, metric, params, None)
     }
 
     /// [`Hnsw::from_rowmajor`], calling `progress` with the number of rows
@@ -141,6 +132,18 @@ impl Hnsw {
         params: HnswParams,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<Self> {
+        Self::build_rowmajor(data, dim, metric, params, Some(progress))
+    }
+
+    /// The one build of [`Hnsw::from_rowmajor`] and
+    /// [`Hnsw::from_rowmajor_with_progress`].
+    fn build_rowmajor(
+        data: Vec<f32>,
+        dim: usize,
+        metric: Metric,
+        params: HnswParams,
+        progress: Option<&(dyn Fn(usize) + Sync)>,
+    ) -> Result<Self> {
         params.validate()?;
         validate::corpus(&data, dim)?;
         let vectors = Vectors::new(data, dim, metric);
@@ -149,7 +152,7 @@ impl Hnsw {
         } else {
             Mode::Sequential
         };
-        let graph = build_with_progress(&vectors, &vectors, params, mode, Some(progress))?;
+        let graph = build(&vectors, &vectors, params, mode, progress)?;
         Ok(Self::from_parts(params, vectors, graph))
     }
 
