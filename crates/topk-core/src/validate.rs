@@ -84,6 +84,23 @@ pub fn query_at(q: &[f32], dim: usize, which: usize) -> Result<()> {
     bounded(q, dim, |_| Located::Query(which))
 }
 
+/// Checks a row-major buffer of queries of `dim` values each, query by
+/// query as [`query_at`] does, and returns how many it holds.
+pub fn queries_rowmajor(queries: &[f32], dim: usize) -> Result<usize> {
+    check_dim(dim)?;
+    if queries.len() % dim != 0 {
+        return Err(Error::DimensionMismatch {
+            what: format!("a batch buffer of {} values", queries.len()),
+            expected: dim,
+            got: queries.len() % dim,
+        });
+    }
+    for (i, q) in queries.chunks_exact(dim).enumerate() {
+        query_at(q, dim, i)?;
+    }
+    Ok(queries.len() / dim)
+}
+
 /// Checks a `Q × D` batch of queries (any layout).
 pub fn queries(qs: ArrayView2<'_, f32>, dim: usize) -> Result<()> {
     if qs.ncols() != dim {
@@ -490,6 +507,26 @@ mod tests {
             assert!(any_exponent_above(&[f32::NAN], e));
             assert!(any_exponent_above(&[f32::NEG_INFINITY], e));
         }
+    }
+
+    #[test]
+    fn rowmajor_queries_name_the_buffer_or_the_query() {
+        assert_eq!(queries_rowmajor(&[1.0, 2.0, 3.0, 4.0], 2).unwrap(), 2);
+        assert_eq!(queries_rowmajor(&[], 2).unwrap(), 0);
+        let e = queries_rowmajor(&[1.0, 2.0, 3.0], 2).unwrap_err();
+        assert!(message(&e).contains("a batch buffer of 3 values"), "{e}");
+        let e = queries_rowmajor(&[1.0, 2.0, f32::NAN, 4.0], 2).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::NonFinite {
+                    at: Located::Query(1),
+                    column: 0,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

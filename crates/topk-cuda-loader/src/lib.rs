@@ -275,18 +275,8 @@ impl CudaPlugin {
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, LoadError> {
         let d = self.dim;
-        if queries.len() % d != 0 {
-            return Err(LoadError::Input(topk_core::Error::DimensionMismatch {
-                what: format!("a batch buffer of {} values", queries.len()),
-                expected: d,
-                got: queries.len() % d,
-            }));
-        }
-        for (i, q) in queries.chunks(d).enumerate() {
-            validate::query_at(q, d, i)?;
-        }
+        let nq = validate::queries_rowmajor(queries, d)?;
         let kk = validate::k(k, self.n)?;
-        let nq = queries.len() / d;
         if nq == 0 {
             return Ok(Vec::new());
         }

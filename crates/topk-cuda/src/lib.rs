@@ -288,16 +288,7 @@ impl CudaRetriever {
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
         let d = self.engine.dim();
-        if queries.len() % d != 0 {
-            return Err(CudaError::Input(topk_core::Error::DimensionMismatch {
-                what: format!("a batch buffer of {} values", queries.len()),
-                expected: d,
-                got: queries.len() % d,
-            }));
-        }
-        for (i, q) in queries.chunks(d).enumerate() {
-            validate::query_at(q, d, i)?;
-        }
+        validate::queries_rowmajor(queries, d)?;
         validate::k(k, self.engine.len())?;
         self.engine.search_batch(queries, k)
     }
