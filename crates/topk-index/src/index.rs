@@ -50,6 +50,40 @@ impl fmt::Display for IndexBackend {
     }
 }
 
+/// What backends other than the host scans need, given at construction
+/// ([`Index::with_options`]) and kept by `save` where it shapes results.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct IndexOptions {
+    /// Rows to reserve room for (device backends allocate this many rows up
+    /// front and grow past it by doubling); 0 sizes for the first add.
+    pub capacity: usize,
+    /// Graph parameters of the `hnsw` backend.
+    pub hnsw: topk_hnsw::HnswParams,
+    /// Device and limits of the `cuda` backend.
+    pub cuda: topk_cuda::CudaConfig,
+}
+
+impl IndexOptions {
+    /// Reserves room for `rows` rows.
+    pub fn capacity(mut self, rows: usize) -> Self {
+        self.capacity = rows;
+        self
+    }
+
+    /// Uses `params` for the `hnsw` backend.
+    pub fn hnsw(mut self, params: topk_hnsw::HnswParams) -> Self {
+        self.hnsw = params;
+        self
+    }
+
+    /// Uses `config` for the `cuda` backend.
+    pub fn cuda(mut self, config: topk_cuda::CudaConfig) -> Self {
+        self.cuda = config;
+        self
+    }
+}
+
 /// A corpus that changes over time, searched exactly (docs/CONTRACTS.md §10).
 ///
 /// Rows carry external ids (`u64`, at most [`MAX_ID`]). Mutations take
@@ -88,6 +122,8 @@ pub struct Index {
     pub(crate) sorted_upto: usize,
     /// How filters are resolved to rows.
     pub(crate) resolution: FilterResolution,
+    /// What the non-host backends were built with.
+    pub(crate) options: IndexOptions,
 }
 
 /// Rows appended since `by_id` was last sorted are merged into it once they
@@ -142,7 +178,25 @@ impl Index {
             by_id_rows: Vec::new(),
             sorted_upto: 0,
             resolution: FilterResolution::Auto,
+            options: IndexOptions::default(),
         })
+    }
+
+    /// An empty index of `dim`-value rows on `backend`, built with `options`.
+    pub fn with_options(
+        dim: usize,
+        metric: Metric,
+        backend: IndexBackend,
+        options: &IndexOptions,
+    ) -> Result<Index, IndexError> {
+        let mut index = Index::new(dim, metric, backend)?;
+        index.options = options.clone();
+        Ok(index)
+    }
+
+    /// The options this index was built with.
+    pub fn options(&self) -> &IndexOptions {
+        &self.options
     }
 
     /// An index of `rows` with the default ids `0..N-1`.

@@ -61,7 +61,7 @@ mod search;
 pub use error::IndexError;
 pub use file::{MAGIC, VERSION};
 pub use filter::{Filter, FilterSpec};
-pub use index::{FilterResolution, Index, IndexBackend, COMPACT_FRACTION};
+pub use index::{FilterResolution, Index, IndexBackend, IndexOptions, COMPACT_FRACTION};
 pub use search::{MERGE_FRACTION, SPARSE_FRACTION};
 pub use topk_core::{cmp_hit, Hit, MAX_ID};
 

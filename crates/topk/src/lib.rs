@@ -51,7 +51,9 @@ pub use topk_cpu::{CpuRetriever, Oracle};
 pub use topk_cuda::CudaConfig;
 pub use topk_cuda_loader::LoadError as CudaLoadError;
 pub use topk_hnsw::{Hnsw, HnswError, HnswParams};
-pub use topk_index::{cmp_hit, Filter, FilterSpec, Hit, Index, IndexBackend, IndexError, MAX_ID};
+pub use topk_index::{
+    cmp_hit, Filter, FilterSpec, Hit, Index, IndexBackend, IndexError, IndexOptions, MAX_ID,
+};
 
 /// The contracts every backend keeps (`topk-core`).
 pub use topk_core as core;
