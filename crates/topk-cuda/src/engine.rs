@@ -31,7 +31,10 @@ use crate::{CudaConfig, DeviceInfo};
 
 /// The engine: everything [`crate::CudaRetriever`] owns on the device.
 pub(crate) struct Engine {
-    n: usize,
+    /// Rows in use (the resident corpus's stored rows, removed ones included).
+    pub(crate) n: usize,
+    /// Rows the corpus, norm and scratch buffers hold.
+    pub(crate) capacity: usize,
     d: usize,
     metric: Metric,
     pub(crate) config: CudaConfig,
@@ -46,10 +49,17 @@ pub(crate) struct Engine {
     score_plan: ScorePlan,
     /// Resident blocks of the one-launch search kernel for this D, where the
     /// device can run it.
-    search_grid: Option<u32>,
-    corpus: DeviceBuffer<f32>,
-    rnorm: DeviceBuffer<f32>,
-    slots: Vec<Mutex<Slot>>,
+    pub(crate) search_grid: Option<u32>,
+    pub(crate) corpus: DeviceBuffer<f32>,
+    pub(crate) rnorm: DeviceBuffer<f32>,
+    /// Whether `rnorm` holds the rows' norms (cosine, or filtered batches).
+    pub(crate) norms: bool,
+    pub(crate) slots: Vec<Mutex<Slot>>,
+    /// Rows of the resident corpus's list and allow-set scratch per slot
+    /// (0 for a fixed corpus).
+    pub(crate) lists: bool,
+    pub(crate) map_results: bool,
+    pub(crate) map_queries: bool,
     next: AtomicUsize,
     /// Filtered batch chunks the host ran again on the canonical path.
     pub(crate) reruns: AtomicUsize,
@@ -66,10 +76,10 @@ impl Engine {
     ) -> Result<Self, CudaError> {
         let (n, d) = validate::corpus_view(corpus)?;
         match corpus.as_slice() {
-            Some(flat) => Self::build(flat, n, d, metric, config),
+            Some(flat) => Self::build(flat, n, d, metric, config, n, false),
             None => {
                 let flat: Vec<f32> = corpus.iter().copied().collect();
-                Self::build(&flat, n, d, metric, config)
+                Self::build(&flat, n, d, metric, config, n, false)
             }
         }
     }
@@ -81,7 +91,67 @@ impl Engine {
         config: CudaConfig,
     ) -> Result<Self, CudaError> {
         let n = validate::corpus(data, dim)?;
-        Self::build(data, n, dim, metric, config)
+        Self::build(data, n, dim, metric, config, n, false)
+    }
+
+    /// An engine of no rows yet with room for `capacity` rows of `dim`
+    /// values, and the list scratch of the mutable resident corpus.
+    pub(crate) fn with_capacity(
+        dim: usize,
+        metric: Metric,
+        config: CudaConfig,
+        capacity: usize,
+    ) -> Result<Self, CudaError> {
+        if dim == 0 {
+            return Err(topk_core::Error::ZeroDimension.into());
+        }
+        if dim > validate::MAX_DIM {
+            return Err(topk_core::Error::DimensionTooLarge {
+                dim,
+                max: validate::MAX_DIM,
+            }
+            .into());
+        }
+        Self::build(&[], 0, dim, metric, config, capacity.max(1), true)
+    }
+
+    /// The slot shape of `capacity` rows.
+    pub(crate) fn shape_for(
+        capacity: usize,
+        d: usize,
+        config: &CudaConfig,
+        lists: bool,
+    ) -> SlotShape {
+        let tuning = &config.tuning;
+        let sizes = Sizes::new(capacity, config.max_batch, tuning.batch_scratch);
+        let filter_list = if Planner::filter_fits(capacity, d, config) {
+            sizes.chunk * CAND_CAP
+        } else {
+            0
+        };
+        SlotShape {
+            n: capacity,
+            d,
+            sizes,
+            max_k: config.max_k,
+            gather: tuning.max_gather,
+            filter_list,
+            lists: if lists { capacity } else { 0 },
+        }
+    }
+
+    /// The slots of `shape`, one per stream.
+    pub(crate) fn make_slots(
+        shape: &SlotShape,
+        streams: usize,
+        map_results: bool,
+        map_queries: bool,
+    ) -> Result<Vec<Mutex<Slot>>, CudaError> {
+        let mut slots = Vec::with_capacity(streams);
+        for _ in 0..streams {
+            slots.push(Mutex::new(Slot::new(shape, map_results, map_queries)?));
+        }
+        Ok(slots)
     }
 
     fn build(
@@ -90,26 +160,16 @@ impl Engine {
         d: usize,
         metric: Metric,
         config: CudaConfig,
+        capacity: usize,
+        lists: bool,
     ) -> Result<Self, CudaError> {
         config.check()?;
         let tuning = &config.tuning;
         let (ctx, dev) = open(config.device)?;
         let info = device::info_of(dev)?;
-        let sizes = Sizes::new(n, config.max_batch, tuning.batch_scratch);
-        let filter_list = if Planner::filter_fits(n, d, &config) {
-            sizes.chunk * CAND_CAP
-        } else {
-            0
-        };
-        let shape = SlotShape {
-            n,
-            d,
-            sizes,
-            max_k: config.max_k,
-            gather: tuning.max_gather,
-            filter_list,
-        };
-        let requested = n * d * 4 + n * 4 + shape.bytes() * config.streams;
+        let shape = Self::shape_for(capacity, d, &config, lists);
+        let (sizes, filter_list) = (shape.sizes, shape.filter_list);
+        let requested = capacity * d * 4 + capacity * 4 + shape.bytes() * config.streams;
         let available = driver::free_memory()?;
         if requested > available {
             return Err(CudaError::OutOfMemory {
@@ -126,20 +186,23 @@ impl Engine {
         } else {
             None
         };
-        let corpus = device::upload("corpus", flat)?;
+        let corpus = if capacity == n {
+            device::upload("corpus", flat)?
+        } else {
+            let buf = alloc::<f32>("corpus", capacity * d)?;
+            launch::h2d_sync(DevSlice::of(&buf), flat)?;
+            buf
+        };
         // Row norms: cosine scores divide by them, filtered batches bound
         // every metric's scores with them.
         let norms = metric == Metric::Cosine || filter_list > 0;
-        let rnorm = alloc::<f32>("row norms", if norms { n } else { 1 })?;
-        let mut slots = Vec::with_capacity(config.streams);
+        let rnorm = alloc::<f32>("row norms", if norms { capacity } else { 1 })?;
         let can_map = device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?
             && device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?;
         let map_results = tuning.mapped_results && can_map;
         let map_queries = tuning.mapped_queries && can_map;
-        for _ in 0..config.streams {
-            slots.push(Mutex::new(Slot::new(&shape, map_results, map_queries)?));
-        }
-        if norms {
+        let slots = Self::make_slots(&shape, config.streams, map_results, map_queries)?;
+        if norms && n > 0 {
             let slot = slots[0].lock().unwrap_or_else(|p| p.into_inner());
             kernels.norms(
                 Queue::Stream(slot.stream.as_inner()),
@@ -156,6 +219,7 @@ impl Engine {
         let planner = Planner::new(n, d, &config, search_grid.is_some());
         Ok(Engine {
             n,
+            capacity,
             d,
             metric,
             config,
@@ -168,7 +232,11 @@ impl Engine {
             search_grid,
             corpus,
             rnorm,
+            norms,
             slots,
+            lists,
+            map_results,
+            map_queries,
             next: AtomicUsize::new(0),
             reruns: AtomicUsize::new(0),
             _modules: modules,
@@ -247,7 +315,7 @@ impl Engine {
         k: usize,
         mark: &mut dyn FnMut(&'static str) -> Result<(), CudaError>,
     ) -> Result<(), CudaError> {
-        let (n, d) = (self.n as u32, self.d as u32);
+        let n = self.n as u32;
         let ops = self.operands(slot, queries, nq);
         let select = match plan.steps {
             Steps::Filtered => return self.enqueue_filtered(slot, queries, first, nq, k),
@@ -263,10 +331,6 @@ impl Engine {
             }
             Steps::Score(select) => select,
         };
-        if self.metric == Metric::Cosine && !launch::single_path(nq, self.d) {
-            self.kernels
-                .norms(s, queries, nq as u32, d, DevSlice::of(&slot.qnorm))?;
-        }
         // A single query's scoring kernel also finds its threshold.
         let threshold =
             (nq == 1 && matches!(select, Select::Fused | Select::Hist)).then(|| FusedThreshold {
@@ -274,9 +338,7 @@ impl Engine {
                 k: k as u32,
                 th: DevSlice::of(&slot.th),
             });
-        let fused = self
-            .kernels
-            .score(s, self.metric, &ops, &self.score_plan, threshold)?;
+        let fused = self.enqueue_scores(s, &ops, threshold)?;
         mark("score")?;
         let (nq, k32) = (nq as u32, k as u32);
         match select {
@@ -295,6 +357,25 @@ impl Engine {
             }
         }
         mark("select")
+    }
+
+    /// Queues the canonical scores of `ops.nq` queries against the corpus
+    /// into the slot's scores (and the query norms a cosine batch needs
+    /// first); `threshold` asks a single query's kernel to find its
+    /// threshold too, and the answer says whether it did.
+    pub(crate) fn enqueue_scores(
+        &self,
+        s: Queue<'_>,
+        ops: &Operands<'_>,
+        threshold: Option<FusedThreshold<'_>>,
+    ) -> Result<bool, CudaError> {
+        let nq = ops.nq as usize;
+        if self.metric == Metric::Cosine && !launch::single_path(nq, self.d) {
+            self.kernels
+                .norms(s, ops.queries, ops.nq, ops.d, ops.qnorm)?;
+        }
+        self.kernels
+            .score(s, self.metric, ops, &self.score_plan, threshold)
     }
 
     /// The scoring operands of `nq` queries at `queries` against the corpus,
@@ -396,7 +477,18 @@ impl Engine {
         k: usize,
         out: &mut Vec<Neighbor>,
     ) -> Result<(), CudaError> {
-        let n = self.n;
+        Self::select_scores_on_host(slot, qi, self.n, k, out)
+    }
+
+    /// [`Self::select_on_host`] over query `qi`'s row of `n` scores (rows of
+    /// `n` apart in the slot's scores).
+    pub(crate) fn select_scores_on_host(
+        slot: &mut Slot,
+        qi: usize,
+        n: usize,
+        k: usize,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<(), CudaError> {
         let row = DevSlice::of(&slot.scores).range("score buffer", qi * n, n)?;
         launch::d2h(
             Queue::Stream(slot.stream.as_inner()),

@@ -107,6 +107,46 @@ pub enum CudaError {
         /// Elements the buffer holds.
         len: usize,
     },
+    // ---- the mutable resident corpus --------------------------------------
+    /// An added id is already live.
+    #[error("id {id} (position {position} of the call) is already in the index; use upsert to replace it")]
+    IdPresent {
+        /// The id.
+        id: u64,
+        /// Its position in the call.
+        position: usize,
+    },
+    /// One call names an id twice.
+    #[error("id {id} appears twice in one call (positions {first} and {second})")]
+    DuplicateId {
+        /// The id.
+        id: u64,
+        /// Its first position.
+        first: usize,
+        /// Its second position.
+        second: usize,
+    },
+    /// An id above the largest allowed (2^63 - 1, docs/CONTRACTS.md §10).
+    #[error("id {id} (position {position}) is above the largest id {max}")]
+    IdTooLarge {
+        /// The id.
+        id: u64,
+        /// Its position in the call.
+        position: usize,
+        /// The largest id.
+        max: u64,
+    },
+    /// A call gives a number of ids other than its number of rows, or of
+    /// per-query filters other than its number of queries.
+    #[error("{what}: {got} given for {expected}")]
+    CountMismatch {
+        /// What was counted ("ids for rows", "filters for queries").
+        what: &'static str,
+        /// How many were given.
+        got: usize,
+        /// How many were needed.
+        expected: usize,
+    },
     /// `score_ids` offsets do not describe the id list.
     #[error("score_ids: {reason}")]
     BadOffsets {

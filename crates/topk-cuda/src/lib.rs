@@ -82,6 +82,7 @@
 
 mod config;
 mod error;
+mod idfilter;
 mod plan;
 pub mod ptx;
 
@@ -102,6 +103,8 @@ mod ids;
 #[cfg(feature = "cuda")]
 mod launch;
 #[cfg(feature = "cuda")]
+mod resident;
+#[cfg(feature = "cuda")]
 mod single;
 #[cfg(feature = "cuda")]
 mod slot;
@@ -119,7 +122,12 @@ pub use config::{
     DEFAULT_FUSE_ROWS, DEFAULT_SINGLE_LAUNCH_ROWS, MAX_DEVICE_K,
 };
 pub use error::CudaError;
+pub use idfilter::{IdFilter, GATHER_FRACTION};
 pub use plan::{PathCounts, PlanPath};
+#[cfg(feature = "cuda")]
+pub use resident::ResidentCorpus;
+#[cfg(not(feature = "cuda"))]
+pub use stub::ResidentCorpus;
 
 #[cfg(feature = "cuda")]
 use engine::Engine;

@@ -27,6 +27,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "score_ids",
     "select",
     "filter",
+    "rows",
 ];
 
 /// First-line marker of a generated PTX file, followed by the hash.
@@ -47,6 +48,10 @@ pub const SELECT_PTX: &str = include_str!("../../../kernels/select.ptx");
 /// listing and rescoring.
 pub const FILTER_PTX: &str = include_str!("../../../kernels/filter.ptx");
 
+/// PTX of `kernels/rows.cu`: moving, overwriting and hiding rows of the
+/// mutable resident corpus, and scoring a list of rows.
+pub const ROWS_PTX: &str = include_str!("../../../kernels/rows.ptx");
+
 /// Every family's PTX, in [`KERNEL_NAMES`] order.
 pub const ALL_PTX: &[(&str, &str)] = &[
     ("norms", NORMS_PTX),
@@ -55,6 +60,7 @@ pub const ALL_PTX: &[(&str, &str)] = &[
     ("score_ids", SCORE_IDS_PTX),
     ("select", SELECT_PTX),
     ("filter", FILTER_PTX),
+    ("rows", ROWS_PTX),
 ];
 
 /// A stable 64-bit FNV-1a hash of the flags and every source file given as

@@ -54,6 +54,13 @@ pub(crate) struct Slot {
     pub(crate) id_scores_host: LockedBuffer<f32>,
     /// The slot's query graphs.
     pub(crate) graphs: GraphCache,
+    /// A sparse filter's allowed rows (the mutable resident corpus).
+    pub(crate) list: DeviceBuffer<u32>,
+    pub(crate) list_host: LockedBuffer<u32>,
+    /// The allow sets of a dense filter, a row's bit per query of a chunk
+    /// (the mutable resident corpus).
+    pub(crate) allow: DeviceBuffer<u64>,
+    pub(crate) allow_host: LockedBuffer<u64>,
 }
 
 /// What one slot's buffers are sized for: N rows of D columns, the slot's
@@ -67,6 +74,8 @@ pub(crate) struct SlotShape {
     pub(crate) max_k: usize,
     pub(crate) gather: usize,
     pub(crate) filter_list: usize,
+    /// Rows of the list and allow-set scratch (0: none).
+    pub(crate) lists: usize,
 }
 
 impl SlotShape {
@@ -85,6 +94,8 @@ impl SlotShape {
             + self.gather * 12
             + self.filter_list * 4
             + (self.sizes.turn_chunks() + staged) * 4
+            + self.lists * 4
+            + chunk * self.lists.div_ceil(64) * 8
     }
 }
 
@@ -128,8 +139,10 @@ impl Slot {
             max_k,
             gather,
             filter_list,
+            lists,
         } = *shape;
         let Sizes { staged, chunk } = sizes;
+        let allow_words = chunk * lists.div_ceil(64);
         let counts = sizes.turn_chunks() + staged;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?;
         let mut slot = Slot {
@@ -154,6 +167,10 @@ impl Slot {
             owner_host: pinned(gather)?,
             id_scores_host: pinned(gather)?,
             graphs: GraphCache::default(),
+            list: alloc("filter rows", lists)?,
+            list_host: pinned(lists)?,
+            allow: alloc("allow sets", allow_words)?,
+            allow_host: pinned(allow_words)?,
             out_mapped: None,
             q_mapped: None,
             stream,

@@ -135,3 +135,78 @@ pub fn device_info(_device: usize) -> Result<DeviceInfo, CudaError> {
 pub fn measure_d2d_bandwidth(_device: usize, _bytes: usize) -> Result<f64, CudaError> {
     Err(CudaError::NotCompiled)
 }
+
+/// The mutable resident corpus in a build without CUDA: construction
+/// returns [`CudaError::NotCompiled`], so no method past it can run.
+pub struct ResidentCorpus {
+    never: Engine,
+}
+
+impl std::fmt::Debug for ResidentCorpus {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.never {}
+    }
+}
+
+#[allow(missing_docs, clippy::missing_errors_doc)]
+impl ResidentCorpus {
+    pub fn new(
+        _dim: usize,
+        _metric: Metric,
+        config: CudaConfig,
+        _capacity: usize,
+    ) -> Result<Self, CudaError> {
+        config.check()?;
+        Err(CudaError::NotCompiled)
+    }
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+    pub fn is_empty(&self) -> bool {
+        match self.never {}
+    }
+    pub fn stored(&self) -> usize {
+        match self.never {}
+    }
+    pub fn capacity(&self) -> usize {
+        match self.never {}
+    }
+    pub fn tombstones(&self) -> usize {
+        match self.never {}
+    }
+    pub fn dim(&self) -> usize {
+        match self.never {}
+    }
+    pub fn metric(&self) -> Metric {
+        match self.never {}
+    }
+    pub fn config(&self) -> &CudaConfig {
+        match self.never {}
+    }
+    pub fn path_counts(&self) -> PathCounts {
+        match self.never {}
+    }
+    pub fn contains(&self, _id: u64) -> bool {
+        match self.never {}
+    }
+    pub fn add(&mut self, _ids: &[u64], _rows: &[f32]) -> Result<(), CudaError> {
+        match self.never {}
+    }
+    pub fn upsert(&mut self, _ids: &[u64], _rows: &[f32]) -> Result<(), CudaError> {
+        match self.never {}
+    }
+    pub fn remove(&mut self, _ids: &[u64]) -> Result<usize, CudaError> {
+        match self.never {}
+    }
+    pub fn compact(&mut self) -> Result<(), CudaError> {
+        match self.never {}
+    }
+    pub fn search(
+        &self,
+        _queries: &[f32],
+        _k: usize,
+        _filter: crate::IdFilter<'_>,
+    ) -> Result<Vec<Vec<topk_core::Hit>>, CudaError> {
+        match self.never {}
+    }
+}

@@ -114,3 +114,45 @@ pub(crate) fn zero_sync<T>(dst: DevSlice<'_, T>) -> Result<(), CudaError> {
         cu::cuMemsetD8_v2(dst.ptr(), 0, dst.bytes())
     })
 }
+
+/// Host → device copy of `src` (pageable memory) into the start of `dst`,
+/// synchronously: the rows a mutation of the resident corpus uploads.
+pub(crate) fn h2d_sync<T: DeviceCopy>(dst: DevSlice<'_, T>, src: &[T]) -> Result<(), CudaError> {
+    dst.need("copy destination", src.len())?;
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `src` is `size_of_val(src)` readable bytes for the whole call
+    // (the copy is synchronous) and `dst` holds at least `src.len()` elements.
+    check("cuMemcpyHtoD", unsafe {
+        cu::cuMemcpyHtoD_v2(
+            dst.ptr(),
+            src.as_ptr() as *const c_void,
+            std::mem::size_of_val(src),
+        )
+    })
+}
+
+/// Device → device copy of all of `src` into the start of `dst`,
+/// synchronously; the two must not overlap.
+pub(crate) fn d2d_sync<T: DeviceCopy>(
+    dst: DevSlice<'_, T>,
+    src: DevSlice<'_, T>,
+) -> Result<(), CudaError> {
+    dst.need("copy destination", src.len())?;
+    let (d0, s0, bytes) = (dst.ptr(), src.ptr(), src.bytes() as u64);
+    if d0 < s0 + bytes && s0 < d0 + bytes {
+        return Err(CudaError::InvalidOption {
+            name: "device copy",
+            value: bytes as usize,
+            reason: "source and destination overlap",
+        });
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: both ranges lie in their views and do not overlap.
+    check("cuMemcpyDtoD", unsafe {
+        cu::cuMemcpyDtoD_v2(d0, s0, src.bytes())
+    })
+}

@@ -15,6 +15,7 @@
 mod copy;
 mod filter;
 mod graph;
+mod rows;
 mod score;
 mod select;
 
@@ -28,8 +29,9 @@ use crate::device::{DevNeighbor, DevThreshold};
 use crate::driver::{check, DPtr, DevSlice};
 use crate::error::CudaError;
 
-pub(crate) use copy::{d2d, d2h, h2d, zero32, zero_sync};
+pub(crate) use copy::{d2d, d2d_sync, d2h, h2d, h2d_sync, zero32, zero_sync};
 pub(crate) use graph::{GraphBuild, Replay};
+pub(crate) use rows::FROM_B;
 pub(crate) use score::{single_path, FusedThreshold, ScorePlan};
 
 /// Threads per block of the scoring kernels (8 warps).
@@ -133,6 +135,11 @@ pub(crate) struct Kernels {
     select_small: cu::CUfunction,
     hist: cu::CUfunction,
     gather: cu::CUfunction,
+    /// The mutable resident corpus (`kernels/rows.cu`).
+    gather_rows: cu::CUfunction,
+    scatter_rows: cu::CUfunction,
+    mask_scores: cu::CUfunction,
+    score_list: [cu::CUfunction; 3],
     sm_count: u32,
 }
 
@@ -410,6 +417,7 @@ pub(crate) struct Modules {
     ids: Module,
     select: Module,
     filter: Module,
+    rows: Module,
 }
 
 fn load_module(module: &'static str, ptx: &str) -> Result<Module, CudaError> {
@@ -430,6 +438,7 @@ impl Modules {
             ids: load_module("score_ids", ptx::SCORE_IDS_PTX)?,
             select: load_module("select", ptx::SELECT_PTX)?,
             filter: load_module("filter", ptx::FILTER_PTX)?,
+            rows: load_module("rows", ptx::ROWS_PTX)?,
         })
     }
 }
@@ -444,6 +453,7 @@ impl Kernels {
             ids,
             select,
             filter,
+            rows,
         } = modules;
         let select_small = function(select, "topk_select_small")?;
         let gather = function(select, "topk_gather")?;
@@ -477,6 +487,10 @@ impl Kernels {
             select_small,
             hist: function(select, "topk_hist")?,
             gather,
+            gather_rows: function(rows, "topk_gather_rows")?,
+            scatter_rows: function(rows, "topk_scatter_rows")?,
+            mask_scores: function(rows, "topk_mask_scores")?,
+            score_list: family!(rows, "topk_score_list"),
             sm_count: sm_count.max(1),
         })
     }

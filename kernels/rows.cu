@@ -1,0 +1,89 @@
+// Kernels of the mutable resident corpus (docs/CONTRACTS.md §10): moving
+// rows on the device when rows are added out of id order or compacted,
+// overwriting upserted rows, hiding removed or filtered-out rows from
+// selection, and scoring a list of rows (a sparse filter's allowed rows).
+#include "stage.cuh"
+
+// Row j of dst (j < m) is row map[j] of src_a, or row map[j] & ~TOPK_FROM_B
+// of src_b when the flag is set: the merge of the stored rows (a) with rows
+// added below the largest id (b), and compaction (a only). One block-stride
+// loop over all m * d values, so consecutive threads copy consecutive values.
+#define TOPK_FROM_B 0x80000000u
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_gather_rows(const float* __restrict__ src_a, const float* __restrict__ src_b,
+                     const unsigned* __restrict__ map, unsigned m, unsigned d,
+                     float* __restrict__ dst) {
+    const size_t total = (size_t)m * d;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i / d;
+        const size_t c = i - j * d;
+        const unsigned s = map[j];
+        const float* src = (s & TOPK_FROM_B) ? src_b : src_a;
+        dst[i] = src[(size_t)(s & ~TOPK_FROM_B) * d + c];
+    }
+}
+
+// Row rows[j] of dst becomes row j of src (j < m): upserted rows replace
+// the stored values of their ids in place.
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_scatter_rows(const float* __restrict__ src, const unsigned* __restrict__ rows,
+                      unsigned m, unsigned d, float* __restrict__ dst) {
+    const size_t total = (size_t)m * d;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i / d;
+        const size_t c = i - j * d;
+        dst[(size_t)rows[j] * d + c] = src[i];
+    }
+}
+
+// Score i of query q (row q of nq rows of n scores) becomes -inf where bit i
+// of the query's allow set is clear: words + q * stride, 64 rows a word
+// (stride 0: one set for every query). -inf ranks below every finite score
+// (docs/CONTRACTS.md §3) and the host asks for at most as many results as
+// rows are allowed, so a hidden row never reaches a result.
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_mask_scores(float* __restrict__ scores, unsigned n, unsigned nq,
+                     const unsigned long long* __restrict__ words, unsigned stride) {
+    const size_t total = (size_t)n * nq;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t q = i / n;
+        const unsigned r = (unsigned)(i - q * n);
+        const unsigned long long w = words[q * stride + r / 64u];
+        if (((w >> (r % 64u)) & 1ull) == 0ull) {
+            scores[i] = __int_as_float(0xff800000);
+        }
+    }
+}
+
+// The canonical score of query q (of nq) against row list[j] (of m), a warp
+// per pair, into out[q * m + j]: the nq queries of a sparse filter's batch
+// share the list. Pairs run row-major over j, so the queries of one row are
+// scored by neighbouring warps while the row is in cache.
+#define TOPK_SCORE_LIST_KERNEL(NAME, METRIC)                                                  \
+    extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_list_##NAME(      \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,       \
+        const float* __restrict__ queries, const float* __restrict__ qnorm, unsigned nq,     \
+        const unsigned* __restrict__ list, unsigned m, float* __restrict__ out) {            \
+        const unsigned lane = threadIdx.x & (TOPK_WARP - 1);                                 \
+        const size_t pairs = (size_t)m * nq;                                                 \
+        for (size_t i = (size_t)blockIdx.x * SCORE_WARPS + threadIdx.x / TOPK_WARP;          \
+             i < pairs; i += (size_t)gridDim.x * SCORE_WARPS) {                              \
+            const size_t j = i / nq;                                                         \
+            const size_t q = i - j * nq;                                                     \
+            const unsigned row = list[j];                                                    \
+            const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;                      \
+            const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;                    \
+            const float s = topk_warp_score<METRIC>(queries + q * d, corpus + (size_t)row * d, \
+                                                    d, qn, rn, lane);                        \
+            if (lane == 0) {                                                                 \
+                out[q * m + j] = s;                                                          \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+TOPK_SCORE_LIST_KERNEL(dot, TOPK_DOT)
+TOPK_SCORE_LIST_KERNEL(cosine, TOPK_COSINE)
+TOPK_SCORE_LIST_KERNEL(l2, TOPK_L2)
