@@ -24,7 +24,7 @@ use std::marker::{PhantomData, PhantomPinned};
 use topk_core::Metric;
 
 /// Version of this ABI; bump it on any change to a signature or struct below.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// File name of the plugin the loader looks for.
 pub const PLUGIN_FILE: &str = "libtopk_cuda_plugin.so";
@@ -58,6 +58,17 @@ pub const SYM_SEARCH: &[u8] = b"topk_cuda_plugin_search\0";
 pub const SYM_SEARCH_BATCH: &[u8] = b"topk_cuda_plugin_search_batch\0";
 /// Symbol of [`FreeFn`].
 pub const SYM_FREE: &[u8] = b"topk_cuda_plugin_free\0";
+
+/// Symbol of [`ResidentOpenFn`].
+pub const SYM_RESIDENT_OPEN: &[u8] = b"topk_cuda_plugin_resident_open\0";
+/// Symbol of [`ResidentMutateFn`].
+pub const SYM_RESIDENT_MUTATE: &[u8] = b"topk_cuda_plugin_resident_mutate\0";
+/// Symbol of [`ResidentSearchFn`].
+pub const SYM_RESIDENT_SEARCH: &[u8] = b"topk_cuda_plugin_resident_search\0";
+/// Symbol of [`ResidentInfoFn`].
+pub const SYM_RESIDENT_INFO: &[u8] = b"topk_cuda_plugin_resident_info\0";
+/// Symbol of [`ResidentFreeFn`].
+pub const SYM_RESIDENT_FREE: &[u8] = b"topk_cuda_plugin_resident_free\0";
 
 /// `u32 topk_cuda_plugin_abi_version(void)`: the plugin's [`ABI_VERSION`].
 pub type AbiVersionFn = unsafe extern "C" fn() -> u32;
@@ -132,6 +143,111 @@ pub type SearchBatchFn = unsafe extern "C" fn(
 /// `void topk_cuda_plugin_free(PluginHandle *)`: releases the engine and its
 /// device memory. A null handle is ignored.
 pub type FreeFn = unsafe extern "C" fn(handle: *mut PluginHandle);
+
+/// `i32 topk_cuda_plugin_resident_open(size_t dim, u32 metric,
+/// size_t capacity, const PluginConfig *config, ResidentHandle **handle,
+/// MessageBuf *err)`: a new, empty mutable resident corpus
+/// (`topk_cuda::ResidentCorpus`) with device room for `capacity` rows.
+pub type ResidentOpenFn = unsafe extern "C" fn(
+    dim: usize,
+    metric: u32,
+    capacity: usize,
+    config: *const PluginConfig,
+    handle: *mut *mut ResidentHandle,
+    err: *mut MessageBuf,
+) -> i32;
+
+/// [`ResidentMutateFn`] operation: add rows under new ids.
+pub const MUTATE_ADD: u32 = 0;
+/// [`ResidentMutateFn`] operation: replace or add rows.
+pub const MUTATE_UPSERT: u32 = 1;
+/// [`ResidentMutateFn`] operation: remove ids (rows unused).
+pub const MUTATE_REMOVE: u32 = 2;
+/// [`ResidentMutateFn`] operation: drop removed rows (ids and rows unused).
+pub const MUTATE_COMPACT: u32 = 3;
+
+/// `i32 topk_cuda_plugin_resident_mutate(ResidentHandle *, u32 op,
+/// const u64 *ids, size_t n, const float *rows, size_t dim, size_t *removed,
+/// MessageBuf *err)`: one mutation ([`MUTATE_ADD`] ..): `n` ids and, for add
+/// and upsert, `n × dim` row-major values; a removal writes how many ids were
+/// live into `*removed`. The caller holds the handle exclusively for the
+/// call. Pointers an operation does not use may be null.
+pub type ResidentMutateFn = unsafe extern "C" fn(
+    handle: *mut ResidentHandle,
+    op: u32,
+    ids: *const u64,
+    n: usize,
+    rows: *const f32,
+    dim: usize,
+    removed: *mut usize,
+    err: *mut MessageBuf,
+) -> i32;
+
+/// [`ResidentSearchFn`] filter mode: every live row.
+pub const FILTER_NONE: u32 = 0;
+/// [`ResidentSearchFn`] filter mode: one allow-list for every query,
+/// `filter_ids[filter_offsets[0]..filter_offsets[1]]`.
+pub const FILTER_SHARED: u32 = 1;
+/// [`ResidentSearchFn`] filter mode: query `i`'s allow-list is
+/// `filter_ids[filter_offsets[i]..filter_offsets[i + 1]]`.
+pub const FILTER_PER_QUERY: u32 = 2;
+
+/// `i32 topk_cuda_plugin_resident_search(const ResidentHandle *,
+/// const float *queries, size_t nq, size_t dim, size_t k, u32 filter_mode,
+/// const u64 *filter_ids, size_t filter_len, const size_t *filter_offsets,
+/// u64 *ids, float *scores, size_t stride, size_t *counts, MessageBuf *err)`:
+/// `nq` row-major queries; query `i`'s hits go to `ids[i * stride ..]` /
+/// `scores[i * stride ..]` (both `nq × stride` long) and their number to
+/// `counts[i]`. `filter_offsets` has 2 entries for [`FILTER_SHARED`] and
+/// `nq + 1` for [`FILTER_PER_QUERY`], each at most `filter_len`.
+pub type ResidentSearchFn = unsafe extern "C" fn(
+    handle: *const ResidentHandle,
+    queries: *const f32,
+    nq: usize,
+    dim: usize,
+    k: usize,
+    filter_mode: u32,
+    filter_ids: *const u64,
+    filter_len: usize,
+    filter_offsets: *const usize,
+    ids: *mut u64,
+    scores: *mut f32,
+    stride: usize,
+    counts: *mut usize,
+    err: *mut MessageBuf,
+) -> i32;
+
+/// The counts of a mutable resident corpus.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResidentInfoRaw {
+    /// Live rows.
+    pub live: usize,
+    /// Stored rows, removed ones included.
+    pub stored: usize,
+    /// Rows the device buffers hold before the next growth.
+    pub capacity: usize,
+    /// Values per row.
+    pub dim: usize,
+    /// The [`metric_code`].
+    pub metric: u32,
+}
+
+/// `i32 topk_cuda_plugin_resident_info(const ResidentHandle *,
+/// ResidentInfoRaw *out)`.
+pub type ResidentInfoFn =
+    unsafe extern "C" fn(handle: *const ResidentHandle, out: *mut ResidentInfoRaw) -> i32;
+
+/// `void topk_cuda_plugin_resident_free(ResidentHandle *)`: releases the
+/// corpus and its device memory. A null handle is ignored.
+pub type ResidentFreeFn = unsafe extern "C" fn(handle: *mut ResidentHandle);
+
+/// A mutable resident corpus inside the plugin; only seen behind a pointer.
+#[repr(C)]
+pub struct ResidentHandle {
+    _opaque: [u8; 0],
+    _not_send_sync_unpin: PhantomData<(*mut u8, PhantomPinned)>,
+}
 
 /// An engine inside the plugin; only ever seen behind a pointer.
 #[repr(C)]
@@ -390,6 +506,11 @@ mod tests {
             SYM_SEARCH,
             SYM_SEARCH_BATCH,
             SYM_FREE,
+            SYM_RESIDENT_OPEN,
+            SYM_RESIDENT_MUTATE,
+            SYM_RESIDENT_SEARCH,
+            SYM_RESIDENT_INFO,
+            SYM_RESIDENT_FREE,
         ] {
             assert!(sym.starts_with(b"topk_cuda_plugin_"));
             assert_eq!(sym.iter().position(|&b| b == 0), Some(sym.len() - 1));

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use crate::abi::{
     self, AbiVersionFn, DeviceNameFn, DeviceSummaryFn, DeviceSummaryRaw, FreeFn, MessageBuf,
-    MetricFn, OpenFn, PluginConfig, PluginHandle, SearchBatchFn, SearchFn, SizeFn, Status,
-    ABI_VERSION, DRIVER_LIBRARY,
+    MetricFn, OpenFn, PluginConfig, PluginHandle, ResidentFreeFn, ResidentHandle, ResidentInfoFn,
+    ResidentInfoRaw, ResidentMutateFn, ResidentOpenFn, ResidentSearchFn, SearchBatchFn, SearchFn,
+    SizeFn, Status, ABI_VERSION, DRIVER_LIBRARY,
 };
 use crate::LoadError;
 
@@ -29,6 +30,11 @@ struct Entry {
     search: SearchFn,
     search_batch: SearchBatchFn,
     free: FreeFn,
+    resident_open: ResidentOpenFn,
+    resident_mutate: ResidentMutateFn,
+    resident_search: ResidentSearchFn,
+    resident_info: ResidentInfoFn,
+    resident_free: ResidentFreeFn,
 }
 
 /// A loaded plugin. The library stays loaded as long as this lives, which
@@ -107,6 +113,11 @@ impl Plugin {
             search: symbol(&lib, path, abi::SYM_SEARCH)?,
             search_batch: symbol(&lib, path, abi::SYM_SEARCH_BATCH)?,
             free: symbol(&lib, path, abi::SYM_FREE)?,
+            resident_open: symbol(&lib, path, abi::SYM_RESIDENT_OPEN)?,
+            resident_mutate: symbol(&lib, path, abi::SYM_RESIDENT_MUTATE)?,
+            resident_search: symbol(&lib, path, abi::SYM_RESIDENT_SEARCH)?,
+            resident_info: symbol(&lib, path, abi::SYM_RESIDENT_INFO)?,
+            resident_free: symbol(&lib, path, abi::SYM_RESIDENT_FREE)?,
         };
         Ok(Plugin {
             entry,
@@ -165,6 +176,185 @@ impl Plugin {
             plugin: Arc::clone(self),
             ptr,
         })
+    }
+}
+
+impl Plugin {
+    /// A new, empty mutable resident corpus.
+    pub(crate) fn resident_open(
+        self: &Arc<Self>,
+        dim: usize,
+        metric: u32,
+        capacity: usize,
+        config: &PluginConfig,
+    ) -> Result<Resident, CallError> {
+        let mut handle: *mut ResidentHandle = std::ptr::null_mut();
+        let mut msg = Message::new();
+        // SAFETY: `config`, `handle` and the message buffer are valid for the
+        // call; the plugin keeps none of them.
+        let code = unsafe {
+            (self.entry.resident_open)(dim, metric, capacity, config, &mut handle, msg.buf())
+        };
+        msg.check(code)?;
+        let ptr = NonNull::new(handle).ok_or((
+            Status::BadArgument,
+            "the plugin reported success but returned no corpus".to_owned(),
+        ))?;
+        Ok(Resident {
+            plugin: Arc::clone(self),
+            ptr,
+        })
+    }
+}
+
+/// A mutable resident corpus inside the plugin; freed on drop. Mutations
+/// take `&mut self`, searches `&self`, as the ABI requires.
+pub(crate) struct Resident {
+    plugin: Arc<Plugin>,
+    ptr: NonNull<ResidentHandle>,
+}
+
+// SAFETY: the handle stands for a `topk_cuda::ResidentCorpus`, which is
+// `Send + Sync`; searches (`&self`) may run from any thread at once,
+// mutations need `&mut self`, and `free` runs only in `Drop`.
+unsafe impl Send for Resident {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for Resident {}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resident")
+            .field("plugin", &self.plugin.path)
+            .finish()
+    }
+}
+
+impl Resident {
+    /// The plugin this corpus lives in.
+    pub(crate) fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    /// One mutation (`abi::MUTATE_*`): `rows` holds `ids.len() * dim` values
+    /// for add and upsert. Returns the ids a removal found live.
+    pub(crate) fn mutate(
+        &mut self,
+        op: u32,
+        ids: &[u64],
+        rows: &[f32],
+        dim: usize,
+    ) -> Result<usize, CallError> {
+        let uses_rows = matches!(op, abi::MUTATE_ADD | abi::MUTATE_UPSERT);
+        if uses_rows && ids.len().checked_mul(dim) != Some(rows.len()) {
+            return Err((
+                Status::BadArgument,
+                format!("{} ids with {} values of D = {dim}", ids.len(), rows.len()),
+            ));
+        }
+        let mut removed = 0usize;
+        let mut msg = Message::new();
+        // SAFETY: a live handle held exclusively (`&mut self`); `ids` holds
+        // `ids.len()` readable values and `rows` `ids.len() * dim` where used
+        // (checked above); `removed` and the message buffer are valid; the
+        // plugin keeps no pointer past the call.
+        let code = unsafe {
+            (self.plugin.entry.resident_mutate)(
+                self.ptr.as_ptr(),
+                op,
+                ids.as_ptr(),
+                ids.len(),
+                rows.as_ptr(),
+                dim,
+                &mut removed,
+                msg.buf(),
+            )
+        };
+        msg.check(code)?;
+        Ok(removed)
+    }
+
+    /// `counts.len()` row-major queries of `dim` values under a filter
+    /// (`abi::FILTER_*` with its ids and offsets); query `i`'s hits land at
+    /// `i * stride` in `ids` and `scores`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn search(
+        &self,
+        queries: &[f32],
+        dim: usize,
+        k: usize,
+        filter: (u32, &[u64], &[usize]),
+        stride: usize,
+        ids: &mut [u64],
+        scores: &mut [f32],
+        counts: &mut [usize],
+    ) -> Result<(), CallError> {
+        let nq = counts.len();
+        let (mode, filter_ids, offsets) = filter;
+        let needed_offsets = match mode {
+            abi::FILTER_NONE => 0,
+            abi::FILTER_SHARED => 2,
+            _ => nq + 1,
+        };
+        let room = nq.checked_mul(stride);
+        let enough = room.is_some_and(|r| ids.len() >= r && scores.len() >= r)
+            && nq.checked_mul(dim) == Some(queries.len())
+            && offsets.len() >= needed_offsets;
+        if !enough {
+            return Err((
+                Status::BadArgument,
+                format!(
+                    "search buffers do not match: {nq} queries of {dim} values, stride {stride}, {} values, {} offsets given",
+                    queries.len(),
+                    offsets.len()
+                ),
+            ));
+        }
+        let mut msg = Message::new();
+        // SAFETY: a live handle; `queries` holds `nq * dim` readable values,
+        // `filter_ids` and `offsets` their lengths (at least the entries the
+        // mode reads, checked above), `ids`/`scores` at least `nq * stride`
+        // writable values and `counts` `nq`; the plugin keeps no pointer.
+        let code = unsafe {
+            (self.plugin.entry.resident_search)(
+                self.ptr.as_ptr(),
+                queries.as_ptr(),
+                nq,
+                dim,
+                k,
+                mode,
+                filter_ids.as_ptr(),
+                filter_ids.len(),
+                offsets.as_ptr(),
+                ids.as_mut_ptr(),
+                scores.as_mut_ptr(),
+                stride,
+                counts.as_mut_ptr(),
+                msg.buf(),
+            )
+        };
+        msg.check(code)
+    }
+
+    /// The corpus's counts.
+    pub(crate) fn info(&self) -> Result<ResidentInfoRaw, CallError> {
+        let mut out = ResidentInfoRaw::default();
+        // SAFETY: a live handle and `out` valid for a write.
+        let code = unsafe { (self.plugin.entry.resident_info)(self.ptr.as_ptr(), &mut out) };
+        match Status::from_code(code) {
+            Status::Ok => Ok(out),
+            status => Err((
+                status,
+                "the CUDA plugin could not report its counts".to_owned(),
+            )),
+        }
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `resident_open` and is freed exactly once,
+        // here; `&mut self` means no other call on it is running.
+        unsafe { (self.plugin.entry.resident_free)(self.ptr.as_ptr()) }
     }
 }
 

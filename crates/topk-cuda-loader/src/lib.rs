@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ndarray::ArrayView2;
-use topk_core::{validate, Metric, Neighbor, Retriever};
+use topk_core::{validate, Hit, Metric, Neighbor, Retriever};
 
 pub use error::{EngineErrorKind, LoadError};
 
@@ -54,6 +54,8 @@ use ffi::{CallError, Handle, Plugin};
 /// only its `device`, `max_k`, `max_batch` and `streams` reach the plugin,
 /// everything else keeps the engine's defaults).
 pub use topk_cuda::CudaConfig;
+/// Which rows a [`CudaResident`] search may return.
+pub use topk_cuda::IdFilter;
 
 /// What the driver reports about a device, and which plugin asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -345,6 +347,204 @@ impl Retriever for CudaPlugin {
             }
         };
         Ok(res?)
+    }
+}
+
+/// A mutable GPU-resident corpus inside the plugin
+/// (`topk_cuda::ResidentCorpus`, docs/CONTRACTS.md §10): rows with external
+/// ids, added, upserted and removed on the device, searched exactly with or
+/// without allow-lists. Mutations take `&mut self`; searches `&self`, from
+/// any number of threads.
+#[derive(Debug)]
+pub struct CudaResident {
+    inner: ffi::Resident,
+    dim: usize,
+    metric: Metric,
+    live: usize,
+}
+
+impl CudaResident {
+    /// An empty corpus of `dim`-value rows with device room for `capacity`
+    /// rows before its first growth.
+    ///
+    /// Errors: `dim` out of range ([`LoadError::Input`]), then whatever keeps
+    /// the plugin from loading, then the engine's own.
+    pub fn open(
+        dim: usize,
+        metric: Metric,
+        capacity: usize,
+        config: &CudaConfig,
+    ) -> Result<CudaResident, LoadError> {
+        if dim == 0 {
+            return Err(topk_core::Error::ZeroDimension.into());
+        }
+        if dim > validate::MAX_DIM {
+            return Err(topk_core::Error::DimensionTooLarge {
+                dim,
+                max: validate::MAX_DIM,
+            }
+            .into());
+        }
+        let p = plugin()?;
+        let inner = p
+            .resident_open(
+                dim,
+                metric_code(metric),
+                capacity,
+                &PluginConfig::from_config(config),
+            )
+            .map_err(|e| call_error(p.path(), e))?;
+        Ok(CudaResident {
+            inner,
+            dim,
+            metric,
+            live: 0,
+        })
+    }
+
+    fn fail(&self, e: CallError) -> LoadError {
+        call_error(self.inner.plugin().path(), e)
+    }
+
+    fn mutate(&mut self, op: u32, ids: &[u64], rows: &[f32]) -> Result<usize, LoadError> {
+        let out = self
+            .inner
+            .mutate(op, ids, rows, self.dim)
+            .map_err(|e| self.fail(e));
+        // Whatever happened, the counts are the plugin's.
+        self.live = self.inner.info().map_err(|e| self.fail(e))?.live;
+        out
+    }
+
+    /// Adds rows under new ids, all or nothing (`topk_cuda::ResidentCorpus::add`).
+    pub fn add(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), LoadError> {
+        self.mutate(abi::MUTATE_ADD, ids, rows).map(|_| ())
+    }
+
+    /// Replaces the rows of live ids and adds the others, all or nothing.
+    pub fn upsert(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), LoadError> {
+        self.mutate(abi::MUTATE_UPSERT, ids, rows).map(|_| ())
+    }
+
+    /// Removes ids; returns how many were live.
+    pub fn remove(&mut self, ids: &[u64]) -> Result<usize, LoadError> {
+        self.mutate(abi::MUTATE_REMOVE, ids, &[])
+    }
+
+    /// Drops removed rows from the device (changes no result).
+    pub fn compact(&mut self) -> Result<(), LoadError> {
+        self.mutate(abi::MUTATE_COMPACT, &[], &[]).map(|_| ())
+    }
+
+    /// Live rows.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether no row is live.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The metric searches score with.
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+
+    /// Rows the device buffers hold before the next growth, and rows stored
+    /// (removed ones included).
+    pub fn capacity_and_stored(&self) -> Result<(usize, usize), LoadError> {
+        let info = self.inner.info().map_err(|e| self.fail(e))?;
+        Ok((info.capacity, info.stored))
+    }
+
+    /// The exact top-`k` allowed live rows of each row-major query: at most
+    /// `min(k, allowed)` hits each, by descending score, equal scores by
+    /// ascending id.
+    pub fn search(
+        &self,
+        queries: &[f32],
+        k: usize,
+        filter: IdFilter<'_>,
+    ) -> Result<Vec<Vec<Hit>>, LoadError> {
+        let d = self.dim;
+        let nq = validate::queries_rowmajor(queries, d)?;
+        if k == 0 {
+            return Err(topk_core::Error::ZeroK.into());
+        }
+        if let IdFilter::PerQuery(lists) = filter {
+            if lists.len() != nq {
+                return Err(topk_core::Error::InvalidParameter {
+                    name: "filter",
+                    value: format!("{} lists", lists.len()),
+                    reason: format!("one allow-list per query is needed: {nq} queries"),
+                }
+                .into());
+            }
+        }
+        if nq == 0 {
+            return Ok(Vec::new());
+        }
+        let stride = k.min(self.live);
+        let room = nq.checked_mul(stride).ok_or_else(|| {
+            LoadError::Input(topk_core::Error::InvalidParameter {
+                name: "k",
+                value: k.to_string(),
+                reason: format!("{nq} queries × {stride} results do not fit in memory"),
+            })
+        })?;
+        let (flat, offsets): (Vec<u64>, Vec<usize>);
+        let wire = match filter {
+            IdFilter::All => (abi::FILTER_NONE, &[][..], &[][..]),
+            IdFilter::Shared(ids) => {
+                offsets = vec![0, ids.len()];
+                (abi::FILTER_SHARED, ids, &offsets[..])
+            }
+            IdFilter::PerQuery(lists) => {
+                let mut o = Vec::with_capacity(nq + 1);
+                o.push(0);
+                let mut f = Vec::with_capacity(lists.iter().map(|l| l.len()).sum());
+                for l in lists {
+                    f.extend_from_slice(l);
+                    o.push(f.len());
+                }
+                (flat, offsets) = (f, o);
+                (abi::FILTER_PER_QUERY, &flat[..], &offsets[..])
+            }
+        };
+        let mut ids = vec![0u64; room];
+        let mut scores = vec![0f32; room];
+        let mut counts = vec![0usize; nq];
+        self.inner
+            .search(
+                queries,
+                d,
+                k,
+                wire,
+                stride,
+                &mut ids,
+                &mut scores,
+                &mut counts,
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok(counts
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                let at = i * stride;
+                let c = c.min(stride);
+                ids[at..at + c]
+                    .iter()
+                    .zip(&scores[at..at + c])
+                    .map(|(&id, &s)| Hit::new(id, s))
+                    .collect()
+            })
+            .collect())
     }
 }
 

@@ -6,9 +6,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use topk_cuda::CudaRetriever;
+use topk_cuda::{CudaRetriever, ResidentCorpus};
 use topk_cuda_loader::abi::{
-    self, DeviceSummaryRaw, MessageBuf, PluginConfig, PluginHandle, Status, ABI_VERSION,
+    self, DeviceSummaryRaw, MessageBuf, PluginConfig, PluginHandle, ResidentHandle,
+    ResidentInfoRaw, Status, ABI_VERSION,
 };
 
 use crate::Failure;
@@ -34,6 +35,11 @@ entry_points! {
     SYM_SEARCH: SearchFn = topk_cuda_plugin_search;
     SYM_SEARCH_BATCH: SearchBatchFn = topk_cuda_plugin_search_batch;
     SYM_FREE: FreeFn = topk_cuda_plugin_free;
+    SYM_RESIDENT_OPEN: ResidentOpenFn = topk_cuda_plugin_resident_open;
+    SYM_RESIDENT_MUTATE: ResidentMutateFn = topk_cuda_plugin_resident_mutate;
+    SYM_RESIDENT_SEARCH: ResidentSearchFn = topk_cuda_plugin_resident_search;
+    SYM_RESIDENT_INFO: ResidentInfoFn = topk_cuda_plugin_resident_info;
+    SYM_RESIDENT_FREE: ResidentFreeFn = topk_cuda_plugin_resident_free;
 }
 
 /// Copies `text` into `out` (cut at a character boundary), or nothing when
@@ -92,6 +98,41 @@ unsafe fn engine<'a>(handle: *const PluginHandle) -> Result<&'a CudaRetriever, F
     // by `topk_cuda_plugin_open`, shared (the engine is `Sync`) until freed.
     unsafe { handle.cast::<CudaRetriever>().as_ref() }
         .ok_or_else(|| Failure::bad("null engine handle"))
+}
+
+/// The resident corpus behind a handle, shared.
+///
+/// # Safety
+/// `handle` is null or a live handle from `topk_cuda_plugin_resident_open`.
+unsafe fn resident<'a>(handle: *const ResidentHandle) -> Result<&'a ResidentCorpus, Failure> {
+    // SAFETY: a live handle is a `Box<ResidentCorpus>` turned into a pointer
+    // by `topk_cuda_plugin_resident_open`; searches share it (`Sync`).
+    unsafe { handle.cast::<ResidentCorpus>().as_ref() }
+        .ok_or_else(|| Failure::bad("null resident handle"))
+}
+
+/// The resident corpus behind a handle, exclusively.
+///
+/// # Safety
+/// `handle` is null or live, and no other call on it runs (the ABI's rule
+/// for mutations).
+unsafe fn resident_mut<'a>(handle: *mut ResidentHandle) -> Result<&'a mut ResidentCorpus, Failure> {
+    // SAFETY: as in `resident`, held exclusively for the call (contract).
+    unsafe { handle.cast::<ResidentCorpus>().as_mut() }
+        .ok_or_else(|| Failure::bad("null resident handle"))
+}
+
+/// A slice of `len` values at `ptr`; a null pointer is an empty slice when
+/// `len` is 0 and refused otherwise.
+///
+/// # Safety
+/// `ptr` is null or valid for `len` reads of `T` for `'a`.
+unsafe fn maybe_slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T], Failure> {
+    if ptr.is_null() && len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { slice(ptr, len, what) }
 }
 
 /// A slice of `len` values at `ptr`, refusing a null pointer.
@@ -346,6 +387,194 @@ pub unsafe extern "C" fn topk_cuda_plugin_free(handle: *mut PluginHandle) {
     let _ = catch_unwind(|| drop(unsafe { Box::from_raw(handle.cast::<CudaRetriever>()) }));
 }
 
+/// See `topk_cuda_loader::abi::ResidentOpenFn`.
+///
+/// # Safety
+/// `config` valid for a read, `handle` for a write, `err` as in `abi`.
+#[no_mangle]
+pub unsafe extern "C" fn topk_cuda_plugin_resident_open(
+    dim: usize,
+    metric: u32,
+    capacity: usize,
+    config: *const PluginConfig,
+    handle: *mut *mut ResidentHandle,
+    err: *mut MessageBuf,
+) -> i32 {
+    let run = || {
+        // SAFETY: `config` is null (refused) or valid for a read; `handle`
+        // null (refused) or valid for a write.
+        let (config, out) = unsafe {
+            (
+                *config.as_ref().ok_or_else(|| Failure::bad("null config"))?,
+                handle
+                    .as_mut()
+                    .ok_or_else(|| Failure::bad("null handle out"))?,
+            )
+        };
+        let corpus = crate::resident_open(dim, metric, capacity, config)?;
+        *out = Box::into_raw(Box::new(corpus)).cast::<ResidentHandle>();
+        Ok(())
+    };
+    // SAFETY: `err` is null or a valid message buffer (contract).
+    unsafe { guarded(err, run) }
+}
+
+/// See `topk_cuda_loader::abi::ResidentMutateFn`.
+///
+/// # Safety
+/// `handle` null or live and held exclusively; `ids` valid for `n` reads;
+/// `rows` for `n * dim` reads where the operation uses them; `removed` null
+/// or valid for a write; `err` as in `abi`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn topk_cuda_plugin_resident_mutate(
+    handle: *mut ResidentHandle,
+    op: u32,
+    ids: *const u64,
+    n: usize,
+    rows: *const f32,
+    dim: usize,
+    removed: *mut usize,
+    err: *mut MessageBuf,
+) -> i32 {
+    let run = || {
+        if !crate::COMPILED {
+            return Err(Failure::not_compiled());
+        }
+        let uses_rows = matches!(op, abi::MUTATE_ADD | abi::MUTATE_UPSERT);
+        let values = if uses_rows {
+            product(n, dim, "row values")?
+        } else {
+            0
+        };
+        let n_ids = if op == abi::MUTATE_COMPACT { 0 } else { n };
+        // SAFETY: each pointer is null (refused unless its length is 0) or
+        // valid for the length the contract gives it; the handle is held
+        // exclusively.
+        let (corpus, ids, rows, removed) = unsafe {
+            (
+                resident_mut(handle)?,
+                maybe_slice(ids, n_ids, "ids")?,
+                maybe_slice(rows, values, "rows")?,
+                removed.as_mut(),
+            )
+        };
+        let count = crate::resident_mutate(corpus, op, ids, rows)?;
+        if let Some(r) = removed {
+            *r = count;
+        }
+        Ok(())
+    };
+    // SAFETY: `err` is null or a valid message buffer (contract).
+    unsafe { guarded(err, run) }
+}
+
+/// See `topk_cuda_loader::abi::ResidentSearchFn`.
+///
+/// # Safety
+/// `handle` null or live; `queries` valid for `nq * dim` reads;
+/// `filter_ids` for `filter_len` reads and `filter_offsets` for the entries
+/// the mode needs (both may be null under `FILTER_NONE`); `ids` and `scores`
+/// for `nq * stride` writes each; `counts` for `nq` writes; `err` as in `abi`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn topk_cuda_plugin_resident_search(
+    handle: *const ResidentHandle,
+    queries: *const f32,
+    nq: usize,
+    dim: usize,
+    k: usize,
+    filter_mode: u32,
+    filter_ids: *const u64,
+    filter_len: usize,
+    filter_offsets: *const usize,
+    ids: *mut u64,
+    scores: *mut f32,
+    stride: usize,
+    counts: *mut usize,
+    err: *mut MessageBuf,
+) -> i32 {
+    let run = || {
+        if !crate::COMPILED {
+            return Err(Failure::not_compiled());
+        }
+        let values = product(nq, dim, "query values")?;
+        let room = product(nq, stride, "result slots")?;
+        let n_offsets = match filter_mode {
+            abi::FILTER_NONE => 0,
+            abi::FILTER_SHARED => 2,
+            abi::FILTER_PER_QUERY => nq + 1,
+            other => return Err(Failure::bad(format!("unknown filter mode {other}"))),
+        };
+        let filter_len = if filter_mode == abi::FILTER_NONE {
+            0
+        } else {
+            filter_len
+        };
+        // SAFETY: each pointer is null (refused unless its length is 0) or
+        // valid for the length the contract gives it.
+        let (corpus, queries, filter_ids, offsets, ids, scores, counts) = unsafe {
+            (
+                resident(handle)?,
+                maybe_slice(queries, values, "queries")?,
+                maybe_slice(filter_ids, filter_len, "filter ids")?,
+                maybe_slice(filter_offsets, n_offsets, "filter offsets")?,
+                slice_mut(ids, room, "ids")?,
+                slice_mut(scores, room, "scores")?,
+                slice_mut(counts, nq, "counts")?,
+            )
+        };
+        let filter = crate::Filter {
+            mode: filter_mode,
+            ids: filter_ids,
+            offsets,
+        };
+        crate::resident_search(corpus, queries, k, &filter, stride, ids, scores, counts)
+    };
+    // SAFETY: `err` is null or a valid message buffer (contract).
+    unsafe { guarded(err, run) }
+}
+
+/// See `topk_cuda_loader::abi::ResidentInfoFn`.
+///
+/// # Safety
+/// `handle` null or live; `out` null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn topk_cuda_plugin_resident_info(
+    handle: *const ResidentHandle,
+    out: *mut ResidentInfoRaw,
+) -> i32 {
+    let run = || {
+        // SAFETY: null (refused) or live / valid for a write (contract).
+        let (corpus, out) = unsafe {
+            (
+                resident(handle)?,
+                out.as_mut().ok_or_else(|| Failure::bad("null info out"))?,
+            )
+        };
+        *out = crate::resident_info(corpus);
+        Ok(())
+    };
+    // SAFETY: no message buffer.
+    unsafe { guarded(std::ptr::null_mut(), run) }
+}
+
+/// Frees a resident corpus; a null handle is ignored.
+///
+/// # Safety
+/// `handle` is null or live, and no other call on it runs or follows.
+#[no_mangle]
+pub unsafe extern "C" fn topk_cuda_plugin_resident_free(handle: *mut ResidentHandle) {
+    if handle.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: a live handle is a boxed `ResidentCorpus` from
+        // `topk_cuda_plugin_resident_open`, freed once, here (contract).
+        drop(unsafe { Box::from_raw(handle.cast::<ResidentCorpus>()) });
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,7 +589,7 @@ mod tests {
 
     #[test]
     fn entry_points_carry_the_abi_names() {
-        assert_eq!(ENTRY_POINTS.len(), 10);
+        assert_eq!(ENTRY_POINTS.len(), 15);
         for (sym, name) in ENTRY_POINTS {
             assert_eq!(*sym, name.as_bytes());
         }

@@ -16,9 +16,12 @@
 mod ffi;
 
 use ndarray::ArrayView2;
+use topk_core::Hit;
 use topk_core::Neighbor;
-use topk_cuda::{CudaError, CudaRetriever};
-use topk_cuda_loader::abi::{self, metric_from_code, DeviceSummaryRaw, PluginConfig, Status};
+use topk_cuda::{CudaError, CudaRetriever, IdFilter, ResidentCorpus};
+use topk_cuda_loader::abi::{
+    self, metric_code, metric_from_code, DeviceSummaryRaw, PluginConfig, ResidentInfoRaw, Status,
+};
 
 /// Whether this build has the engine.
 const COMPILED: bool = cfg!(feature = "cuda");
@@ -178,6 +181,126 @@ fn search_batch(
         *count = hits.len();
     }
     Ok(())
+}
+
+/// An empty mutable resident corpus.
+fn resident_open(
+    dim: usize,
+    metric: u32,
+    capacity: usize,
+    config: PluginConfig,
+) -> Result<ResidentCorpus, Failure> {
+    if !COMPILED {
+        return Err(Failure::not_compiled());
+    }
+    let metric = metric_from_code(metric)
+        .ok_or_else(|| Failure::bad(format!("unknown metric code {metric}")))?;
+    Ok(ResidentCorpus::new(
+        dim,
+        metric,
+        config.to_config(),
+        capacity,
+    )?)
+}
+
+/// One mutation; returns the ids a removal found live (0 otherwise).
+fn resident_mutate(
+    corpus: &mut ResidentCorpus,
+    op: u32,
+    ids: &[u64],
+    rows: &[f32],
+) -> Result<usize, Failure> {
+    match op {
+        abi::MUTATE_ADD => corpus.add(ids, rows).map(|()| 0),
+        abi::MUTATE_UPSERT => corpus.upsert(ids, rows).map(|()| 0),
+        abi::MUTATE_REMOVE => corpus.remove(ids),
+        abi::MUTATE_COMPACT => corpus.compact().map(|()| 0),
+        other => return Err(Failure::bad(format!("unknown mutation {other}"))),
+    }
+    .map_err(Failure::from)
+}
+
+/// A search's allow-lists as the ABI passes them.
+struct Filter<'a> {
+    mode: u32,
+    ids: &'a [u64],
+    offsets: &'a [usize],
+}
+
+impl Filter<'_> {
+    /// The list `offsets[i]..offsets[i + 1]` of `ids`, checked.
+    fn list(&self, i: usize) -> Result<&[u64], Failure> {
+        let (a, b) = (self.offsets[i], self.offsets[i + 1]);
+        self.ids.get(a..b).ok_or_else(|| {
+            Failure::bad(format!(
+                "filter offsets {a}..{b} outside the {} filter ids",
+                self.ids.len()
+            ))
+        })
+    }
+}
+
+/// Searches into the caller's buffers; query `i`'s hits at `i * stride`.
+#[allow(clippy::too_many_arguments)]
+fn resident_search(
+    corpus: &ResidentCorpus,
+    queries: &[f32],
+    k: usize,
+    filter: &Filter<'_>,
+    stride: usize,
+    ids: &mut [u64],
+    scores: &mut [f32],
+    counts: &mut [usize],
+) -> Result<(), Failure> {
+    let nq = counts.len();
+    let lists;
+    let spec = match filter.mode {
+        abi::FILTER_SHARED => IdFilter::Shared(filter.list(0)?),
+        abi::FILTER_PER_QUERY => {
+            lists = (0..nq)
+                .map(|i| filter.list(i))
+                .collect::<Result<Vec<_>, _>>()?;
+            IdFilter::PerQuery(&lists)
+        }
+        _ => IdFilter::All,
+    };
+    let results = corpus.search(queries, k, spec)?;
+    let rows = ids
+        .chunks_mut(stride.max(1))
+        .zip(scores.chunks_mut(stride.max(1)));
+    for ((hits, count), (id_row, score_row)) in results.iter().zip(counts.iter_mut()).zip(rows) {
+        write_id_hits(hits, id_row, score_row)?;
+        *count = hits.len();
+    }
+    Ok(())
+}
+
+/// Copies id hits into the caller's buffers.
+fn write_id_hits(hits: &[Hit], ids: &mut [u64], scores: &mut [f32]) -> Result<(), Failure> {
+    if hits.len() > ids.len() || hits.len() > scores.len() {
+        return Err(Failure::bad(format!(
+            "{} results do not fit in buffers of {} and {} entries",
+            hits.len(),
+            ids.len(),
+            scores.len()
+        )));
+    }
+    for (h, (i, s)) in hits.iter().zip(ids.iter_mut().zip(scores.iter_mut())) {
+        *i = h.id;
+        *s = h.score;
+    }
+    Ok(())
+}
+
+/// The counts of a resident corpus.
+fn resident_info(corpus: &ResidentCorpus) -> ResidentInfoRaw {
+    ResidentInfoRaw {
+        live: corpus.len(),
+        stored: corpus.stored(),
+        capacity: corpus.capacity(),
+        dim: corpus.dim(),
+        metric: metric_code(corpus.metric()),
+    }
 }
 
 #[cfg(test)]
