@@ -38,11 +38,13 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
     }
 }
 
-// Score i of query q (row q of nq rows of n scores) becomes -inf where bit i
+// Score i of query q (row q of nq rows of n scores) becomes NaN where bit i
 // of the query's allow set is clear: words + q * stride, 64 rows a word
-// (stride 0: one set for every query). -inf ranks below every finite score
-// (docs/CONTRACTS.md §3) and the host asks for at most as many results as
-// rows are allowed, so a hidden row never reaches a result.
+// (stride 0: one set for every query). NaN's ordered bits are 0, below every
+// score -inf included (docs/CONTRACTS.md §3), and the host asks for at most
+// as many results as rows are allowed, so a hidden row never reaches a
+// result. The same pass hides rows from the filtered batch's lower bounds:
+// a NaN bound is never listed (filter.cu).
 extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
     topk_mask_scores(float* __restrict__ scores, unsigned n, unsigned nq,
                      const unsigned long long* __restrict__ words, unsigned stride) {
@@ -53,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
         const unsigned r = (unsigned)(i - q * n);
         const unsigned long long w = words[q * stride + r / 64u];
         if (((w >> (r % 64u)) & 1ull) == 0ull) {
-            scores[i] = __int_as_float(0xff800000);
+            scores[i] = __int_as_float(0x7fc00000);
         }
     }
 }

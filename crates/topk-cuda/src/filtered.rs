@@ -26,6 +26,22 @@ impl Engine {
         nq: usize,
         k: usize,
     ) -> Result<(), CudaError> {
+        self.enqueue_filtered_masked(slot, queries, first, nq, k, None)
+    }
+
+    /// [`Self::enqueue_filtered`] with the rows outside `allow` (one bitset
+    /// for every query, 64 rows a word) hidden from the lower bounds, so that
+    /// only allowed rows are selected, listed and rescored (the mutable
+    /// resident corpus; `k` at most the allowed rows).
+    pub(crate) fn enqueue_filtered_masked(
+        &self,
+        slot: &Slot,
+        queries: DevSlice<'_, f32>,
+        first: usize,
+        nq: usize,
+        k: usize,
+        allow: Option<DevSlice<'_, u64>>,
+    ) -> Result<(), CudaError> {
         let s = Queue::Stream(slot.stream.as_inner());
         let chunks = self.sizes.turn_chunks();
         let ci = first / self.sizes.chunk;
@@ -40,6 +56,9 @@ impl Engine {
         let (k32, metric, ks) = (k as u32, self.metric(), &self.kernels);
         ks.norms(s, queries, ops.nq, ops.d, ops.qnorm)?;
         ks.approx(s, metric, &ops)?;
+        if let Some(words) = allow {
+            ks.mask_scores(s, ops.scores, ops.n, ops.nq, words, 0)?;
+        }
         ks.hist(s, &bufs, ops.n, ops.nq, k32)?;
         ks.gather(s, &bufs, ops.n, ops.nq, k32)?;
         ks.filter(s, metric, &ops, bufs.out, k32, &lists)?;

@@ -14,9 +14,11 @@
 //! [`ResidentCorpus::compact`] (or a merge) drops them. A search that must
 //! skip rows (removed ones, or rows outside its filter) either scores only
 //! the allowed rows (a list, when they are at most [`GATHER_FRACTION`] of the
-//! stored rows) or scores every row and sets the excluded ones to -inf before
-//! the selection (a bitset), asking for at most as many results as rows are
-//! allowed; no excluded row reaches a result either way.
+//! stored rows) or scores every row and sets the excluded ones to NaN before
+//! the selection (a bitset; NaN ranks below every score, -inf included),
+//! asking for at most as many results as rows are allowed; no excluded row
+//! reaches a result either way. Batches large enough for the engine's
+//! filtered path hide the excluded rows from its lower bounds the same way.
 
 use cust::memory::DeviceBuffer;
 use topk_core::{validate, Hit, Metric, Neighbor, MAX_ID};
@@ -374,20 +376,70 @@ impl ResidentCorpus {
         for part in queries.chunks(chunk * d) {
             let cq = part.len() / d;
             Engine::stage_queries(slot, part)?;
+            if e.planner.filtered(k, cq) && self.bounded_chunk(slot, cq, k, &allowed, &mut out)? {
+                continue;
+            }
             let s = Queue::Stream(slot.stream.as_inner());
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);
             e.enqueue_scores(s, &ops, None)?;
-            let words_dev = match allowed {
-                Allowed::Rows(_) => DevSlice::of(&slot.allow),
-                _ => DevSlice::of(&self.live_dev),
-            };
+            let words_dev = self.allow_words(slot, &allowed);
             let scores = DevSlice::of(&slot.scores);
             e.kernels
                 .mask_scores(s, scores, n as u32, cq as u32, words_dev, 0)?;
             self.select_chunk(slot, n, cq, k, &mut out, |row| row)?;
         }
         Ok(out)
+    }
+
+    /// The device bitset of the allowed rows: the slot's allow set for a
+    /// filter, the live rows otherwise.
+    fn allow_words<'s>(&'s self, slot: &'s Slot, allowed: &Allowed<'_>) -> DevSlice<'s, u64> {
+        match allowed {
+            Allowed::Rows(_) => DevSlice::of(&slot.allow),
+            _ => DevSlice::of(&self.live_dev),
+        }
+    }
+
+    /// The engine's filtered path (tensor-core lower bounds, listing,
+    /// canonical rescoring) for a staged chunk of `cq` queries, the excluded
+    /// rows hidden from the bounds. Appends the chunk's answers and says true,
+    /// or says false (nothing appended) where the bounds did not separate
+    /// the top K and the chunk must take the canonical path.
+    fn bounded_chunk(
+        &self,
+        slot: &mut Slot,
+        cq: usize,
+        k: usize,
+        allowed: &Allowed<'_>,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> Result<bool, CudaError> {
+        let e = &self.engine;
+        let d = self.dim();
+        {
+            let stream = slot.stream.as_inner();
+            launch::zero32(stream, DevSlice::of(&slot.fcount))?;
+            let qv = slot.queries_at(d, 0, cq)?;
+            let words = self.allow_words(slot, allowed);
+            e.enqueue_filtered_masked(slot, qv, 0, cq, k, Some(words))?;
+            let counts = DevSlice::of(&slot.fcount);
+            launch::d2h(Queue::Stream(stream), &mut slot.fcount_host, counts)?;
+        }
+        Engine::fetch_results(slot, cq, k)?;
+        let finished = (0..cq).all(|qi| slot.out_host.as_slice()[qi * (k + 1)].index == STATUS_OK);
+        if slot.fcount_host.as_slice()[0] != 0 || !finished {
+            e.reruns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(false);
+        }
+        for qi in 0..cq {
+            let row = &slot.out_host.as_slice()[qi * (k + 1)..(qi + 1) * (k + 1)];
+            let found: Vec<Neighbor> = row[1..]
+                .iter()
+                .map(|r| Neighbor::new(r.index, r.score))
+                .collect();
+            out.push(self.hits(&found, |row| row));
+        }
+        Ok(true)
     }
 
     /// Scores only the listed rows (ascending), selects `k` among them.

@@ -81,8 +81,8 @@ impl Kernels {
         unsafe { launch.run(q, &mut args) }
     }
 
-    /// Sets score `i` of each of `nq` rows of `n` scores to -inf where bit
-    /// `i` of that query's allow set (`words`, `stride` words apart; 0: one
+    /// Sets score `i` of each of `nq` rows of `n` scores to NaN (below every
+    /// score in the §3 order) where bit `i` of that query's allow set (`words`, `stride` words apart; 0: one
     /// set for all) is clear.
     pub(crate) fn mask_scores(
         &self,
