@@ -89,3 +89,30 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
 TOPK_SCORE_LIST_KERNEL(dot, TOPK_DOT)
 TOPK_SCORE_LIST_KERNEL(cosine, TOPK_COSINE)
 TOPK_SCORE_LIST_KERNEL(l2, TOPK_L2)
+
+// The input rules (docs/CONTRACTS.md §4) for nq queries of d values already on
+// the device, a warp per query: a non-finite value, or a squared norm above
+// 2^100 summed in double, sets *bad to the smallest such query (it starts at
+// 0xffffffff).
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_check_queries(const float* __restrict__ q, unsigned nq, unsigned d,
+                       unsigned* __restrict__ bad) {
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    for (size_t qi = (size_t)blockIdx.x * SCORE_WARPS + threadIdx.x / TOPK_WARP; qi < nq;
+         qi += (size_t)gridDim.x * SCORE_WARPS) {
+        double sq = 0.0;
+        bool finite = true;
+        for (unsigned j = lane; j < d; j += TOPK_WARP) {
+            const float v = q[qi * d + j];
+            finite = finite && isfinite(v);
+            sq += (double)v * (double)v;
+        }
+        for (int s = 16; s > 0; s >>= 1) {
+            sq += __shfl_xor_sync(TOPK_FULL_MASK, sq, s);
+        }
+        finite = __all_sync(TOPK_FULL_MASK, finite);
+        if (lane == 0 && (!finite || sq > 0x1p100)) {
+            atomicMin(bad, (unsigned)qi);
+        }
+    }
+}

@@ -65,6 +65,8 @@ pub const SYM_RESIDENT_OPEN: &[u8] = b"topk_cuda_plugin_resident_open\0";
 pub const SYM_RESIDENT_MUTATE: &[u8] = b"topk_cuda_plugin_resident_mutate\0";
 /// Symbol of [`ResidentSearchFn`].
 pub const SYM_RESIDENT_SEARCH: &[u8] = b"topk_cuda_plugin_resident_search\0";
+/// Symbol of [`ResidentSearchDeviceFn`].
+pub const SYM_RESIDENT_SEARCH_DEVICE: &[u8] = b"topk_cuda_plugin_resident_search_device\0";
 /// Symbol of [`ResidentInfoFn`].
 pub const SYM_RESIDENT_INFO: &[u8] = b"topk_cuda_plugin_resident_info\0";
 /// Symbol of [`ResidentFreeFn`].
@@ -206,6 +208,33 @@ pub type ResidentSearchFn = unsafe extern "C" fn(
     nq: usize,
     dim: usize,
     k: usize,
+    filter_mode: u32,
+    filter_ids: *const u64,
+    filter_len: usize,
+    filter_offsets: *const usize,
+    ids: *mut u64,
+    scores: *mut f32,
+    stride: usize,
+    counts: *mut usize,
+    err: *mut MessageBuf,
+) -> i32;
+
+/// `i32 topk_cuda_plugin_resident_search_device(const ResidentHandle *,
+/// u64 queries, size_t nq, size_t dim, size_t k, u64 stream, u32
+/// filter_mode, const u64 *filter_ids, size_t filter_len, const size_t
+/// *filter_offsets, u64 *ids, float *scores, size_t stride, size_t *counts,
+/// MessageBuf *err)`: as [`ResidentSearchFn`], the queries being `nq × dim`
+/// floats at the device address `queries` (memory of this process's CUDA
+/// context, which must stay allocated for the call), read after the work
+/// queued on the raw `CUstream` `stream` (0: the default stream). The plugin
+/// checks the address with the driver and the values on the device.
+pub type ResidentSearchDeviceFn = unsafe extern "C" fn(
+    handle: *const ResidentHandle,
+    queries: u64,
+    nq: usize,
+    dim: usize,
+    k: usize,
+    stream: u64,
     filter_mode: u32,
     filter_ids: *const u64,
     filter_len: usize,
@@ -509,6 +538,7 @@ mod tests {
             SYM_RESIDENT_OPEN,
             SYM_RESIDENT_MUTATE,
             SYM_RESIDENT_SEARCH,
+            SYM_RESIDENT_SEARCH_DEVICE,
             SYM_RESIDENT_INFO,
             SYM_RESIDENT_FREE,
         ] {

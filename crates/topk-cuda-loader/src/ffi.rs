@@ -8,8 +8,8 @@ use std::sync::Arc;
 use crate::abi::{
     self, AbiVersionFn, DeviceNameFn, DeviceSummaryFn, DeviceSummaryRaw, FreeFn, MessageBuf,
     MetricFn, OpenFn, PluginConfig, PluginHandle, ResidentFreeFn, ResidentHandle, ResidentInfoFn,
-    ResidentInfoRaw, ResidentMutateFn, ResidentOpenFn, ResidentSearchFn, SearchBatchFn, SearchFn,
-    SizeFn, Status, ABI_VERSION, DRIVER_LIBRARY,
+    ResidentInfoRaw, ResidentMutateFn, ResidentOpenFn, ResidentSearchDeviceFn, ResidentSearchFn,
+    SearchBatchFn, SearchFn, SizeFn, Status, ABI_VERSION, DRIVER_LIBRARY,
 };
 use crate::LoadError;
 
@@ -33,6 +33,7 @@ struct Entry {
     resident_open: ResidentOpenFn,
     resident_mutate: ResidentMutateFn,
     resident_search: ResidentSearchFn,
+    resident_search_device: ResidentSearchDeviceFn,
     resident_info: ResidentInfoFn,
     resident_free: ResidentFreeFn,
 }
@@ -116,6 +117,7 @@ impl Plugin {
             resident_open: symbol(&lib, path, abi::SYM_RESIDENT_OPEN)?,
             resident_mutate: symbol(&lib, path, abi::SYM_RESIDENT_MUTATE)?,
             resident_search: symbol(&lib, path, abi::SYM_RESIDENT_SEARCH)?,
+            resident_search_device: symbol(&lib, path, abi::SYM_RESIDENT_SEARCH_DEVICE)?,
             resident_info: symbol(&lib, path, abi::SYM_RESIDENT_INFO)?,
             resident_free: symbol(&lib, path, abi::SYM_RESIDENT_FREE)?,
         };
@@ -321,6 +323,66 @@ impl Resident {
                 nq,
                 dim,
                 k,
+                mode,
+                filter_ids.as_ptr(),
+                filter_ids.len(),
+                offsets.as_ptr(),
+                ids.as_mut_ptr(),
+                scores.as_mut_ptr(),
+                stride,
+                counts.as_mut_ptr(),
+                msg.buf(),
+            )
+        };
+        msg.check(code)
+    }
+
+    /// As [`Self::search`], the `counts.len()` queries of `dim` values being
+    /// at the device address `queries`, read after the work queued on the
+    /// raw CUDA stream `stream`. The plugin checks the address and the
+    /// values; the memory must stay allocated for the call.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn search_device(
+        &self,
+        queries: u64,
+        dim: usize,
+        k: usize,
+        stream: u64,
+        filter: (u32, &[u64], &[usize]),
+        stride: usize,
+        ids: &mut [u64],
+        scores: &mut [f32],
+        counts: &mut [usize],
+    ) -> Result<(), CallError> {
+        let nq = counts.len();
+        let (mode, filter_ids, offsets) = filter;
+        let needed_offsets = match mode {
+            abi::FILTER_NONE => 0,
+            abi::FILTER_SHARED => 2,
+            _ => nq + 1,
+        };
+        let room = nq.checked_mul(stride);
+        let enough = room.is_some_and(|r| ids.len() >= r && scores.len() >= r)
+            && offsets.len() >= needed_offsets;
+        if !enough {
+            return Err((
+                Status::BadArgument,
+                format!("search buffers do not match: {nq} queries, stride {stride}"),
+            ));
+        }
+        let mut msg = Message::new();
+        // SAFETY: a live handle; `filter_ids` and `offsets` hold their
+        // lengths (at least the entries the mode reads), `ids`/`scores` at
+        // least `nq * stride` writable values and `counts` `nq`; the plugin
+        // checks the device address with the driver and keeps no pointer.
+        let code = unsafe {
+            (self.plugin.entry.resident_search_device)(
+                self.ptr.as_ptr(),
+                queries,
+                nq,
+                dim,
+                k,
+                stream,
                 mode,
                 filter_ids.as_ptr(),
                 filter_ids.len(),

@@ -350,6 +350,13 @@ impl Retriever for CudaPlugin {
     }
 }
 
+/// Where a resident search's queries are.
+#[derive(Clone, Copy)]
+enum Queries<'a> {
+    Host(&'a [f32]),
+    Device { queries: u64, stream: u64 },
+}
+
 /// A mutable GPU-resident corpus inside the plugin
 /// (`topk_cuda::ResidentCorpus`, docs/CONTRACTS.md §10): rows with external
 /// ids, added, upserted and removed on the device, searched exactly with or
@@ -472,8 +479,38 @@ impl CudaResident {
         k: usize,
         filter: IdFilter<'_>,
     ) -> Result<Vec<Vec<Hit>>, LoadError> {
+        let nq = validate::queries_rowmajor(queries, self.dim)?;
+        self.search_on(Queries::Host(queries), nq, k, filter)
+    }
+
+    /// As [`Self::search`], for `nq` queries of D floats already in device
+    /// memory at `queries` (an address of this process's CUDA context, as
+    /// torch's `data_ptr()` gives), read on the device with no copy through
+    /// the host, after the work queued on the raw CUDA stream `stream` (0:
+    /// the default stream). The driver checks that the address lies in a
+    /// device allocation long enough for the queries, and the engine checks
+    /// their values by docs/CONTRACTS.md §4; the memory must stay allocated
+    /// and unchanged for the call (freed memory would be read as garbage or
+    /// fault the device, never host memory).
+    pub fn search_device(
+        &self,
+        queries: u64,
+        nq: usize,
+        k: usize,
+        filter: IdFilter<'_>,
+        stream: u64,
+    ) -> Result<Vec<Vec<Hit>>, LoadError> {
+        self.search_on(Queries::Device { queries, stream }, nq, k, filter)
+    }
+
+    fn search_on(
+        &self,
+        source: Queries<'_>,
+        nq: usize,
+        k: usize,
+        filter: IdFilter<'_>,
+    ) -> Result<Vec<Vec<Hit>>, LoadError> {
         let d = self.dim;
-        let nq = validate::queries_rowmajor(queries, d)?;
         if k == 0 {
             return Err(topk_core::Error::ZeroK.into());
         }
@@ -520,8 +557,8 @@ impl CudaResident {
         let mut ids = vec![0u64; room];
         let mut scores = vec![0f32; room];
         let mut counts = vec![0usize; nq];
-        self.inner
-            .search(
+        match source {
+            Queries::Host(queries) => self.inner.search(
                 queries,
                 d,
                 k,
@@ -530,8 +567,20 @@ impl CudaResident {
                 &mut ids,
                 &mut scores,
                 &mut counts,
-            )
-            .map_err(|e| self.fail(e))?;
+            ),
+            Queries::Device { queries, stream } => self.inner.search_device(
+                queries,
+                d,
+                k,
+                stream,
+                wire,
+                stride,
+                &mut ids,
+                &mut scores,
+                &mut counts,
+            ),
+        }
+        .map_err(|e| self.fail(e))?;
         Ok(counts
             .iter()
             .enumerate()

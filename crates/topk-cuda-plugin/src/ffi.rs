@@ -38,6 +38,7 @@ entry_points! {
     SYM_RESIDENT_OPEN: ResidentOpenFn = topk_cuda_plugin_resident_open;
     SYM_RESIDENT_MUTATE: ResidentMutateFn = topk_cuda_plugin_resident_mutate;
     SYM_RESIDENT_SEARCH: ResidentSearchFn = topk_cuda_plugin_resident_search;
+    SYM_RESIDENT_SEARCH_DEVICE: ResidentSearchDeviceFn = topk_cuda_plugin_resident_search_device;
     SYM_RESIDENT_INFO: ResidentInfoFn = topk_cuda_plugin_resident_info;
     SYM_RESIDENT_FREE: ResidentFreeFn = topk_cuda_plugin_resident_free;
 }
@@ -535,6 +536,80 @@ pub unsafe extern "C" fn topk_cuda_plugin_resident_search(
     unsafe { guarded(err, run) }
 }
 
+/// See `topk_cuda_loader::abi::ResidentSearchDeviceFn`.
+///
+/// # Safety
+/// As `topk_cuda_plugin_resident_search`, except that `queries` is a device
+/// address whose `nq * dim` floats stay allocated for the call (the driver
+/// checks the address and the extent).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn topk_cuda_plugin_resident_search_device(
+    handle: *const ResidentHandle,
+    queries: u64,
+    nq: usize,
+    dim: usize,
+    k: usize,
+    stream: u64,
+    filter_mode: u32,
+    filter_ids: *const u64,
+    filter_len: usize,
+    filter_offsets: *const usize,
+    ids: *mut u64,
+    scores: *mut f32,
+    stride: usize,
+    counts: *mut usize,
+    err: *mut MessageBuf,
+) -> i32 {
+    let run = || {
+        if !crate::COMPILED {
+            return Err(Failure::not_compiled());
+        }
+        let room = product(nq, stride, "result slots")?;
+        let n_offsets = match filter_mode {
+            abi::FILTER_NONE => 0,
+            abi::FILTER_SHARED => 2,
+            abi::FILTER_PER_QUERY => nq + 1,
+            other => return Err(Failure::bad(format!("unknown filter mode {other}"))),
+        };
+        let filter_len = if filter_mode == abi::FILTER_NONE {
+            0
+        } else {
+            filter_len
+        };
+        // SAFETY: each host pointer is null (refused unless its length is 0)
+        // or valid for the length the contract gives it.
+        let (corpus, filter_ids, offsets, ids, scores, counts) = unsafe {
+            (
+                resident(handle)?,
+                maybe_slice(filter_ids, filter_len, "filter ids")?,
+                maybe_slice(filter_offsets, n_offsets, "filter offsets")?,
+                slice_mut(ids, room, "ids")?,
+                slice_mut(scores, room, "scores")?,
+                slice_mut(counts, nq, "counts")?,
+            )
+        };
+        let filter = crate::Filter {
+            mode: filter_mode,
+            ids: filter_ids,
+            offsets,
+        };
+        if corpus.dim() != dim {
+            return Err(Failure::bad(format!(
+                "device queries of D = {dim} for a corpus of D = {}",
+                corpus.dim()
+            )));
+        }
+        let spec = crate::filter_spec(&filter, nq)?;
+        // SAFETY: the caller keeps the queries allocated for the call
+        // (contract); the engine checks the address and the extent.
+        let results = unsafe { corpus.search_device(queries, nq, k, spec.as_filter(), stream) }?;
+        crate::write_results(&results, stride, ids, scores, counts)
+    };
+    // SAFETY: `err` is null or a valid message buffer (contract).
+    unsafe { guarded(err, run) }
+}
+
 /// See `topk_cuda_loader::abi::ResidentInfoFn`.
 ///
 /// # Safety
@@ -589,7 +664,7 @@ mod tests {
 
     #[test]
     fn entry_points_carry_the_abi_names() {
-        assert_eq!(ENTRY_POINTS.len(), 15);
+        assert_eq!(ENTRY_POINTS.len(), 16);
         for (sym, name) in ENTRY_POINTS {
             assert_eq!(*sym, name.as_bytes());
         }

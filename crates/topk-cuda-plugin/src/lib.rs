@@ -227,9 +227,9 @@ struct Filter<'a> {
     offsets: &'a [usize],
 }
 
-impl Filter<'_> {
+impl<'a> Filter<'a> {
     /// The list `offsets[i]..offsets[i + 1]` of `ids`, checked.
-    fn list(&self, i: usize) -> Result<&[u64], Failure> {
+    fn list(&self, i: usize) -> Result<&'a [u64], Failure> {
         let (a, b) = (self.offsets[i], self.offsets[i + 1]);
         self.ids.get(a..b).ok_or_else(|| {
             Failure::bad(format!(
@@ -252,19 +252,49 @@ fn resident_search(
     scores: &mut [f32],
     counts: &mut [usize],
 ) -> Result<(), Failure> {
-    let nq = counts.len();
-    let lists;
-    let spec = match filter.mode {
-        abi::FILTER_SHARED => IdFilter::Shared(filter.list(0)?),
-        abi::FILTER_PER_QUERY => {
-            lists = (0..nq)
-                .map(|i| filter.list(i))
-                .collect::<Result<Vec<_>, _>>()?;
-            IdFilter::PerQuery(&lists)
+    let spec = filter_spec(filter, counts.len())?;
+    let results = corpus.search(queries, k, spec.as_filter())?;
+    write_results(&results, stride, ids, scores, counts)
+}
+
+/// A search's allow-lists, borrowed from the ABI's buffers.
+enum Spec<'a> {
+    All,
+    Shared(&'a [u64]),
+    PerQuery(Vec<&'a [u64]>),
+}
+
+impl Spec<'_> {
+    fn as_filter(&self) -> IdFilter<'_> {
+        match self {
+            Spec::All => IdFilter::All,
+            Spec::Shared(ids) => IdFilter::Shared(ids),
+            Spec::PerQuery(lists) => IdFilter::PerQuery(lists),
         }
-        _ => IdFilter::All,
-    };
-    let results = corpus.search(queries, k, spec)?;
+    }
+}
+
+/// The allow-lists of `nq` queries as the ABI passed them.
+fn filter_spec<'a>(filter: &Filter<'a>, nq: usize) -> Result<Spec<'a>, Failure> {
+    Ok(match filter.mode {
+        abi::FILTER_SHARED => Spec::Shared(filter.list(0)?),
+        abi::FILTER_PER_QUERY => Spec::PerQuery(
+            (0..nq)
+                .map(|i| filter.list(i))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        _ => Spec::All,
+    })
+}
+
+/// Each query's hits into the caller's buffers at `i * stride`.
+fn write_results(
+    results: &[Vec<Hit>],
+    stride: usize,
+    ids: &mut [u64],
+    scores: &mut [f32],
+    counts: &mut [usize],
+) -> Result<(), Failure> {
     let rows = ids
         .chunks_mut(stride.max(1))
         .zip(scores.chunks_mut(stride.max(1)));

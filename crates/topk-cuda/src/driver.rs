@@ -237,3 +237,98 @@ pub(crate) fn read_header(buf: &LockedBuffer<DevNeighbor>) -> u32 {
     // volatile read sees each new value the device writes.
     unsafe { std::ptr::read_volatile(header) }
 }
+
+/// A view of `len` values of `T` at the device address `ptr`, memory
+/// another library allocated (a torch or CuPy tensor), after checking with
+/// the driver that `ptr` lies in device memory and that `len` values from it
+/// stay inside that allocation. The caller keeps the allocation alive while
+/// the view is used.
+pub(crate) fn external<T: DeviceCopy>(
+    ptr: DPtr,
+    len: usize,
+) -> Result<DevSlice<'static, T>, CudaError> {
+    let bad = |reason: String| CudaError::BadDevicePointer { ptr, reason };
+    let bytes = len
+        .checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(|| bad(format!("{len} values overflow")))?;
+    let mut kind: u32 = 0;
+    // SAFETY: `kind` is valid for the u32 the memory-type attribute writes.
+    let status = unsafe {
+        cu::cuPointerGetAttribute(
+            &mut kind as *mut u32 as *mut c_void,
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr,
+        )
+    };
+    if status != cu::cudaError_enum::CUDA_SUCCESS
+        || kind != cu::CUmemorytype_enum::CU_MEMORYTYPE_DEVICE as u32
+    {
+        return Err(bad(format!(
+            "not device memory of this process ({status:?}, memory type {kind})"
+        )));
+    }
+    let (mut start, mut size): (DPtr, usize) = (0, 0);
+    // SAFETY: `start` and `size` are valid for the pointer-sized values the
+    // range attributes write.
+    check("cuPointerGetAttribute", unsafe {
+        cu::cuPointerGetAttribute(
+            &mut start as *mut DPtr as *mut c_void,
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            ptr,
+        )
+    })?;
+    // SAFETY: as above.
+    check("cuPointerGetAttribute", unsafe {
+        cu::cuPointerGetAttribute(
+            &mut size as *mut usize as *mut c_void,
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            ptr,
+        )
+    })?;
+    let end = start.saturating_add(size as DPtr);
+    if ptr.saturating_add(bytes as DPtr) > end {
+        return Err(bad(format!(
+            "{bytes} bytes from it pass the end of its allocation ({size} bytes)"
+        )));
+    }
+    if ptr % std::mem::align_of::<T>() as DPtr != 0 {
+        return Err(bad(format!(
+            "not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )));
+    }
+    Ok(DevSlice {
+        ptr,
+        len,
+        _buffer: PhantomData,
+    })
+}
+
+/// Makes the work queued on `ours` wait for the work queued so far on the
+/// caller's stream `theirs` (a raw `CUstream` of this context; 0 is the
+/// legacy default stream), with an event recorded there.
+pub(crate) fn wait_for_stream(ours: &Stream, theirs: u64) -> Result<(), CudaError> {
+    let mut event: cu::CUevent = std::ptr::null_mut();
+    // SAFETY: `event` is valid for the handle cuEventCreate writes.
+    check("cuEventCreate", unsafe {
+        cu::cuEventCreate(
+            &mut event,
+            cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })?;
+    // SAFETY: `event` is live; `theirs` is the caller's stream handle of
+    // this context (or 0, the default stream), which the driver checks.
+    let recorded = check("cuEventRecord", unsafe {
+        cu::cuEventRecord(event, theirs as cu::CUstream)
+    });
+    let waited = recorded.and_then(|()| {
+        // SAFETY: both handles are live.
+        check("cuStreamWaitEvent", unsafe {
+            cu::cuStreamWaitEvent(ours.as_inner(), event, 0)
+        })
+    });
+    // SAFETY: the event is live and not used after this; the driver keeps
+    // the wait it was queued for.
+    let destroyed = check("cuEventDestroy", unsafe { cu::cuEventDestroy_v2(event) });
+    waited.and(destroyed)
+}

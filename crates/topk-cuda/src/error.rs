@@ -147,6 +147,21 @@ pub enum CudaError {
         /// How many were needed.
         expected: usize,
     },
+    /// A device address given as input that the driver does not know as
+    /// device memory of this process, or too short for what it must hold.
+    #[error("device pointer {ptr:#x}: {reason}")]
+    BadDevicePointer {
+        /// The address.
+        ptr: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Queries on the device break docs/CONTRACTS.md §4 (checked there).
+    #[error("device query {query} has a non-finite value or a squared norm above 2^100 (docs/CONTRACTS.md §4)")]
+    BadDeviceQuery {
+        /// The first query at fault.
+        query: usize,
+    },
     /// `score_ids` offsets do not describe the id list.
     #[error("score_ids: {reason}")]
     BadOffsets {

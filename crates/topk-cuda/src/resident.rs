@@ -24,7 +24,7 @@ use cust::memory::DeviceBuffer;
 use topk_core::{validate, Hit, Metric, Neighbor, MAX_ID};
 
 use crate::device::{self};
-use crate::driver::{alloc, DevSlice};
+use crate::driver::{self, alloc, DevSlice};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue, FROM_B, STATUS_OK, STATUS_OVERFLOW};
@@ -66,6 +66,35 @@ impl std::fmt::Debug for ResidentCorpus {
             .field("d", &self.engine.dim())
             .field("metric", &self.engine.metric())
             .finish()
+    }
+}
+
+/// Where a search's queries are: host memory, or device memory of the
+/// caller (a torch tensor, say), copied device to device into the slot.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Host(&'a [f32]),
+    Device(DevSlice<'a, f32>),
+}
+
+impl<'a> Source<'a> {
+    /// Queries `first..first + count` of rows of `d`.
+    fn part(self, first: usize, count: usize, d: usize) -> Result<Source<'a>, CudaError> {
+        Ok(match self {
+            Source::Host(h) => Source::Host(&h[first * d..(first + count) * d]),
+            Source::Device(v) => Source::Device(v.range("device queries", first * d, count * d)?),
+        })
+    }
+
+    /// Copies these queries into the start of the slot's query buffer.
+    fn stage(self, slot: &mut Slot) -> Result<(), CudaError> {
+        match self {
+            Source::Host(h) => Engine::stage_queries(slot, h),
+            Source::Device(v) => {
+                let dst = DevSlice::of(&slot.queries).range("query staging", 0, v.len())?;
+                launch::d2d(slot.stream.as_inner(), dst, v)
+            }
+        }
     }
 }
 
@@ -257,9 +286,77 @@ impl ResidentCorpus {
     ) -> Result<Vec<Vec<Hit>>, CudaError> {
         let d = self.dim();
         let nq = validate::queries_rowmajor(queries, d)?;
+        self.search_source(Source::Host(queries), nq, k, filter)
+    }
+
+    /// [`Self::search`] of `nq` queries of D values already in device memory
+    /// at `queries` (a raw address of this process's CUDA context, as torch's
+    /// `data_ptr()` gives), read with no copy through the host, after the
+    /// work queued so far on the caller's `stream` (a raw `CUstream`; 0 is
+    /// the default stream). The queries are checked on the device by the
+    /// rules of docs/CONTRACTS.md §4 before any is searched. Hits come back
+    /// to the host.
+    ///
+    /// # Safety
+    /// The memory at `queries` must stay allocated, and unchanged, until the
+    /// call returns. The driver checks that the address lies in a device
+    /// allocation long enough for the queries.
+    pub unsafe fn search_device(
+        &self,
+        queries: u64,
+        nq: usize,
+        k: usize,
+        filter: IdFilter<'_>,
+        stream: u64,
+    ) -> Result<Vec<Vec<Hit>>, CudaError> {
+        let d = self.dim();
+        self.engine.ctx().make_current()?;
+        let values = nq.checked_mul(d).ok_or(CudaError::CountMismatch {
+            what: "device query values",
+            got: nq,
+            expected: d,
+        })?;
+        if nq == 0 {
+            return Ok(Vec::new());
+        }
+        let view = driver::external::<f32>(queries, values)?;
+        {
+            let mut slot = self.engine.slot()?;
+            let slot = &mut *slot;
+            driver::wait_for_stream(&slot.stream, stream)?;
+            slot.check_host.as_mut_slice()[0] = u32::MAX;
+            let s = Queue::Stream(slot.stream.as_inner());
+            let check = DevSlice::of(&slot.check);
+            launch::h2d(s, check, &slot.check_host, 0, 1)?;
+            self.engine
+                .kernels
+                .check_queries(s, view, nq as u32, d as u32, check)?;
+            launch::d2h(s, &mut slot.check_host, check)?;
+            slot.stream
+                .synchronize()
+                .op("cuStreamSynchronize (query check)")?;
+            let bad = slot.check_host.as_slice()[0];
+            if bad != u32::MAX {
+                return Err(CudaError::BadDeviceQuery {
+                    query: bad as usize,
+                });
+            }
+        }
+        self.search_source(Source::Device(view), nq, k, filter)
+    }
+
+    /// A checked search of `nq` queries from `src`.
+    fn search_source(
+        &self,
+        src: Source<'_>,
+        nq: usize,
+        k: usize,
+        filter: IdFilter<'_>,
+    ) -> Result<Vec<Vec<Hit>>, CudaError> {
         if k == 0 {
             return Err(topk_core::Error::ZeroK.into());
         }
+        let d = self.dim();
         match filter {
             IdFilter::All => {
                 let allowed = if self.dead == 0 {
@@ -267,11 +364,11 @@ impl ResidentCorpus {
                 } else {
                     Allowed::Live
                 };
-                self.search_allowed(queries, nq, k, allowed)
+                self.search_allowed(src, nq, k, allowed)
             }
             IdFilter::Shared(ids) => {
                 let rows = self.resolve(ids);
-                self.search_allowed(queries, nq, k, Allowed::Rows(&rows))
+                self.search_allowed(src, nq, k, Allowed::Rows(&rows))
             }
             IdFilter::PerQuery(lists) => {
                 if lists.len() != nq {
@@ -282,8 +379,9 @@ impl ResidentCorpus {
                     });
                 }
                 let mut out = Vec::with_capacity(nq);
-                for (q, ids) in queries.chunks_exact(d).zip(lists) {
+                for (i, ids) in lists.iter().enumerate() {
                     let rows = self.resolve(ids);
+                    let q = src.part(i, 1, d)?;
                     out.extend(self.search_allowed(q, 1, k, Allowed::Rows(&rows))?);
                 }
                 Ok(out)
@@ -294,7 +392,7 @@ impl ResidentCorpus {
     /// Searches `nq` checked queries over the allowed rows.
     fn search_allowed(
         &self,
-        queries: &[f32],
+        src: Source<'_>,
         nq: usize,
         k: usize,
         allowed: Allowed<'_>,
@@ -312,12 +410,12 @@ impl ResidentCorpus {
             Allowed::Rows(_) if count == n => Allowed::Every,
             other => other,
         };
-        match allowed {
-            Allowed::Every => self.search_every(queries, nq, k),
-            Allowed::Rows(rows) if rows.len() as f64 <= GATHER_FRACTION * n as f64 => {
-                self.search_list(queries, nq, k, rows)
+        match (allowed, src) {
+            (Allowed::Every, Source::Host(queries)) => self.search_every(queries, nq, k),
+            (Allowed::Rows(rows), _) if rows.len() as f64 <= GATHER_FRACTION * n as f64 => {
+                self.search_list(src, nq, k, rows)
             }
-            other => self.search_masked(queries, nq, k.min(count), other),
+            (other, _) => self.search_masked(src, nq, k.min(count), other),
         }
     }
 
@@ -342,11 +440,11 @@ impl ResidentCorpus {
             .collect())
     }
 
-    /// Scores every stored row, hides the excluded ones, selects `k` (at most
-    /// the allowed count).
+    /// Scores every stored row, hides the excluded ones (none under
+    /// `Allowed::Every`), selects `k` (at most the allowed count).
     fn search_masked(
         &self,
-        queries: &[f32],
+        src: Source<'_>,
         nq: usize,
         k: usize,
         allowed: Allowed<'_>,
@@ -373,9 +471,9 @@ impl ResidentCorpus {
         }
         let mut out = Vec::with_capacity(nq);
         let chunk = e.sizes.chunk;
-        for part in queries.chunks(chunk * d) {
-            let cq = part.len() / d;
-            Engine::stage_queries(slot, part)?;
+        for first in (0..nq).step_by(chunk) {
+            let cq = chunk.min(nq - first);
+            src.part(first, cq, d)?.stage(slot)?;
             if e.planner.filtered(k, cq) && self.bounded_chunk(slot, cq, k, &allowed, &mut out)? {
                 continue;
             }
@@ -383,21 +481,27 @@ impl ResidentCorpus {
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);
             e.enqueue_scores(s, &ops, None)?;
-            let words_dev = self.allow_words(slot, &allowed);
-            let scores = DevSlice::of(&slot.scores);
-            e.kernels
-                .mask_scores(s, scores, n as u32, cq as u32, words_dev, 0)?;
+            if let Some(words_dev) = self.allow_words(slot, &allowed) {
+                let scores = DevSlice::of(&slot.scores);
+                e.kernels
+                    .mask_scores(s, scores, n as u32, cq as u32, words_dev, 0)?;
+            }
             self.select_chunk(slot, n, cq, k, &mut out, |row| row)?;
         }
         Ok(out)
     }
 
     /// The device bitset of the allowed rows: the slot's allow set for a
-    /// filter, the live rows otherwise.
-    fn allow_words<'s>(&'s self, slot: &'s Slot, allowed: &Allowed<'_>) -> DevSlice<'s, u64> {
+    /// filter, the live rows for removed ones, none when every row is.
+    fn allow_words<'s>(
+        &'s self,
+        slot: &'s Slot,
+        allowed: &Allowed<'_>,
+    ) -> Option<DevSlice<'s, u64>> {
         match allowed {
-            Allowed::Rows(_) => DevSlice::of(&slot.allow),
-            _ => DevSlice::of(&self.live_dev),
+            Allowed::Rows(_) => Some(DevSlice::of(&slot.allow)),
+            Allowed::Live => Some(DevSlice::of(&self.live_dev)),
+            Allowed::Every => None,
         }
     }
 
@@ -421,7 +525,7 @@ impl ResidentCorpus {
             launch::zero32(stream, DevSlice::of(&slot.fcount))?;
             let qv = slot.queries_at(d, 0, cq)?;
             let words = self.allow_words(slot, allowed);
-            e.enqueue_filtered_masked(slot, qv, 0, cq, k, Some(words))?;
+            e.enqueue_filtered_masked(slot, qv, 0, cq, k, words)?;
             let counts = DevSlice::of(&slot.fcount);
             launch::d2h(Queue::Stream(stream), &mut slot.fcount_host, counts)?;
         }
@@ -445,7 +549,7 @@ impl ResidentCorpus {
     /// Scores only the listed rows (ascending), selects `k` among them.
     fn search_list(
         &self,
-        queries: &[f32],
+        src: Source<'_>,
         nq: usize,
         k: usize,
         rows: &[u32],
@@ -468,9 +572,9 @@ impl ResidentCorpus {
         // Chunks whose list scores fit the slot's score buffer.
         let fit = (slot.scores.len() / m).max(1);
         let chunk = e.sizes.chunk.min(fit);
-        for part in queries.chunks(chunk * d) {
-            let cq = part.len() / d;
-            Engine::stage_queries(slot, part)?;
+        for first in (0..nq).step_by(chunk) {
+            let cq = chunk.min(nq - first);
+            src.part(first, cq, d)?.stage(slot)?;
             let s = Queue::Stream(slot.stream.as_inner());
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);

@@ -61,6 +61,9 @@ pub(crate) struct Slot {
     /// (the mutable resident corpus).
     pub(crate) allow: DeviceBuffer<u64>,
     pub(crate) allow_host: LockedBuffer<u64>,
+    /// The first device query breaking the input rules (`u32::MAX`: none).
+    pub(crate) check: DeviceBuffer<u32>,
+    pub(crate) check_host: LockedBuffer<u32>,
 }
 
 /// What one slot's buffers are sized for: N rows of D columns, the slot's
@@ -171,6 +174,8 @@ impl Slot {
             list_host: pinned(lists)?,
             allow: alloc("allow sets", allow_words)?,
             allow_host: pinned(allow_words)?,
+            check: alloc("query check", 1)?,
+            check_host: pinned(1)?,
             out_mapped: None,
             q_mapped: None,
             stream,

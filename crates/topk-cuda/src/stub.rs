@@ -209,4 +209,16 @@ impl ResidentCorpus {
     ) -> Result<Vec<Vec<topk_core::Hit>>, CudaError> {
         match self.never {}
     }
+    /// # Safety
+    /// As the CUDA build's `ResidentCorpus::search_device`.
+    pub unsafe fn search_device(
+        &self,
+        _queries: u64,
+        _nq: usize,
+        _k: usize,
+        _filter: crate::IdFilter<'_>,
+        _stream: u64,
+    ) -> Result<Vec<Vec<topk_core::Hit>>, CudaError> {
+        match self.never {}
+    }
 }

@@ -162,7 +162,7 @@ proptest! {
             let at = (*writes * 7) % 64;
             *writes += 1;
             let v: Vec<f32> = pool[at * dim..(at + 1) * dim].to_vec();
-            if metric == Metric::Cosine && v.iter().all(|&x| x == 0.0) { vec![1.0; dim] } else { v }
+            v
         };
         for op in ops {
             match op {
@@ -286,4 +286,79 @@ fn mutations_reject_bad_input_and_change_nothing() {
     assert_eq!(c.len(), 2);
     let got = c.search(&[1.0, 0.0], 5, IdFilter::All).unwrap();
     assert_eq!(got, vec![vec![Hit::new(3, 1.0), Hit::new(1, 0.0)]]);
+}
+
+/// Zero rows score -inf under cosine (docs/CONTRACTS.md §2); removed and
+/// filtered-out rows must still rank below them, on every path.
+#[test]
+fn zero_cosine_rows_keep_their_place_below_hidden_rows() {
+    let Some(()) = gpu_or_skip() else { return };
+    let dim = 4;
+    for hist in [false, true] {
+        let mut c = ResidentCorpus::new(dim, Metric::Cosine, config(hist), 2).unwrap();
+        let mut model = Model::new();
+        for id in 0..40u64 {
+            let v: Vec<f32> = if id % 4 == 0 {
+                vec![0.0; dim]
+            } else {
+                (0..dim)
+                    .map(|j| ((id as usize * 3 + j) % 5) as f32 - 2.0)
+                    .collect()
+            };
+            c.add(&[id], &v).unwrap();
+            model.insert(id, v);
+        }
+        let gone: Vec<u64> = (0..40).filter(|id| id % 3 == 0).collect();
+        c.remove(&gone).unwrap();
+        for id in &gone {
+            model.remove(id);
+        }
+        let q = [1.0, -1.0, 0.5, 2.0];
+        let live: Vec<u64> = model.keys().copied().collect();
+        let filters = vec![
+            live.clone(),
+            live.iter().copied().step_by(2).collect(),
+            vec![4, 8, 1, 2],
+        ];
+        check_searches(&c, &model, dim, Metric::Cosine, &q, &filters);
+    }
+}
+
+/// Queries already in device memory give the host queries' bytes, and bad
+/// ones (NaN, a pointer outside any allocation) are refused.
+#[test]
+fn device_queries_match_host_queries() {
+    let Some(()) = gpu_or_skip() else { return };
+    use cust::memory::DeviceBuffer;
+    let dim = 8;
+    let mut c = ResidentCorpus::new(dim, Metric::Dot, CudaConfig::default(), 16).unwrap();
+    let ids: Vec<u64> = (0..300).map(|i| (i * 7) % 1000).collect();
+    let rows: Vec<f32> = (0..300 * dim)
+        .map(|i| ((i * 13) % 9) as f32 - 4.0)
+        .collect();
+    c.add(&ids, &rows).unwrap();
+    c.remove(&[0, 7, 14]).unwrap();
+    let queries: Vec<f32> = (0..5 * dim).map(|i| ((i * 5) % 7) as f32 - 3.0).collect();
+    let dev = DeviceBuffer::from_slice(&queries).unwrap();
+    let ptr = dev.as_device_ptr().as_raw();
+    let allow: Vec<u64> = ids.iter().copied().step_by(3).collect();
+    for filter in [IdFilter::All, IdFilter::Shared(&allow)] {
+        let want = c.search(&queries, 10, filter).unwrap();
+        // SAFETY: `dev` lives past the call and nothing writes it.
+        let got = unsafe { c.search_device(ptr, 5, 10, filter, 0) }.unwrap();
+        assert_eq!(got, want);
+    }
+    let bad: Vec<f32> = queries
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| if i == 3 * dim + 2 { f32::NAN } else { v })
+        .collect();
+    let bad_dev = DeviceBuffer::from_slice(&bad).unwrap();
+    // SAFETY: as above.
+    let e = unsafe { c.search_device(bad_dev.as_device_ptr().as_raw(), 5, 10, IdFilter::All, 0) }
+        .unwrap_err();
+    assert!(matches!(e, CudaError::BadDeviceQuery { query: 3 }), "{e}");
+    // SAFETY: the pointer is refused before anything is read.
+    let e = unsafe { c.search_device(ptr, 50, 10, IdFilter::All, 0) }.unwrap_err();
+    assert!(e.to_string().contains("end of its allocation"), "{e}");
 }

@@ -30,6 +30,8 @@ Examples:
   topk_demo --corpus corpus.npy --queries queries.npy --out hits.npy   # also writes hits.scores.npy
   topk_demo index build --corpus corpus.npy --ids ids.npy --metric cosine --out docs.topkidx
   topk_demo index search --index docs.topkidx --queries queries.npy --filter allowed.npy --k 10
+  topk_demo index build --corpus corpus.npy --backend hnsw --out docs.hnsw.topkidx
+  topk_demo index search --index docs.hnsw.topkidx --queries queries.npy --k 10 --recall-sample 100
 
 Timings are logged on stderr at info level; set RUST_LOG=warn to silence them.
 Long steps (loading, building, uploading, saving) show progress on stderr when it
@@ -182,6 +184,20 @@ pub enum IndexCommand {
         /// The index file to write.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
+        /// `hnsw` builds an HNSW graph and saves it in the file; the exact
+        /// backends save the rows only.
+        #[arg(long, value_enum, default_value_t = IndexBackendArg::Cpu)]
+        backend: IndexBackendArg,
+        /// HNSW: links per node on the upper layers (M); layer 0 keeps 2M.
+        #[arg(long, default_value_t = 16)]
+        m: usize,
+        /// HNSW: beam width while building the graph.
+        #[arg(long, default_value_t = 100)]
+        ef_construction: usize,
+        /// HNSW: beam width of later searches, saved in the file (values
+        /// below K are raised to K).
+        #[arg(long, default_value_t = 64)]
+        ef: usize,
     },
     /// Adds rows to an index file (ids after the largest one without --ids).
     Add {
@@ -221,9 +237,18 @@ pub enum IndexCommand {
         /// Neighbours per query.
         #[arg(short, long, default_value_t = 8)]
         k: usize,
-        /// Which exact engine answers.
-        #[arg(long, value_enum, default_value_t = IndexBackendArg::Cpu)]
-        backend: IndexBackendArg,
+        /// Which engine answers: hnsw when the file holds a graph, cpu
+        /// otherwise, unless given.
+        #[arg(long, value_enum)]
+        backend: Option<IndexBackendArg>,
+        /// HNSW: beam width of this search (the file's by default).
+        #[arg(long)]
+        ef: Option<usize>,
+        /// Compare the results of N sampled queries (seeded) with exact
+        /// search on the same file and print recall@K on stderr and in the
+        /// report. The file's rows are then held twice in memory.
+        #[arg(long, value_name = "N")]
+        recall_sample: Option<usize>,
         /// How many queries to print the neighbours of.
         #[arg(long, default_value_t = 3, value_name = "QUERIES")]
         show: usize,
@@ -236,13 +261,15 @@ pub enum IndexCommand {
     },
 }
 
-/// The exact backends an index file opens on.
+/// The backends an index file opens on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum IndexBackendArg {
     /// SIMD kernels on every core.
     Cpu,
     /// The scalar reference.
     Oracle,
+    /// An HNSW graph: approximate, exact under very selective filters.
+    Hnsw,
 }
 
 impl From<IndexBackendArg> for topk::IndexBackend {
@@ -250,6 +277,7 @@ impl From<IndexBackendArg> for topk::IndexBackend {
         match b {
             IndexBackendArg::Cpu => topk::IndexBackend::Cpu,
             IndexBackendArg::Oracle => topk::IndexBackend::Oracle,
+            IndexBackendArg::Hnsw => topk::IndexBackend::Hnsw,
         }
     }
 }

@@ -7,13 +7,15 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
-use ndarray::Array2;
-use topk::{Filter, Index, IndexBackend};
+use ndarray::{Array2, Axis};
+use topk::index::ProgressHook;
+use topk::{Filter, Hit, Index, IndexBackend, IndexOptions};
 use tracing::info;
 
 use crate::cli::IndexCommand;
 use crate::error::DemoError;
-use crate::progress::Progress;
+use crate::progress::{Progress, Step};
+use crate::run::{sample_rows, RECALL_SEED};
 
 /// Runs one index command and prints its report on stdout.
 pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
@@ -23,15 +25,32 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             ids,
             metric,
             out,
+            backend,
+            m,
+            ef_construction,
+            ef,
         } => {
             let rows = read_rows(corpus, progress)?;
             let ids = match ids {
                 Some(p) => ids_for(p, rows.nrows(), corpus)?,
                 None => (0..rows.nrows() as u64).collect(),
             };
+            let backend: IndexBackend = (*backend).into();
             let started = Instant::now();
-            let step = progress.spinner(format!("building an index of {} rows", rows.nrows()));
-            let index = Index::with_ids(&ids, rows.view(), (*metric).into(), IndexBackend::Cpu);
+            let step = if backend == IndexBackend::Hnsw {
+                progress.bar(rows.nrows() as u64, "rows", "building the HNSW graph")
+            } else {
+                progress.spinner(format!("building an index of {} rows", rows.nrows()))
+            };
+            let params = topk::HnswParams {
+                m: *m,
+                ef_construction: *ef_construction,
+                ef_search: *ef,
+                ..topk::HnswParams::default()
+            };
+            let options = with_progress(IndexOptions::default().hnsw(params), &step);
+            let index = Index::with_options(rows.ncols(), (*metric).into(), backend, &options)
+                .and_then(|mut index| index.add(&ids, rows.view()).map(|()| index));
             step.finish();
             let index = index?;
             info!(rows = index.len(), ms = ms(started), "index built");
@@ -44,7 +63,7 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             ids,
             upsert,
         } => {
-            let mut index = open(path, IndexBackend::Cpu, progress)?;
+            let mut index = open(path, None, progress)?;
             let new = read_rows(rows, progress)?;
             let before = index.len();
             match ids {
@@ -70,7 +89,7 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             )
         }
         IndexCommand::Remove { index: path, ids } => {
-            let mut index = open(path, IndexBackend::Cpu, progress)?;
+            let mut index = open(path, None, progress)?;
             let ids = read_ids(ids)?;
             let removed = index.remove(&ids);
             save(&index, path, progress)?;
@@ -86,9 +105,14 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             filter,
             k,
             backend,
+            ef,
+            recall_sample,
             show,
         } => {
-            let index = open(path, (*backend).into(), progress)?;
+            let mut index = open(path, backend.map(Into::into), progress)?;
+            if let Some(ef) = ef {
+                index.set_ef(*ef)?;
+            }
             let qs = read_rows(queries, progress)?;
             let filter = match filter {
                 Some(p) => Some(Filter::new(read_ids(p)?)),
@@ -111,18 +135,33 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             }
             let _ = write!(
                 out,
-                "{} queries, K = {k}, {} index rows{}",
+                "{} queries, K = {k}, {} index rows{}, backend {}",
                 qs.nrows(),
                 index.len(),
                 filter
                     .as_ref()
-                    .map_or(String::new(), |f| format!(", filter of {} ids", f.len()))
+                    .map_or(String::new(), |f| format!(", filter of {} ids", f.len())),
+                index.backend()
             );
+            match recall_sample {
+                Some(sample) => {
+                    let r = recall(path, &qs, spec, &hits, *k, *sample, progress)?;
+                    let line = format!(
+                        "recall@{k} over {} sampled queries against exact search: {:.3}",
+                        r.0, r.1
+                    );
+                    eprintln!("{line}");
+                    let _ = write!(out, "\n{line}");
+                }
+                None if index.backend() == IndexBackend::Hnsw => info!(
+                    "recall of the hnsw search is unmeasured: --recall-sample N compares \
+                     N sampled queries with exact search"
+                ),
+                None => {}
+            }
             out
         }
-        IndexCommand::Info { index: path } => {
-            describe(&open(path, IndexBackend::Cpu, progress)?, path)
-        }
+        IndexCommand::Info { index: path } => describe(&open(path, None, progress)?, path),
     };
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = writeln!(stdout, "{report}").and_then(|()| stdout.flush()) {
@@ -137,13 +176,70 @@ fn ms(since: Instant) -> f64 {
 }
 
 fn describe(index: &Index, path: &Path) -> String {
+    let graph = if index.has_graph() {
+        let p = index.options().hnsw;
+        format!(
+            ", hnsw graph (M = {}, ef_construction = {}, ef = {})",
+            p.m, p.ef_construction, p.ef_search
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{}: {} rows, D = {}, metric {}",
+        "{}: {} rows, D = {}, metric {}{graph}",
         path.display(),
         index.len(),
         index.dim(),
         index.metric()
     )
+}
+
+/// `options` reporting an HNSW build's rows to `step`.
+fn with_progress(options: IndexOptions, step: &Step) -> IndexOptions {
+    let reporter = step.clone();
+    options.progress(ProgressHook::new(move |rows| reporter.set(rows as u64)))
+}
+
+/// Recall@K of `hits` on `sample` queries picked with [`RECALL_SEED`] (all of
+/// them when there are fewer), against exact search (`cpu`) of the index
+/// file at `path` under the same filter: (queries compared, recall).
+fn recall(
+    path: &Path,
+    queries: &Array2<f32>,
+    filter: topk::FilterSpec<'_>,
+    hits: &[Vec<Hit>],
+    k: usize,
+    sample: usize,
+    progress: Progress,
+) -> Result<(usize, f64), DemoError> {
+    let exact = open(path, Some(IndexBackend::Cpu), progress)?;
+    let picked = sample_rows(queries.nrows(), sample, RECALL_SEED);
+    let started = Instant::now();
+    let step = progress.spinner(format!("exact search of {} sampled queries", picked.len()));
+    let truth = exact.search_batch(queries.select(Axis(0), &picked).view(), k, filter);
+    step.finish();
+    let truth = truth?;
+    let (mut found, mut wanted) = (0usize, 0usize);
+    for (&q, want) in picked.iter().zip(&truth) {
+        wanted += want.len();
+        found += want
+            .iter()
+            .filter(|t| hits[q].iter().any(|h| h.id == t.id))
+            .count();
+    }
+    let value = if wanted == 0 {
+        1.0
+    } else {
+        found as f64 / wanted as f64
+    };
+    info!(
+        queries = picked.len(),
+        k,
+        recall = value,
+        ms = ms(started),
+        "measured recall against exact search"
+    );
+    Ok((picked.len(), value))
 }
 
 fn read_rows(path: &Path, progress: Progress) -> Result<Array2<f32>, DemoError> {
@@ -178,10 +274,30 @@ fn ids_for(path: &Path, rows: usize, rows_of: &Path) -> Result<Vec<u64>, DemoErr
     Ok(ids)
 }
 
-fn open(path: &Path, backend: IndexBackend, progress: Progress) -> Result<Index, DemoError> {
+/// Opens the index file at `path` on `backend`; without one, on `hnsw` when
+/// the file holds a graph (so that changes keep it) and on `cpu` otherwise.
+fn open(
+    path: &Path,
+    backend: Option<IndexBackend>,
+    progress: Progress,
+) -> Result<Index, DemoError> {
+    let info = Index::file_info(path)?;
+    let backend = match backend {
+        Some(b) => b,
+        None if info.graph => IndexBackend::Hnsw,
+        None => IndexBackend::Cpu,
+    };
     let started = Instant::now();
-    let step = progress.spinner(format!("opening {}", path.display()));
-    let index = Index::open(path, backend);
+    // A file without a graph opened on hnsw builds one: its rows are counted.
+    let (step, options) = if backend == IndexBackend::Hnsw && !info.graph {
+        let bar = progress.bar(info.rows, "rows", "building the HNSW graph");
+        let options = with_progress(IndexOptions::default(), &bar);
+        (bar, options)
+    } else {
+        let spinner = progress.spinner(format!("opening {}", path.display()));
+        (spinner, IndexOptions::default())
+    };
+    let index = Index::open_with_options(path, backend, &options);
     step.finish();
     let index = index?;
     info!(file = %path.display(), rows = index.len(), ms = ms(started), "index opened");

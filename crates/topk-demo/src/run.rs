@@ -17,7 +17,7 @@ use crate::output;
 use crate::progress::{Progress, Step};
 
 /// Seed of the queries `--recall-sample` picks: the same sample every run.
-const RECALL_SEED: u64 = 0x7e57_5eed;
+pub(crate) const RECALL_SEED: u64 = 0x7e57_5eed;
 
 /// Queries per backend call: large enough for a backend's batch path to pay
 /// off, small enough that the progress bar moves.
@@ -273,7 +273,7 @@ fn recall(
 
 /// `min(sample, rows)` distinct row numbers below `rows`, in increasing
 /// order, the same for the same seed (a partial Fisher-Yates shuffle).
-fn sample_rows(rows: usize, sample: usize, seed: u64) -> Vec<usize> {
+pub(crate) fn sample_rows(rows: usize, sample: usize, seed: u64) -> Vec<usize> {
     let mut all: Vec<usize> = (0..rows).collect();
     if sample >= rows {
         return all;

@@ -49,7 +49,7 @@ impl ScorerSource for Vectors {
 }
 
 /// A finished graph.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Graph {
     pub(crate) links: Links<u32>,
     pub(crate) entry: u32,

@@ -96,7 +96,7 @@ impl Layout {
 }
 
 /// Neighbour lists of every node on every layer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Links<S> {
     pub(crate) layout: Layout,
     pub(crate) layer0: Vec<S>,

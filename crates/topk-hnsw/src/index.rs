@@ -65,6 +65,25 @@ impl std::fmt::Debug for Hnsw {
     }
 }
 
+impl Clone for Hnsw {
+    /// A copy of the rows, the graph, the deletion marks and the level
+    /// stream: the copy answers and inserts exactly as the original would.
+    /// Its search working memory starts empty.
+    fn clone(&self) -> Self {
+        Hnsw {
+            params: self.params,
+            vectors: self.vectors.clone(),
+            graph: self.graph.clone(),
+            pool: ScratchPool::new(self.vectors.len()),
+            deleted: self.deleted.clone(),
+            deleted_count: self.deleted_count,
+            free: self.free.clone(),
+            rng: self.rng.clone(),
+            walk_cost: self.walk_cost,
+        }
+    }
+}
+
 /// Shape of a built graph, for logs and reports.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphStats {

@@ -84,6 +84,27 @@ fn same_history_gives_the_same_graph_bytes() {
 }
 
 #[test]
+fn a_clone_answers_and_changes_as_the_original() {
+    let data = rows(1_000, 3);
+    let extra = rows(100, 4);
+    let mut a = Hnsw::build(&data, DIM, Metric::Dot, params()).unwrap();
+    history(&mut a, &extra);
+    let mut b = a.clone();
+    assert_eq!(a.to_bytes(), b.to_bytes());
+    for i in 0..30 {
+        assert_eq!(
+            a.insert(row(&data, i)).unwrap(),
+            b.insert(row(&data, i)).unwrap()
+        );
+    }
+    assert_eq!(a.to_bytes(), b.to_bytes());
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    a.search_with_ef(row(&extra, 5), 10, 32, &mut x).unwrap();
+    b.search_with_ef(row(&extra, 5), 10, 32, &mut y).unwrap();
+    assert_eq!(bits(&x), bits(&y));
+}
+
+#[test]
 fn insert_reuses_deleted_slots_last_first_then_appends() {
     let data = rows(300, 3);
     let mut index = Hnsw::build(&data, DIM, Metric::Dot, params()).unwrap();

@@ -67,6 +67,23 @@ pub enum IndexError {
         rows: usize,
     },
 
+    // ---- the hnsw backend -------------------------------------------------
+    /// The graph of the `hnsw` backend refused its parameters or a change.
+    #[error("hnsw backend: {0}")]
+    Graph(#[from] topk_hnsw::HnswError),
+    /// Queries in device memory were given to a backend other than `cuda`.
+    #[error("queries in GPU memory need the cuda backend; this index searches on `{backend}` (copy them to the host, or open the index on cuda)")]
+    DeviceQueries {
+        /// The index's backend.
+        backend: &'static str,
+    },
+    /// The `cuda` backend could not start, or its device failed.
+    #[error("cuda backend: {reason}")]
+    Cuda {
+        /// What the loader or the device reported.
+        reason: String,
+    },
+
     // ---- filters ----------------------------------------------------------
     /// A per-query filter list whose length is not the number of queries.
     #[error("{filters} filters for {queries} queries: give one filter per query")]
@@ -98,13 +115,13 @@ pub enum IndexError {
         found: String,
     },
     /// A format version this build cannot read.
-    #[error("{}: format version {version} at offset 8 is not supported (this build reads version {supported})", path.display())]
+    #[error("{}: format version {version} at offset 8 is not supported (this build reads versions 1 to {supported})", path.display())]
     UnsupportedVersion {
         /// The file.
         path: PathBuf,
         /// The version found.
         version: u32,
-        /// The version this build reads.
+        /// The newest version this build reads (it reads every one from 1).
         supported: u32,
     },
     /// The file ends before what its header declares.

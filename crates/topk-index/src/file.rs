@@ -1,6 +1,7 @@
 //! The index file (docs/CONTRACTS.md §10): a compacted snapshot of the live
 //! rows, versioned, checksummed per 1 MiB block, written atomically and
-//! streamed back block by block into its final buffers.
+//! streamed back block by block into its final buffers; an `hnsw` index adds
+//! its graph in a checksummed section after them (version 2).
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
@@ -9,12 +10,17 @@ use std::path::{Path, PathBuf};
 use topk_core::{validate, Error as CoreError, Located, Metric, MAX_ID};
 
 use crate::error::IndexError;
-use crate::index::{full_bitset, Index, IndexBackend};
+use crate::index::{full_bitset, Index, IndexBackend, IndexOptions};
 
 /// The first eight bytes of every index file.
 pub const MAGIC: [u8; 8] = *b"TOPKIDX1";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes; it reads every version from 1 (a
+/// version 1 file is a version 2 file without a graph section).
+pub const VERSION: u32 = 2;
+/// The first eight bytes of the graph section.
+const GRAPH_MAGIC: [u8; 8] = *b"TOPKGRPH";
+/// Bytes of the graph section before its body: the magic and the body length.
+const GRAPH_HEADER: u64 = 16;
 /// Bytes before the payload.
 const HEADER: u64 = 48;
 /// Bytes of the header the header checksum covers.
@@ -72,7 +78,8 @@ impl<W: Write> Summed<W> {
 }
 
 impl Index {
-    /// Saves the live rows, their ids and the metric to `path`, atomically:
+    /// Saves the live rows, their ids, the metric and (on `hnsw`) the graph
+    /// to `path`, atomically:
     /// a temporary file in the same folder is written, synced and renamed
     /// over `path`, so a failure leaves any previous file in place. The
     /// index itself is not changed (tombstones are simply not written).
@@ -160,15 +167,42 @@ impl Index {
         out.write_all(&table).map_err(io("write"))?;
         out.write_all(&crc32fast::hash(&table).to_le_bytes())
             .map_err(io("write"))?;
+        if let Some((slots, graph)) = self.graph_section() {
+            let body = (slots.len() + graph.len()) as u64;
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&slots);
+            crc.update(&graph);
+            out.write_all(&GRAPH_MAGIC).map_err(io("write"))?;
+            out.write_all(&body.to_le_bytes()).map_err(io("write"))?;
+            out.write_all(&slots).map_err(io("write"))?;
+            out.write_all(&graph).map_err(io("write"))?;
+            out.write_all(&crc.finalize().to_le_bytes())
+                .map_err(io("write"))?;
+        }
         let file = out.into_inner().map_err(|e| io("write")(e.into_error()))?;
         file.sync_all().map_err(io("sync"))?;
         Ok(())
     }
 
-    /// Opens a file written by [`Index::save`] (by either backend) for
+    /// Opens a file written by [`Index::save`] (by any backend) for
     /// `backend`. Every check of docs/CONTRACTS.md §10 runs before the index
     /// exists; a failing one is a typed error naming the offset.
+    ///
+    /// On `hnsw`, the file's graph is used when it has one (checked against
+    /// the rows); otherwise a graph is built with the default parameters. The
+    /// other backends skip a graph section unread.
     pub fn open(path: impl AsRef<Path>, backend: IndexBackend) -> Result<Index, IndexError> {
+        Index::open_with_options(path, backend, &IndexOptions::default())
+    }
+
+    /// [`Index::open`] with `options`: on `hnsw`, a file without a graph gets
+    /// one built with `options.hnsw`, reporting to `options.progress`; a
+    /// file's own graph keeps the parameters it was built with.
+    pub fn open_with_options(
+        path: impl AsRef<Path>,
+        backend: IndexBackend,
+        options: &IndexOptions,
+    ) -> Result<Index, IndexError> {
         let path = path.as_ref();
         let io = |op: &'static str| {
             move |source| IndexError::Io {
@@ -208,7 +242,7 @@ impl Index {
             u64::from_le_bytes(b)
         };
         let version = u32_at(8);
-        if version != VERSION {
+        if version == 0 || version > VERSION {
             return Err(IndexError::UnsupportedVersion {
                 path: path.to_owned(),
                 version,
@@ -251,11 +285,43 @@ impl Index {
         if len < end {
             return Err(truncated(end));
         }
-        if len > end {
+        // The graph section: where its body starts and its length.
+        let mut graph: Option<(u64, u64)> = None;
+        if len > end && version >= 2 {
+            // Bytes that do not start a graph section are trailing bytes; a
+            // section cut short is a truncated file.
+            let avail = (len - end).min(GRAPH_HEADER) as usize;
+            let mut head = [0u8; GRAPH_HEADER as usize];
+            file.seek(SeekFrom::Start(end)).map_err(io("seek in"))?;
+            file.read_exact(&mut head[..avail]).map_err(io("read"))?;
+            let magic = avail.min(GRAPH_MAGIC.len());
+            if head[..magic] != GRAPH_MAGIC[..magic] {
+                return Err(IndexError::TrailingBytes {
+                    path: path.to_owned(),
+                    end,
+                    extra: len - end,
+                });
+            }
+            if avail < GRAPH_HEADER as usize {
+                return Err(truncated(end + GRAPH_HEADER));
+            }
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[8..]);
+            let body = u64::from_le_bytes(b);
+            let graph_end = body.checked_add(end + GRAPH_HEADER + 4).ok_or_else(|| {
+                corrupt(end + 8, format!("graph section length {body} overflows"))
+            })?;
+            if len < graph_end {
+                return Err(truncated(graph_end));
+            }
+            graph = Some((end + GRAPH_HEADER, body));
+        }
+        let file_end = graph.map_or(end, |(at, body)| at + body + 4);
+        if len > file_end {
             return Err(IndexError::TrailingBytes {
                 path: path.to_owned(),
-                end,
-                extra: len - end,
+                end: file_end,
+                extra: len - file_end,
             });
         }
         file.seek(SeekFrom::Start(table_at))
@@ -348,8 +414,110 @@ impl Index {
         index.data = data;
         index.ids = ids;
         index.sort_by_id();
-        tracing::debug!(file = %path.display(), rows = n, dim = d, "index opened");
+        if backend == IndexBackend::Hnsw {
+            options.hnsw.validate()?;
+            if let Some(c) = options.filter_walk_cost {
+                crate::graph::check_walk_cost(c)?;
+            }
+        }
+        index.options = options.clone();
+        if backend == IndexBackend::Hnsw {
+            match graph {
+                Some((at, body_len)) => {
+                    // The length was checked against the file, so this is bounded by it.
+                    let mut body = vec![0u8; body_len as usize + 4];
+                    file.seek(SeekFrom::Start(at)).map_err(io("seek in"))?;
+                    file.read_exact(&mut body).map_err(io("read"))?;
+                    let (body, sum) = body.split_at(body_len as usize);
+                    if crc32fast::hash(body).to_le_bytes() != sum {
+                        return Err(IndexError::Checksum {
+                            path: path.to_owned(),
+                            start: at,
+                            end: at + body_len,
+                        });
+                    }
+                    index
+                        .restore_graph(body, at)
+                        .map_err(|(offset, reason)| corrupt(offset, reason))?;
+                }
+                None => index.build_graph()?,
+            }
+        }
+        tracing::debug!(file = %path.display(), rows = n, dim = d, graph = index.has_graph(), "index opened");
+        index.sync_device()?;
         Ok(index)
+    }
+}
+
+/// What the header of an index file declares, read by [`Index::file_info`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileInfo {
+    /// The format version.
+    pub version: u32,
+    /// Live rows.
+    pub rows: u64,
+    /// Values per row.
+    pub dim: u64,
+    /// Whether an `hnsw` graph section follows the rows.
+    pub graph: bool,
+}
+
+impl Index {
+    /// The header of the index file at `path` and whether it holds an
+    /// `hnsw` graph section, without reading its rows. Only the magic, the
+    /// version and the sizes are checked; [`Index::open`] checks the rest.
+    pub fn file_info(path: impl AsRef<Path>) -> Result<FileInfo, IndexError> {
+        let path = path.as_ref();
+        let io = |op: &'static str| {
+            move |source| IndexError::Io {
+                path: path.to_owned(),
+                op,
+                source,
+            }
+        };
+        let mut file = File::open(path).map_err(io("open"))?;
+        let len = file.metadata().map_err(io("read the length of"))?.len();
+        if len < HEADER {
+            return Err(IndexError::Truncated {
+                path: path.to_owned(),
+                len,
+                expected: HEADER,
+            });
+        }
+        let mut header = [0u8; HEADER as usize];
+        file.read_exact(&mut header).map_err(io("read"))?;
+        check_magic(path, &header[..8])?;
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&header[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+        if version == 0 || version > VERSION {
+            return Err(IndexError::UnsupportedVersion {
+                path: path.to_owned(),
+                version,
+                supported: VERSION,
+            });
+        }
+        let payload = u64_at(32);
+        let end = payload
+            .checked_add(HEADER + 4)
+            .and_then(|e| e.checked_add(4 * payload.div_ceil(BLOCK as u64)));
+        let mut graph = false;
+        if let Some(end) = end.filter(|&e| version >= 2 && e.saturating_add(8) <= len) {
+            let mut magic = [0u8; 8];
+            file.seek(SeekFrom::Start(end)).map_err(io("seek in"))?;
+            file.read_exact(&mut magic).map_err(io("read"))?;
+            graph = magic == GRAPH_MAGIC;
+        }
+        Ok(FileInfo {
+            version,
+            rows: u64_at(24),
+            dim: u64_at(16),
+            graph,
+        })
     }
 }
 

@@ -18,8 +18,9 @@ use crate::error::IndexError;
 /// (docs/CONTRACTS.md §10).
 pub const COMPACT_FRACTION: f64 = 0.25;
 
-/// Which exact engine scores an [`Index`]'s searches. Both return the same
-/// bytes (docs/CONTRACTS.md §10).
+/// Which engine answers an [`Index`]'s searches. The exact ones (`cpu`,
+/// `oracle`, `cuda`) return the same bytes; `hnsw` is approximate except
+/// under very selective filters (docs/CONTRACTS.md §10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum IndexBackend {
     /// The canonical SIMD kernels of topk-cpu on rayon's threads; sparse
@@ -29,17 +30,33 @@ pub enum IndexBackend {
     /// The scalar reference: every live allowed row scored with
     /// [`Metric::score_scalar`], then sorted with [`topk_core::cmp_hit`].
     Oracle,
+    /// Approximate: an HNSW graph (topk-hnsw, built with
+    /// [`IndexOptions::hnsw`]) kept beside the rows, walked with the filter
+    /// applied inside the beam; exact when few rows are allowed (see
+    /// `crate::graph` and docs/CONTRACTS.md §10).
+    Hnsw,
+    /// The exact engine on the GPU: the live rows mirrored in device memory
+    /// (topk-cuda's resident corpus, loaded at run time), mutated and
+    /// searched there, bit-identical to `cpu` (see `crate::device`).
+    Cuda,
 }
 
 impl IndexBackend {
-    /// Both backends.
-    pub const ALL: [IndexBackend; 2] = [IndexBackend::Cpu, IndexBackend::Oracle];
+    /// Every backend.
+    pub const ALL: [IndexBackend; 4] = [
+        IndexBackend::Cpu,
+        IndexBackend::Oracle,
+        IndexBackend::Hnsw,
+        IndexBackend::Cuda,
+    ];
 
-    /// Lowercase name ("cpu", "oracle").
+    /// Lowercase name ("cpu", "oracle", "hnsw", "cuda").
     pub fn as_str(self) -> &'static str {
         match self {
             IndexBackend::Cpu => "cpu",
             IndexBackend::Oracle => "oracle",
+            IndexBackend::Hnsw => "hnsw",
+            IndexBackend::Cuda => "cuda",
         }
     }
 }
@@ -62,6 +79,12 @@ pub struct IndexOptions {
     pub hnsw: topk_hnsw::HnswParams,
     /// Device and limits of the `cuda` backend.
     pub cuda: topk_cuda::CudaConfig,
+    /// Told the progress of an `hnsw` graph build (the log is told without it).
+    pub progress: Option<crate::graph::ProgressHook>,
+    /// The `hnsw` backend's exact-switch factor `c` (searches allowing at
+    /// most `sqrt(c · max(ef, K) · slots)` rows are exact); `None` is
+    /// [`topk_hnsw::DEFAULT_FILTER_WALK_COST`], `Some(0.0)` always walks.
+    pub filter_walk_cost: Option<f64>,
 }
 
 impl IndexOptions {
@@ -80,6 +103,19 @@ impl IndexOptions {
     /// Uses `config` for the `cuda` backend.
     pub fn cuda(mut self, config: topk_cuda::CudaConfig) -> Self {
         self.cuda = config;
+        self
+    }
+
+    /// Sets the `hnsw` backend's exact-switch factor (see
+    /// [`IndexOptions::filter_walk_cost`]).
+    pub fn filter_walk_cost(mut self, c: f64) -> Self {
+        self.filter_walk_cost = Some(c);
+        self
+    }
+
+    /// Reports the progress of `hnsw` graph builds to `hook`.
+    pub fn progress(mut self, hook: crate::graph::ProgressHook) -> Self {
+        self.progress = Some(hook);
         self
     }
 }
@@ -124,6 +160,11 @@ pub struct Index {
     pub(crate) resolution: FilterResolution,
     /// What the non-host backends were built with.
     pub(crate) options: IndexOptions,
+    /// The graph of the `hnsw` backend (`crate::graph`); `None` on the
+    /// others and while an `hnsw` index is empty.
+    pub(crate) graph: Option<Box<crate::graph::HnswGraph>>,
+    /// The device mirror of the `cuda` backend (empty on the others).
+    pub(crate) device: crate::device::DeviceCell,
 }
 
 /// Rows appended since `by_id` was last sorted are merged into it once they
@@ -179,6 +220,8 @@ impl Index {
             sorted_upto: 0,
             resolution: FilterResolution::Auto,
             options: IndexOptions::default(),
+            graph: None,
+            device: crate::device::DeviceCell::default(),
         })
     }
 
@@ -190,7 +233,14 @@ impl Index {
         options: &IndexOptions,
     ) -> Result<Index, IndexError> {
         let mut index = Index::new(dim, metric, backend)?;
+        if backend == IndexBackend::Hnsw {
+            options.hnsw.validate()?;
+            if let Some(c) = options.filter_walk_cost {
+                crate::graph::check_walk_cost(c)?;
+            }
+        }
         index.options = options.clone();
+        index.sync_device()?;
         Ok(index)
     }
 
@@ -223,8 +273,14 @@ impl Index {
 
     /// The same index searched by another backend (no copy of the rows is made
     /// beyond the move).
+    /// Switching to `hnsw` builds the graph over the live rows (with
+    /// [`IndexOptions::progress`]); switching away drops it.
     pub fn with_backend(mut self, backend: IndexBackend) -> Index {
         self.backend = backend;
+        self.sync_graph();
+        // The `cuda` mirror is uploaded at the first search (or by
+        // `Index::sync_device`).
+        self.device = crate::device::DeviceCell::default();
         self
     }
 
@@ -300,6 +356,7 @@ impl Index {
         {
             return Err(IndexError::IdExists { id, position });
         }
+        self.device_add(checked.ids, &checked.rows)?;
         self.append(&checked);
         Ok(())
     }
@@ -328,6 +385,7 @@ impl Index {
     /// expected).
     pub fn upsert(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), IndexError> {
         let checked = self.check(ids, rows)?;
+        self.device_upsert(checked.ids, &checked.rows)?;
         let d = self.dim;
         let mut fresh_ids = Vec::new();
         let mut fresh_rows = Vec::new();
@@ -338,6 +396,7 @@ impl Index {
                     if self.metric == Metric::Cosine {
                         self.norms[r] = self.kernels.norm(row);
                     }
+                    self.graph_replaced(id, row);
                 }
                 None => {
                     fresh_ids.push(id);
@@ -360,8 +419,12 @@ impl Index {
         for id in ids {
             if let Some(r) = self.rows_of.remove(id) {
                 self.live[r / 64] &= !(1 << (r % 64));
+                self.graph_removed(*id);
                 removed += 1;
             }
+        }
+        if removed > 0 {
+            self.device_remove(ids);
         }
         self.dead += removed;
         if self.dead > 0 && self.dead as f64 >= COMPACT_FRACTION * self.ids.len() as f64 {
@@ -375,6 +438,7 @@ impl Index {
         if self.dead == 0 {
             return;
         }
+        self.device_compact();
         let d = self.dim;
         let stored = self.ids.len();
         let cosine = self.metric == Metric::Cosine;
@@ -486,6 +550,7 @@ impl Index {
         if unsorted as f64 > UNSORTED_FRACTION * self.by_id.len() as f64 {
             self.merge_unsorted();
         }
+        self.graph_appended(start);
     }
 
     /// Rebuilds `by_id` from every live row.

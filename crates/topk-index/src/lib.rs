@@ -5,7 +5,8 @@
 //! | --- | --- |
 //! | [`Index`] | `add` / `add_auto` / `upsert` / `remove` / `compact`, `search` / `search_batch`, `save` / `open` |
 //! | [`FilterResolution`] | how filter ids become rows: hash lookups, a merge with the id-sorted rows, or by size |
-//! | [`IndexBackend`] | `cpu` (SIMD kernels, gathered or masked filters) or `oracle` (the scalar reference) |
+//! | [`IndexBackend`] | `cpu` (SIMD kernels, gathered or masked filters), `oracle` (the scalar reference) or `hnsw` (an approximate graph, exact under very selective filters) |
+//! | [`ProgressHook`] | told the progress of an `hnsw` graph build |
 //! | [`Filter`], [`FilterSpec`] | allow-lists of ids: none, one per batch, one per query |
 //! | [`IndexError`] | every failure, naming the offending id, row, value or file offset |
 //!
@@ -52,15 +53,18 @@
 //! # Ok::<(), topk_index::IndexError>(())
 //! ```
 
+mod device;
 mod error;
 mod file;
 mod filter;
+mod graph;
 mod index;
 mod search;
 
 pub use error::IndexError;
-pub use file::{MAGIC, VERSION};
+pub use file::{FileInfo, MAGIC, VERSION};
 pub use filter::{Filter, FilterSpec};
+pub use graph::ProgressHook;
 pub use index::{FilterResolution, Index, IndexBackend, IndexOptions, COMPACT_FRACTION};
 pub use search::{MERGE_FRACTION, SPARSE_FRACTION};
 pub use topk_core::{cmp_hit, Hit, MAX_ID};

@@ -121,6 +121,11 @@ impl Index {
     ) -> Result<Vec<Hit>, IndexError> {
         validate::query(query, self.dim)?;
         check_k(k)?;
+        if self.backend == IndexBackend::Cuda {
+            let spec = filter.map_or(FilterSpec::None, FilterSpec::Shared);
+            let mut found = self.device_search(query, k, spec)?;
+            return Ok(found.pop().unwrap_or_default());
+        }
         Ok(self.search_valid(query, k, filter))
     }
 
@@ -142,6 +147,18 @@ impl Index {
                     queries: queries.nrows(),
                 });
             }
+        }
+        if self.backend == IndexBackend::Hnsw {
+            return Ok(self.graph_search_batch(queries, k, filter));
+        }
+        if self.backend == IndexBackend::Cuda {
+            return match queries.as_slice() {
+                Some(flat) => self.device_search(flat, k, filter),
+                None => {
+                    let flat: Vec<f32> = queries.iter().copied().collect();
+                    self.device_search(&flat, k, filter)
+                }
+            };
         }
         // A shared filter is resolved to rows once for the whole batch.
         let shared = match (self.backend, filter) {
@@ -169,7 +186,21 @@ impl Index {
         match self.backend {
             IndexBackend::Oracle => self.oracle_search(query, k, filter),
             IndexBackend::Cpu => self.cpu_search(query, k, &self.allowed(filter)),
+            IndexBackend::Hnsw => self.graph_search(query, k, filter),
+            // Searches of a `cuda` index go to the device before this; the
+            // host scan returns the same bytes.
+            IndexBackend::Cuda => self.cpu_search(query, k, &self.allowed(filter)),
         }
+    }
+
+    /// The `cpu` backend's exact search of a checked query with `k ≥ 1`.
+    pub(crate) fn exact_search(
+        &self,
+        query: &[f32],
+        k: usize,
+        filter: Option<&Filter>,
+    ) -> Vec<Hit> {
+        self.cpu_search(query, k, &self.allowed(filter))
     }
 
     /// Every live allowed row scored by the scalar reference, then sorted.

@@ -156,9 +156,35 @@ fn a_saved_file_opens_on_either_backend_with_the_same_answers() {
     // 48 header bytes, 3 ids, 3 rows of 2 values, one block checksum, the table's.
     assert_eq!(bytes.len(), 48 + 3 * 8 + 3 * 2 * 4 + 4 + 4);
     for backend in IndexBackend::ALL {
-        let ix = Index::open(&path, backend).expect("open");
-        unchanged(&ix);
+        match Index::open(&path, backend) {
+            Ok(ix) => unchanged(&ix),
+            // Without a GPU (or the engine's plugin) the cuda backend says
+            // why; that it opens and answers the same where it can runs in
+            // the GPU tests (tests/lifecycle.rs, feature `cuda`).
+            Err(e @ IndexError::Cuda { .. }) if backend == IndexBackend::Cuda => {
+                assert!(e.to_string().starts_with("cuda backend: "), "{e}");
+            }
+            Err(e) => panic!("{backend}: {e}"),
+        }
     }
+}
+
+#[test]
+fn without_a_gpu_the_cuda_backend_says_why_and_the_host_backends_refuse_device_queries() {
+    match Index::new(2, Metric::Dot, IndexBackend::Cuda) {
+        Ok(_) => {}
+        Err(e) => panic!("an empty index needs no device: {e}"),
+    }
+    if topk_cuda_loader::available().is_err() {
+        let e = Index::with_options(2, Metric::Dot, IndexBackend::Cuda, &Default::default())
+            .expect_err("no device here");
+        assert!(e.to_string().starts_with("cuda backend: "), "{e}");
+    }
+    let ix = Index::new(2, Metric::Dot, IndexBackend::Cpu).unwrap();
+    let e = ix
+        .search_device(0x1000, 1, 1, FilterSpec::None, 0)
+        .expect_err("a cpu index takes host queries");
+    assert!(e.to_string().contains("need the cuda backend"), "{e}");
 }
 
 #[test]
@@ -231,12 +257,33 @@ fn wrong_magic_and_future_versions_are_named() {
             .contains("not a topk index file: found TOPKHNSW at offset 0, expected \"TOPKIDX1\""),
         "{err}"
     );
-    let mut bad = bytes.clone();
-    bad[8..12].copy_from_slice(&2u32.to_le_bytes());
-    let err = open_bytes(dir.path(), &bad).expect_err("version");
+    for version in [0u32, 3] {
+        let mut bad = bytes.clone();
+        bad[8..12].copy_from_slice(&version.to_le_bytes());
+        let err = open_bytes(dir.path(), &bad).expect_err("version");
+        assert!(
+            err.to_string().contains(&format!(
+                "format version {version} at offset 8 is not supported (this build reads versions 1 to 2)"
+            )),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_version_1_file_still_opens() {
+    let (dir, _path, mut bytes) = saved();
+    assert_eq!(bytes[8..12], 2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32(&bytes[..40]);
+    bytes[40..44].copy_from_slice(&crc.to_le_bytes());
+    unchanged(&open_bytes(dir.path(), &bytes).expect("version 1"));
+    // Version 1 has no graph section: any byte after the table is trailing.
+    bytes.extend_from_slice(b"TOPKGRPH");
+    let err = open_bytes(dir.path(), &bytes).expect_err("trailing");
     assert!(
         err.to_string()
-            .contains("format version 2 at offset 8 is not supported (this build reads version 1)"),
+            .contains("8 unexpected bytes after the end of the index at offset"),
         "{err}"
     );
 }

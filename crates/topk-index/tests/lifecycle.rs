@@ -110,7 +110,11 @@ fn filter(shape: u8, model: &BTreeMap<u64, Vec<f32>>, pool: &[u64], rng: &mut Rn
     }
 }
 
+/// Runs `ops` on an index of backend `subject` (named `cpu` below, the
+/// default subject) and an oracle index, checking every search against an
+/// oracle rebuilt from scratch.
 fn run_history(
+    subject: IndexBackend,
     seed: u64,
     d: usize,
     metric: Metric,
@@ -121,7 +125,7 @@ fn run_history(
     let pool = id_pool(&mut rng);
     let mut model: BTreeMap<u64, Vec<f32>> = BTreeMap::new();
     let mut earlier: Vec<f32> = Vec::new();
-    let mut cpu = Index::new(d, metric, IndexBackend::Cpu).map_err(|e| e.to_string())?;
+    let mut cpu = Index::new(d, metric, subject).map_err(|e| e.to_string())?;
     let mut oracle = Index::new(d, metric, IndexBackend::Oracle).map_err(|e| e.to_string())?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let fresh = |rng: &mut Rng, earlier: &mut Vec<f32>| {
@@ -220,7 +224,7 @@ fn run_history(
                 let backend = if to_oracle {
                     IndexBackend::Oracle
                 } else {
-                    IndexBackend::Cpu
+                    subject
                 };
                 let back = Index::open(&path, backend).map_err(|e| e.to_string())?;
                 let q = fresh(&mut rng, &mut earlier);
@@ -231,7 +235,7 @@ fn run_history(
                 )
                 .map_err(|e| format!("step {step}: reopened on {backend}: {e}"))?;
                 // The reopened index answers for the cpu one from now on, on its backend.
-                cpu = back.with_backend(IndexBackend::Cpu);
+                cpu = back.with_backend(subject);
             }
             Op::AddExisting => {
                 if let Some(&id) = model.keys().next() {
@@ -325,7 +329,7 @@ proptest! {
         // Tie-rich kinds always present; the rest of the palette by the mask.
         let mut kinds = corpora::palette(mask & 0x7f);
         kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Constant]);
-        if let Err(e) = run_history(seed, d, metric, &kinds, &ops) {
+        if let Err(e) = run_history(IndexBackend::Cpu, seed, d, metric, &kinds, &ops) {
             return Err(TestCaseError::fail(format!("seed {seed}: {e}")));
         }
     }
@@ -513,4 +517,95 @@ fn all_and_near_all_filters_after_removals_and_upserts() {
     check(&cpu, "after upserts");
     cpu.compact();
     check(&cpu, "after compaction");
+}
+
+/// The `cuda` backend through the same histories: every search bit for bit
+/// the oracle's, saves reopened on the device, clones and backend switches
+/// uploading their own mirror. Runs where the build has the `cuda` feature
+/// and the engine's plugin finds a device; elsewhere it prints why and
+/// passes, unless `TOPK_REQUIRE_GPU=1`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use topk_testkit::or_skip;
+
+    fn device() -> Option<()> {
+        or_skip(topk_cuda_loader::available().map(|_| ()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        #[test]
+        fn histories_match_an_oracle_rebuilt_from_scratch_on_the_gpu(
+            seed in any::<u64>(),
+            d in prop_oneof![1usize..6, Just(33usize)],
+            metric in metric(),
+            mask in any::<u8>(),
+            ops in prop::collection::vec(op(), 1..32),
+        ) {
+            let Some(()) = device() else { return Ok(()) };
+            let mut kinds = corpora::palette(mask & 0x7f);
+            kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Constant]);
+            if let Err(e) = run_history(IndexBackend::Cuda, seed, d, metric, &kinds, &ops) {
+                return Err(TestCaseError::fail(format!("seed {seed}: {e}")));
+            }
+        }
+    }
+
+    /// Both filter paths of the device (row lists and bitsets), removals,
+    /// re-adds below the largest id, growth and compaction at a size where
+    /// the device selection runs its grid-wide passes.
+    #[test]
+    fn large_index_agrees_with_the_oracle_on_the_gpu() {
+        let Some(()) = device() else { return };
+        let (n, d) = (20_000usize, 16usize);
+        let data = corpora::shuffled_duplicates(7, n, d, 300);
+        let rows = ArrayView2::from_shape((n, d), &data).expect("shape");
+        let mut rng = Rng::new(11);
+        let mut ids: Vec<u64> = (0..n as u64).map(|i| i * 3 + 1).collect();
+        for i in (1..n).rev() {
+            ids.swap(i, rng.below(i + 1));
+        }
+        let qs = corpora::queries(5, 4, d, &[Kind::SmallInt], &data);
+        let qv = ArrayView2::from_shape((4, d), &qs).expect("shape");
+        for metric in Metric::ALL {
+            let options = topk_index::IndexOptions::default().capacity(1000);
+            let mut gpu =
+                Index::with_options(d, metric, IndexBackend::Cuda, &options).expect("gpu");
+            gpu.add(&ids, rows).expect("add");
+            let gone: Vec<u64> = ids.iter().copied().step_by(5).collect();
+            assert_eq!(gpu.remove(&gone), gone.len());
+            let back: Vec<u64> = gone.iter().copied().step_by(3).collect();
+            let back_rows: Vec<f32> = (0..back.len() * d).map(|v| (v % 5) as f32 - 2.0).collect();
+            gpu.add(
+                &back,
+                ArrayView2::from_shape((back.len(), d), &back_rows).expect("shape"),
+            )
+            .expect("re-add");
+            for stage in ["mutated", "compacted"] {
+                let oracle = rebuilt_from(&gpu, metric);
+                for fraction in [0usize, 1, 10, 24, 26, 60, 100] {
+                    let f = Filter::new(ids.iter().copied().filter(|_| rng.below(100) < fraction));
+                    for k in [1, 10, 257] {
+                        let got = gpu
+                            .search_batch(qv, k, FilterSpec::Shared(&f))
+                            .expect("search");
+                        for (q, got) in qs.chunks_exact(d).zip(&got) {
+                            let want = oracle.search(q, k, Some(&f)).expect("search");
+                            same(got, &want).unwrap_or_else(|e| {
+                                panic!("{stage} {metric} {fraction} % k {k}: {e}")
+                            });
+                        }
+                    }
+                }
+                let got = gpu.search_batch(qv, 50, FilterSpec::None).expect("search");
+                for (q, got) in qs.chunks_exact(d).zip(&got) {
+                    same(got, &oracle.search(q, 50, None).expect("search"))
+                        .unwrap_or_else(|e| panic!("{stage} {metric} unfiltered: {e}"));
+                }
+                gpu.compact();
+            }
+        }
+    }
 }

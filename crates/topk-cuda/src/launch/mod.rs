@@ -140,6 +140,7 @@ pub(crate) struct Kernels {
     scatter_rows: cu::CUfunction,
     mask_scores: cu::CUfunction,
     score_list: [cu::CUfunction; 3],
+    check_queries: cu::CUfunction,
     sm_count: u32,
 }
 
@@ -491,6 +492,7 @@ impl Kernels {
             scatter_rows: function(rows, "topk_scatter_rows")?,
             mask_scores: function(rows, "topk_mask_scores")?,
             score_list: family!(rows, "topk_score_list"),
+            check_queries: function(rows, "topk_check_queries")?,
             sm_count: sm_count.max(1),
         })
     }

@@ -156,4 +156,29 @@ impl Kernels {
         // above and every listed row lies in the corpus (caller).
         unsafe { launch.run(q, &mut args) }
     }
+
+    /// Sets `bad[0]` (`u32::MAX` before) to the first of `nq` device queries
+    /// of `d` values breaking docs/CONTRACTS.md §4.
+    pub(crate) fn check_queries(
+        &self,
+        q: Queue<'_>,
+        queries: DevSlice<'_, f32>,
+        nq: u32,
+        d: u32,
+        bad: DevSlice<'_, u32>,
+    ) -> Result<(), CudaError> {
+        queries.need("checked queries", nq as usize * d as usize)?;
+        bad.need("query check", 1)?;
+        kernel_args!(args = [queries = queries.ptr(), nq, d, bad = bad.ptr()]);
+        let warps = SCORE_THREADS / 32;
+        let blocks = nq.div_ceil(warps).clamp(1, self.sm_count * 16);
+        let launch = Launch::new(
+            "topk_check_queries",
+            self.check_queries,
+            (blocks, 1),
+            SCORE_THREADS,
+        );
+        // SAFETY: the parameter list of topk_check_queries; sizes checked.
+        unsafe { launch.run(q, &mut args) }
+    }
 }
