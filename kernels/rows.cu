@@ -60,9 +60,12 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
     }
 }
 
+// A list entry naming no row: an allow-list id the corpus does not hold.
+#define TOPK_NO_ROW 0xffffffffu
+
 // The canonical score of query q (of nq) against row list[j] (of m), a warp
-// per pair, into out[q * m + j]: the nq queries of a sparse filter's batch
-// share the list. Pairs run row-major over j, so the queries of one row are
+// per pair, into out[q * m + j] (NaN for TOPK_NO_ROW, ranking below every
+// score): the nq queries of a sparse filter's batch share the list. Pairs run row-major over j, so the queries of one row are
 // scored by neighbouring warps while the row is in cache.
 #define TOPK_SCORE_LIST_KERNEL(NAME, METRIC)                                                  \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_list_##NAME(      \
@@ -76,10 +79,13 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
             const size_t j = i / nq;                                                         \
             const size_t q = i - j * nq;                                                     \
             const unsigned row = list[j];                                                    \
-            const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;                      \
-            const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;                    \
-            const float s = topk_warp_score<METRIC>(queries + q * d, corpus + (size_t)row * d, \
-                                                    d, qn, rn, lane);                        \
+            float s = __int_as_float(0x7fc00000);                                            \
+            if (row != TOPK_NO_ROW) {                                                        \
+                const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;                  \
+                const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;                \
+                s = topk_warp_score<METRIC>(queries + q * d, corpus + (size_t)row * d, d, qn, \
+                                            rn, lane);                                       \
+            }                                                                                \
             if (lane == 0) {                                                                 \
                 out[q * m + j] = s;                                                          \
             }                                                                                \
@@ -114,5 +120,40 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
         if (lane == 0 && (!finite || sq > 0x1p100)) {
             atomicMin(bad, (unsigned)qi);
         }
+    }
+}
+
+// Resolves an allow-list on the device, a thread per listed id: want[i] (of
+// m, ascending) is looked up by binary search among the n stored ids (ids,
+// ascending, the row order). Where it is stored and live (bit r of live, or
+// every row when live is null), rows[i] = its row, bit r of bits is set (bits
+// zero before) and *count grows by one; elsewhere rows[i] = TOPK_NO_ROW. The
+// rows come out ascending with gaps, as the ids are.
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_resolve_ids(const unsigned long long* __restrict__ ids, unsigned n,
+                     const unsigned long long* __restrict__ live,
+                     const unsigned long long* __restrict__ want, unsigned m,
+                     unsigned* __restrict__ rows, unsigned long long* __restrict__ bits,
+                     unsigned* __restrict__ count) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < m;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const unsigned long long id = want[i];
+        unsigned lo = 0, hi = n;
+        while (lo < hi) {
+            const unsigned mid = lo + (hi - lo) / 2u;
+            if (ids[mid] < id) {
+                lo = mid + 1u;
+            } else {
+                hi = mid;
+            }
+        }
+        unsigned row = TOPK_NO_ROW;
+        if (lo < n && ids[lo] == id &&
+            (live == nullptr || ((live[lo / 64u] >> (lo % 64u)) & 1ull) != 0ull)) {
+            row = lo;
+            atomicOr(bits + lo / 64u, 1ull << (lo % 64u));
+            atomicAdd(count, 1u);
+        }
+        rows[i] = row;
     }
 }

@@ -15,7 +15,9 @@ mod bench;
 mod bundle;
 mod cuda;
 mod hnsw;
+mod lifecycle;
 mod ptx;
+mod pytest;
 mod util;
 
 /// Project automation for the topk workspace.
@@ -59,6 +61,14 @@ enum Cmd {
     /// topk-hnsw against hnswlib and faiss IndexHNSWFlat (build time,
     /// recall@10, one-thread QPS), into bench/results/<machine>/<date>-<commit>/.
     HnswBench(hnsw::HnswBenchArgs),
+    /// Every test of the project: `cargo test --workspace`, then the Python
+    /// package's ruff and pytest (LangChain's standard suite included) in
+    /// target/py-venv, built from the pins of crates/topk-py/requirements-test.txt.
+    Test(pytest::TestArgs),
+    /// topk's lifecycle (filtered exact and graph search, add / remove,
+    /// save / open) against faiss-cpu and hnswlib, interleaved in one run,
+    /// into bench/results/<machine>/<date>-<commit>/lifecycle/.
+    LifecycleBench(lifecycle::LifecycleArgs),
 }
 
 /// Flags of `cargo xtask ptx`.
@@ -100,6 +110,8 @@ impl Cmd {
             Cmd::BenchTable(_) => "bench-table",
             Cmd::CpuCompare(_) => "cpu-compare",
             Cmd::HnswBench(_) => "hnsw-bench",
+            Cmd::Test(_) => "test",
+            Cmd::LifecycleBench(_) => "lifecycle-bench",
         }
     }
 }
@@ -118,6 +130,8 @@ fn main() -> ExitCode {
         Cmd::BenchTable(a) => bench::table_cmd(&a),
         Cmd::CpuCompare(a) => bench::cpu_compare_cmd(&a),
         Cmd::HnswBench(a) => hnsw::hnsw_bench_cmd(&a),
+        Cmd::Test(a) => pytest::test_cmd(&a),
+        Cmd::LifecycleBench(a) => lifecycle::lifecycle_cmd(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -151,6 +165,8 @@ mod tests {
             "bench-table",
             "cpu-compare",
             "hnsw-bench",
+            "test",
+            "lifecycle-bench",
         ] {
             let err = Cli::try_parse_from(["cargo xtask", cmd, "--help"])
                 .err()

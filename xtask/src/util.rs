@@ -85,10 +85,19 @@ pub fn run(cmd: &mut Command) -> XResult<()> {
 /// Creates (once) `target/anchor-venv` with the pinned packages of
 /// `bench/anchors/requirements.txt`, and returns its python interpreter.
 pub fn anchor_venv() -> XResult<PathBuf> {
+    pinned_venv("anchor-venv", "bench/anchors/requirements.txt")
+}
+
+/// Creates `target/<name>` as a venv holding exactly the pins of the
+/// requirements file `reqs` (relative to the workspace root), and returns
+/// its python interpreter. A venv already made from the same file content is
+/// reused as is; a changed file installs again over it. `$PYTHON` (default
+/// `python3`) makes the venv.
+pub fn pinned_venv(name: &str, reqs: &str) -> XResult<PathBuf> {
     let root = root();
-    let venv = root.join("target/anchor-venv");
+    let venv = root.join("target").join(name);
     let python = venv.join("bin/python");
-    let reqs = root.join("bench/anchors/requirements.txt");
+    let reqs = root.join(reqs);
     let stamp = venv.join(".requirements");
     let wanted = std::fs::read_to_string(&reqs).map_err(|e| format!("{}: {e}", reqs.display()))?;
     if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {

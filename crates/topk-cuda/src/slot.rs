@@ -61,6 +61,12 @@ pub(crate) struct Slot {
     /// (the mutable resident corpus).
     pub(crate) allow: DeviceBuffer<u64>,
     pub(crate) allow_host: LockedBuffer<u64>,
+    /// An allow-list's ids, resolved on the device (the mutable resident
+    /// corpus), and the count of allowed rows found.
+    pub(crate) want: DeviceBuffer<u64>,
+    pub(crate) want_host: LockedBuffer<u64>,
+    pub(crate) count: DeviceBuffer<u32>,
+    pub(crate) count_host: LockedBuffer<u32>,
     /// The first device query breaking the input rules (`u32::MAX`: none).
     pub(crate) check: DeviceBuffer<u32>,
     pub(crate) check_host: LockedBuffer<u32>,
@@ -97,7 +103,7 @@ impl SlotShape {
             + self.gather * 12
             + self.filter_list * 4
             + (self.sizes.turn_chunks() + staged) * 4
-            + self.lists * 4
+            + self.lists * 12
             + chunk * self.lists.div_ceil(64) * 8
     }
 }
@@ -174,6 +180,10 @@ impl Slot {
             list_host: pinned(lists)?,
             allow: alloc("allow sets", allow_words)?,
             allow_host: pinned(allow_words)?,
+            want: alloc("allow-list ids", lists)?,
+            want_host: pinned(lists)?,
+            count: alloc("allowed count", 1)?,
+            count_host: pinned(1)?,
             check: alloc("query check", 1)?,
             check_host: pinned(1)?,
             out_mapped: None,

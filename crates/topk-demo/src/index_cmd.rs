@@ -144,6 +144,7 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
                 index.backend()
             );
             match recall_sample {
+                Some(0) => return Err(DemoError::RecallSampleZero),
                 Some(sample) => {
                     let r = recall(path, &qs, spec, &hits, *k, *sample, progress)?;
                     let line = format!(

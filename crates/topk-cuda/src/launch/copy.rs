@@ -156,3 +156,11 @@ pub(crate) fn d2d_sync<T: DeviceCopy>(
         cu::cuMemcpyDtoD_v2(d0, s0, src.bytes())
     })
 }
+
+/// Sets every byte of `dst` to zero on `stream`.
+pub(crate) fn zero_async<T>(stream: cu::CUstream, dst: DevSlice<'_, T>) -> Result<(), CudaError> {
+    // SAFETY: the range is exactly the view.
+    check("cuMemsetD8Async", unsafe {
+        cu::cuMemsetD8Async(dst.ptr(), 0, dst.bytes(), stream)
+    })
+}

@@ -29,7 +29,7 @@ use crate::device::{DevNeighbor, DevThreshold};
 use crate::driver::{check, DPtr, DevSlice};
 use crate::error::CudaError;
 
-pub(crate) use copy::{d2d, d2d_sync, d2h, h2d, h2d_sync, zero32, zero_sync};
+pub(crate) use copy::{d2d, d2d_sync, d2h, h2d, h2d_sync, zero32, zero_async, zero_sync};
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use rows::FROM_B;
 pub(crate) use score::{single_path, FusedThreshold, ScorePlan};
@@ -141,6 +141,7 @@ pub(crate) struct Kernels {
     mask_scores: cu::CUfunction,
     score_list: [cu::CUfunction; 3],
     check_queries: cu::CUfunction,
+    resolve_ids: cu::CUfunction,
     sm_count: u32,
 }
 
@@ -493,6 +494,7 @@ impl Kernels {
             mask_scores: function(rows, "topk_mask_scores")?,
             score_list: family!(rows, "topk_score_list"),
             check_queries: function(rows, "topk_check_queries")?,
+            resolve_ids: function(rows, "topk_resolve_ids")?,
             sm_count: sm_count.max(1),
         })
     }

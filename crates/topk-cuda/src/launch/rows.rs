@@ -181,4 +181,57 @@ impl Kernels {
         // SAFETY: the parameter list of topk_check_queries; sizes checked.
         unsafe { launch.run(q, &mut args) }
     }
+
+    /// Resolves the `want.len()` ascending ids of an allow-list against the
+    /// `n` ascending stored ids (`live`: the live bitset, or `None` when every
+    /// stored row is live): each id's row (or `u32::MAX`, `TOPK_NO_ROW`) into `rows`, the bits
+    /// of the allowed rows set in `bits` (zero before), their number added to
+    /// `count[0]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn resolve_ids(
+        &self,
+        q: Queue<'_>,
+        ids: DevSlice<'_, u64>,
+        n: u32,
+        live: Option<DevSlice<'_, u64>>,
+        want: DevSlice<'_, u64>,
+        rows: DevSlice<'_, u32>,
+        bits: DevSlice<'_, u64>,
+        count: DevSlice<'_, u32>,
+    ) -> Result<(), CudaError> {
+        let m = want.len() as u32;
+        ids.need("stored ids", n as usize)?;
+        rows.need("resolved rows", m as usize)?;
+        bits.need("allow bits", (n as usize).div_ceil(64))?;
+        count.need("allowed count", 1)?;
+        let live_ptr = match live {
+            Some(l) => {
+                l.need("live rows", (n as usize).div_ceil(64))?;
+                l.ptr()
+            }
+            None => 0,
+        };
+        kernel_args!(
+            args = [
+                ids = ids.ptr(),
+                n,
+                live = live_ptr,
+                want = want.ptr(),
+                m,
+                rows = rows.ptr(),
+                bits = bits.ptr(),
+                count = count.ptr()
+            ]
+        );
+        let blocks = elementwise_blocks(self.sm_count, m as usize);
+        let launch = Launch::new(
+            "topk_resolve_ids",
+            self.resolve_ids,
+            (blocks, 1),
+            SCORE_THREADS,
+        );
+        // SAFETY: the parameter list of topk_resolve_ids; every buffer holds
+        // what the kernel indexes (checked above); a null `live` is allowed.
+        unsafe { launch.run(q, &mut args) }
+    }
 }

@@ -1,0 +1,111 @@
+"""Type stubs of the compiled extension ``topk._topk`` (re-exported by ``topk``)."""
+
+from collections.abc import Sequence
+from os import PathLike
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+MAX_ID: int
+"""The largest id an index holds: 2^63 - 1."""
+
+_Ids = npt.ArrayLike
+_Filter = npt.ArrayLike | Sequence[npt.ArrayLike] | None
+
+def backends() -> dict[str, bool | str]:
+    """Every backend an :class:`Index` accepts: ``True`` when it can run on
+    this machine, otherwise the reason it cannot (e.g. no NVIDIA driver)."""
+
+class Index:
+    """An exact top-K index whose rows carry int64 ids (docs/CONTRACTS.md §10).
+
+    ``Index(dim, metric="cosine", backend="cpu", **options)``.
+
+    * ``metric``: ``"cosine"``, ``"dot"`` or ``"l2"``.
+    * ``backend``: a name from :func:`backends` (``"cpu"``, ``"oracle"``, ...).
+      The exact backends return the same bytes (ids and score bits).
+    * ``options``: ``capacity`` (rows to reserve); for ``hnsw``: ``m``,
+      ``ef_construction``, ``ef`` (alias ``ef_search``), ``seed``,
+      ``parallel``; for ``cuda``: ``device``, ``max_k``, ``max_batch``,
+      ``streams``. A backend ignores the options of the others; an unknown
+      name is a ``TypeError``.
+
+    **Inputs.** A float32 C-contiguous numpy array is read in place; other
+    float dtypes, non-contiguous arrays, lists, CPU torch tensors and objects
+    with ``__array__`` / ``__dlpack__`` are converted with one copy (a CPU
+    float32 contiguous torch tensor is shared, not copied). A non-float dtype
+    is a ``TypeError`` naming it. A CUDA tensor given to a host backend is an
+    :class:`~topk.InvalidInputError` saying so.
+
+    **Results.** ``search`` returns ``(scores, ids)``: float32 and int64 of
+    shape ``(Q, k)`` for 2-D queries, ``(k,)`` for one 1-D query, best first;
+    equal scores rank by the smaller id. When fewer than ``k`` rows qualify
+    the rest is ``-1`` ids with ``-inf`` scores. For ``metric="l2"`` the
+    scores are **squared L2 distances**, ascending (as FAISS's ``IndexFlatL2``
+    returns), padded with ``+inf``; the Rust side's score is their negation,
+    so the two carry the same bits up to the sign.
+
+    **Threads.** Every method that does work releases the GIL; searches run
+    concurrently, mutations one at a time. An array passed in must not be
+    written by another thread during the call that reads it.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        metric: Literal["cosine", "dot", "l2"] | str = "cosine",
+        backend: str = "cpu",
+        **options: int | bool,
+    ) -> None: ...
+    @staticmethod
+    def open(path: str | PathLike[str], backend: str | None = None) -> Index:
+        """Opens a file written by :meth:`save` (every check runs before the
+        index exists; a bad file is an :class:`~topk.IndexFileError` naming
+        the offset). ``backend=None`` opens a file holding an ``hnsw`` graph on
+        ``"hnsw"`` and any other on ``"cpu"``."""
+    def add(self, vectors: npt.ArrayLike, ids: _Ids | None = None) -> npt.NDArray[np.int64]:
+        """Adds ``(n, dim)`` rows (a 1-D array is one row) under ``ids``, or
+        by default under the ids after the largest present (0, 1, ... when
+        empty); returns the ids. All or nothing: an id present, repeated,
+        negative, a wrong width or NaN/Inf is an error that changes nothing."""
+    def upsert(self, vectors: npt.ArrayLike, ids: _Ids) -> None:
+        """Replaces the vectors of present ids and adds the others (all or nothing)."""
+    def remove(self, ids: _Ids) -> int:
+        """Removes the rows of ``ids``; returns how many were present (absent
+        and negative ids are ignored)."""
+    def _search_device(
+        self, ptr: int, nq: int, k: int, filter: _Filter, stream: int
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Queries in GPU memory at device address ``ptr`` (``nq`` rows of
+        ``dim`` float32), read after the work on CUDA stream ``stream``; used
+        by :func:`topk._inputs._search_cuda_tensor`."""
+    def search(
+        self, queries: npt.ArrayLike, k: int, filter: _Filter = None
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """The ``k`` best rows of each query (see the class documentation for
+        shapes, padding and the L2 convention). ``filter`` is an int64 array
+        of allowed ids shared by the batch, or a list of one such array per
+        query; ids the index does not hold (and negative ones) are ignored.
+        On a ``cuda`` index a CUDA query tensor returns tensors on its device
+        (torch for torch, CuPy for CuPy) instead of numpy arrays."""
+    def save(self, path: str | PathLike[str]) -> None:
+        """Writes the index to ``path`` atomically (a temporary file renamed
+        over it), checksummed."""
+    def compact(self) -> None:
+        """Drops removed rows now (removals compact by themselves past a quarter)."""
+    def ids(self) -> npt.NDArray[np.int64]:
+        """The live ids, ascending."""
+    def get(self, id: int) -> npt.NDArray[np.float32] | None:
+        """A copy of the vector stored under ``id``, or ``None``."""
+    def __contains__(self, id: int) -> bool: ...
+    def __len__(self) -> int: ...
+    @property
+    def dim(self) -> int:
+        """Values per row."""
+    @property
+    def metric(self) -> str:
+        """``"cosine"``, ``"dot"`` or ``"l2"``."""
+    @property
+    def backend(self) -> str:
+        """The backend searches run on."""

@@ -1,0 +1,406 @@
+//! `topk.Index`: the lifecycle [`topk::Index`] (docs/CONTRACTS.md §10) for
+//! Python.
+//!
+//! The index sits behind an `RwLock`: searches share it, mutations take it
+//! alone, so one `Index` may be used from many Python threads. Every method
+//! that does work (add, upsert, remove, search, save, open) releases the GIL
+//! first and takes the lock after, so a thread waiting for the lock never
+//! holds the GIL that the thread holding the lock may need next.
+//!
+//! While the GIL is released the extension reads the caller's numpy arrays
+//! in place; as with any numpy extension, an array must not be written by
+//! another thread during the call that reads it.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use ndarray::ArrayView2;
+use numpy::ndarray::Array1;
+use numpy::PyArray;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use topk::{Filter, FilterSpec, Index, IndexBackend, IndexError, Metric};
+
+use crate::convert::{inputs, Filters, Floats, Ids, Results};
+use crate::errors::{index_err, new_err, Kind};
+use crate::{availability, options};
+
+/// An exact top-K index whose rows carry int64 ids (see the stub
+/// `topk/_topk.pyi` for the full Python documentation).
+#[pyclass(module = "topk", name = "Index", frozen)]
+pub(crate) struct PyIndex {
+    inner: RwLock<Index>,
+}
+
+/// Why a call failed while the GIL was released.
+enum Failure {
+    Index(IndexError),
+    Memory(String),
+}
+
+impl Failure {
+    fn into_py(self, py: Python<'_>) -> PyErr {
+        match self {
+            Failure::Index(e) => index_err(py, e),
+            Failure::Memory(m) => new_err(py, Kind::InvalidInput, m),
+        }
+    }
+}
+
+/// The backend named `name` (any case), among [`IndexBackend::ALL`], checked
+/// to run on this machine.
+fn parse_backend(py: Python<'_>, name: &str) -> PyResult<IndexBackend> {
+    let lower = name.to_ascii_lowercase();
+    let Some(backend) = IndexBackend::ALL.into_iter().find(|b| b.as_str() == lower) else {
+        let known: Vec<&str> = IndexBackend::ALL.iter().map(|b| b.as_str()).collect();
+        return Err(new_err(
+            py,
+            Kind::InvalidInput,
+            format!(
+                "unknown backend {name:?}: an Index runs on {}",
+                known.join(", ")
+            ),
+        ));
+    };
+    availability(backend).map_err(|why| {
+        new_err(
+            py,
+            Kind::Device,
+            format!("backend {:?} cannot run here: {why}", backend.as_str()),
+        )
+    })?;
+    Ok(backend)
+}
+
+/// A rows argument as a `rows × D` view.
+fn rows_view<'a>(rows: &'a Floats<'_>) -> PyResult<ArrayView2<'a, f32>> {
+    ArrayView2::from_shape(rows.shape(), rows.values()?)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
+impl PyIndex {
+    fn read(&self) -> RwLockReadGuard<'_, Index> {
+        // A panic while holding the lock cannot leave the index half
+        // changed (mutations are all or nothing), so a poisoned lock is used.
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Index> {
+        self.inner.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn backend_name(&self) -> &'static str {
+        self.read().backend().as_str()
+    }
+}
+
+#[pymethods]
+impl PyIndex {
+    #[new]
+    #[pyo3(signature = (dim, metric = "cosine", backend = "cpu", **options))]
+    fn new(
+        py: Python<'_>,
+        dim: i64,
+        metric: &str,
+        backend: &str,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyIndex> {
+        let options = options::parse(py, options)?;
+        let metric = Metric::from_str(metric).map_err(|e| index_err(py, e.into()))?;
+        let backend = parse_backend(py, backend)?;
+        let dim = usize::try_from(dim).map_err(|_| {
+            new_err(
+                py,
+                Kind::InvalidInput,
+                format!("dim must be at least 1, got dim = {dim}"),
+            )
+        })?;
+        let index =
+            Index::with_options(dim, metric, backend, &options).map_err(|e| index_err(py, e))?;
+        Ok(PyIndex {
+            inner: RwLock::new(index),
+        })
+    }
+
+    /// Opens a file written by `save`, for `backend`; by default `hnsw`
+    /// when the file holds a graph, else `cpu`.
+    #[staticmethod]
+    #[pyo3(signature = (path, backend = None))]
+    fn open(py: Python<'_>, path: PathBuf, backend: Option<&str>) -> PyResult<PyIndex> {
+        let backend = match backend {
+            Some(name) => Some(parse_backend(py, name)?),
+            None => None,
+        };
+        let index = py
+            .detach(|| {
+                let backend = match backend {
+                    Some(b) => b,
+                    None if Index::file_info(&path)?.graph => IndexBackend::Hnsw,
+                    None => IndexBackend::default(),
+                };
+                Index::open(&path, backend)
+            })
+            .map_err(|e| index_err(py, e))?;
+        Ok(PyIndex {
+            inner: RwLock::new(index),
+        })
+    }
+
+    /// Adds rows under new ids (default: those after the largest id) and
+    /// returns their ids.
+    #[pyo3(signature = (vectors, ids = None))]
+    fn add<'py>(
+        &self,
+        py: Python<'py>,
+        vectors: &Bound<'py, PyAny>,
+        ids: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let rows = Floats::new(py, vectors, "vectors", self.backend_name())?;
+        let view = rows_view(&rows)?;
+        match ids.filter(|i| !i.is_none()) {
+            None => {
+                let n = view.nrows() as i64;
+                let first = py
+                    .detach(|| self.write().add_auto(view))
+                    .map_err(|e| index_err(py, e))?;
+                // `first + n - 1` is at most 2^63 - 1 (add_auto checked it).
+                let first = first as i64;
+                let assigned: Array1<i64> = (first..first + n).collect();
+                Ok(PyArray::from_owned_array(py, assigned).into_any())
+            }
+            Some(ids_obj) => {
+                let ids = Ids::new(py, ids_obj, "ids")?;
+                let wanted = ids.to_u64(py, "ids")?;
+                py.detach(|| self.write().add(&wanted, view))
+                    .map_err(|e| index_err(py, e))?;
+                let assigned: Array1<i64> = ids.values()?.iter().copied().collect();
+                Ok(PyArray::from_owned_array(py, assigned).into_any())
+            }
+        }
+    }
+
+    /// Replaces the vectors of present ids and adds the others.
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        vectors: &Bound<'_, PyAny>,
+        ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rows = Floats::new(py, vectors, "vectors", self.backend_name())?;
+        let view = rows_view(&rows)?;
+        let ids = Ids::new(py, ids, "ids")?.to_u64(py, "ids")?;
+        py.detach(|| self.write().upsert(&ids, view))
+            .map_err(|e| index_err(py, e))
+    }
+
+    /// Removes the rows of `ids` and returns how many were present (absent
+    /// and negative ids are ignored).
+    fn remove(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let ids = Ids::new(py, ids, "ids")?;
+        let ids: Vec<u64> = ids
+            .values()?
+            .iter()
+            .filter_map(|&id| u64::try_from(id).ok())
+            .collect();
+        Ok(py.detach(|| self.write().remove(&ids)))
+    }
+
+    /// The `k` best rows of each query: `(scores, ids)`.
+    #[pyo3(signature = (queries, k, filter = None))]
+    fn search(
+        slf: &Bound<'_, PyIndex>,
+        queries: &Bound<'_, PyAny>,
+        k: i64,
+        filter: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let Some(q) = Floats::in_place(queries) else {
+            return inputs(py)?
+                .call_method1("search_other", (slf, queries, k, filter))
+                .map(Bound::unbind);
+        };
+        let this = slf.get();
+        let k = usize::try_from(k).map_err(|_| {
+            new_err(
+                py,
+                Kind::InvalidInput,
+                format!("k must be at least 1, got k = {k}"),
+            )
+        })?;
+        let single = q.is_single();
+        let (nq, _) = q.shape();
+        let filters = Filters::new(py, filter, nq)?;
+        let values = q.values()?;
+        let view = rows_view(&q)?;
+        let results = py.detach(|| -> Result<Results, Failure> {
+            let mut out = Results::with_room(nq, k).map_err(Failure::Memory)?;
+            let index = this.read();
+            let l2 = index.metric() == Metric::L2;
+            if single {
+                let filter: Option<&Filter> = match &filters {
+                    Filters::None => None,
+                    Filters::Shared(f) => Some(f),
+                    Filters::PerQuery(fs) => match fs.as_slice() {
+                        [f] => Some(f),
+                        _ => {
+                            return Err(Failure::Index(IndexError::FilterCount {
+                                filters: fs.len(),
+                                queries: 1,
+                            }))
+                        }
+                    },
+                };
+                let hits = index.search(values, k, filter).map_err(Failure::Index)?;
+                out.push(&hits, l2);
+            } else {
+                let spec = match &filters {
+                    Filters::None => FilterSpec::None,
+                    Filters::Shared(f) => FilterSpec::Shared(f),
+                    Filters::PerQuery(fs) => FilterSpec::PerQuery(fs),
+                };
+                let hits = index.search_batch(view, k, spec).map_err(Failure::Index)?;
+                for h in &hits {
+                    out.push(h, l2);
+                }
+            }
+            Ok(out)
+        });
+        results.map_err(|f| f.into_py(py))?.into_py(py, single)
+    }
+
+    /// Searches `nq` row-major float32 queries that live in GPU memory at the
+    /// device address `ptr` (a contiguous CUDA tensor's `data_ptr()`), read
+    /// there after the work queued on the raw CUDA stream `stream`: the
+    /// `cuda` backend's `Index::search_device`, the queries never crossing
+    /// to the host. Returns host `(scores, ids)` arrays of shape `(nq, k)`;
+    /// `topk._inputs._search_cuda_tensor` moves them to the query's device.
+    #[pyo3(signature = (ptr, nq, k, filter, stream))]
+    fn _search_device(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        nq: usize,
+        k: i64,
+        filter: Option<&Bound<'_, PyAny>>,
+        stream: u64,
+    ) -> PyResult<Py<PyAny>> {
+        let k = usize::try_from(k).map_err(|_| {
+            new_err(
+                py,
+                Kind::InvalidInput,
+                format!("k must be at least 1, got k = {k}"),
+            )
+        })?;
+        let filters = Filters::new(py, filter, nq)?;
+        let results = py.detach(|| -> Result<Results, Failure> {
+            let mut out = Results::with_room(nq, k).map_err(Failure::Memory)?;
+            let index = self.read();
+            let l2 = index.metric() == Metric::L2;
+            let spec = match &filters {
+                Filters::None => FilterSpec::None,
+                Filters::Shared(f) => FilterSpec::Shared(f),
+                Filters::PerQuery(fs) => FilterSpec::PerQuery(fs),
+            };
+            let hits = index
+                .search_device(ptr, nq, k, spec, stream)
+                .map_err(Failure::Index)?;
+            for h in &hits {
+                out.push(h, l2);
+            }
+            Ok(out)
+        });
+        results.map_err(|f| f.into_py(py))?.into_py(py, false)
+    }
+
+    /// Nanoseconds of each of `repeats` calls of the Rust `Index::search`
+    /// for one float32 query, timed inside the extension: the baseline the
+    /// Python call's overhead is measured against (crates/topk-py/bench/python_overhead.py).
+    fn _time_rust_search(
+        &self,
+        py: Python<'_>,
+        query: &Bound<'_, PyAny>,
+        k: usize,
+        repeats: usize,
+    ) -> PyResult<Vec<u64>> {
+        let q = Floats::new(py, query, "query", self.backend_name())?;
+        let values = q.values()?;
+        py.detach(|| {
+            let index = self.read();
+            let mut out = Vec::with_capacity(repeats);
+            for _ in 0..repeats {
+                let start = std::time::Instant::now();
+                let hits = index.search(values, k, None)?;
+                out.push(start.elapsed().as_nanos() as u64);
+                std::hint::black_box(hits);
+            }
+            Ok(out)
+        })
+        .map_err(|e| index_err(py, e))
+    }
+
+    /// Saves the index to `path` atomically.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| self.read().save(&path))
+            .map_err(|e| index_err(py, e))
+    }
+
+    /// Drops removed rows now (changes no result).
+    fn compact(&self, py: Python<'_>) {
+        py.detach(|| self.write().compact());
+    }
+
+    /// The live ids, ascending, as int64.
+    fn ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        let ids: Array1<i64> = py
+            .detach(|| self.read().ids())
+            .into_iter()
+            .map(|id| id as i64)
+            .collect();
+        PyArray::from_owned_array(py, ids).into_any()
+    }
+
+    /// The vector stored under `id` (a copy), or None.
+    fn get<'py>(&self, py: Python<'py>, id: i64) -> Option<Bound<'py, PyAny>> {
+        let id = u64::try_from(id).ok()?;
+        let row: Vec<f32> = self.read().get(id)?.to_vec();
+        Some(PyArray::from_owned_array(py, Array1::from_vec(row)).into_any())
+    }
+
+    fn __contains__(&self, id: i64) -> bool {
+        u64::try_from(id).is_ok_and(|id| self.read().contains(id))
+    }
+
+    fn __len__(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Values per row.
+    #[getter]
+    fn dim(&self) -> usize {
+        self.read().dim()
+    }
+
+    /// "dot", "cosine" or "l2".
+    #[getter]
+    fn metric(&self) -> &'static str {
+        self.read().metric().as_str()
+    }
+
+    /// The backend searches run on ("cpu", "oracle", ...).
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend_name()
+    }
+
+    fn __repr__(&self) -> String {
+        let index = self.read();
+        format!(
+            "topk.Index(dim={}, metric={:?}, backend={:?}, len={})",
+            index.dim(),
+            index.metric().as_str(),
+            index.backend().as_str(),
+            index.len()
+        )
+    }
+}
