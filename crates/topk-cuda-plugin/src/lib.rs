@@ -73,7 +73,13 @@ impl From<CudaError> for Failure {
             CudaError::NoDriver { .. } => Status::NoDriver,
             CudaError::NoDevice { .. } => Status::NoDevice,
             CudaError::OutOfMemory { .. } => Status::OutOfMemory,
-            CudaError::Input(_) => Status::InvalidInput,
+            CudaError::Input(_)
+            | CudaError::BadDeviceQuery { .. }
+            | CudaError::BadDevicePointer { .. }
+            | CudaError::IdPresent { .. }
+            | CudaError::DuplicateId { .. }
+            | CudaError::IdTooLarge { .. }
+            | CudaError::CountMismatch { .. } => Status::InvalidInput,
             CudaError::InvalidOption { .. } => Status::InvalidOption,
             CudaError::Driver { .. } | CudaError::ModuleLoad { .. } => Status::Driver,
             _ => Status::Other,

@@ -193,8 +193,14 @@ impl Index {
             }
         };
         r.search_device(queries, nq, k, spec, stream)
-            .map_err(|e| IndexError::Cuda {
-                reason: e.to_string(),
+            .map_err(|e| match e {
+                topk_cuda_loader::LoadError::Engine {
+                    kind: topk_cuda_loader::EngineErrorKind::InvalidInput,
+                    message,
+                } => IndexError::DeviceInput { reason: message },
+                other => IndexError::Cuda {
+                    reason: other.to_string(),
+                },
             })
     }
 

@@ -77,6 +77,14 @@ pub enum IndexError {
         /// The index's backend.
         backend: &'static str,
     },
+    /// The `cuda` backend refused an input only it can check (queries in GPU
+    /// memory with a non-finite value or an overflowing norm, an address
+    /// outside device memory).
+    #[error("cuda backend: {reason}")]
+    DeviceInput {
+        /// What the engine reported.
+        reason: String,
+    },
     /// The `cuda` backend could not start, or its device failed.
     #[error("cuda backend: {reason}")]
     Cuda {

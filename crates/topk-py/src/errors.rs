@@ -54,6 +54,8 @@ fn kind_of(e: &IndexError) -> Kind {
         | IndexError::IdExists { .. }
         | IndexError::IdsExhausted { .. }
         | IndexError::FilterCount { .. }
+        | IndexError::DeviceQueries { .. }
+        | IndexError::DeviceInput { .. }
         | IndexError::Graph(_) => Kind::InvalidInput,
         IndexError::Io { .. }
         | IndexError::BadMagic { .. }

@@ -94,5 +94,5 @@ def test_a_non_finite_device_query_is_refused() -> None:
     gpu.add(np.ones((4, 8), np.float32))
     q = t.ones((3, 8), device="cuda")
     q[1, 3] = float("nan")
-    with pytest.raises(topk.TopkError, match="device query 1"):
+    with pytest.raises(topk.InvalidInputError, match="device query 1"):
         gpu.search(q, 2)
