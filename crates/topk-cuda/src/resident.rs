@@ -123,12 +123,6 @@ enum List<'a> {
     Device(&'a [u64]),
 }
 
-/// Allowed rows of at most this fraction of the stored rows are scored as a
-/// list by a batch of queries (a single query: [`GATHER_FRACTION`]). The
-/// list kernel scores a warp per (query, row) pair; at 1M × 1024 and 256
-/// queries on an H200 it cost about 40 times the filtered path's time per
-/// row, so past 1/40 of the rows the bitset path is faster.
-const GATHER_FRACTION_BATCH: f64 = 0.025;
 
 impl ResidentCorpus {
     /// An empty corpus of `dim`-value rows with device room for `capacity`
@@ -441,22 +435,18 @@ impl ResidentCorpus {
         }
         let mut slot = self.engine.slot()?;
         match allowed {
-            Allowed::Rows(rows) if Self::gathers(rows.len(), n, nq) => {
+            Allowed::Rows(rows) if Self::gathers(rows.len(), n) => {
                 self.search_list(&mut slot, src, nq, k, List::Host(rows))
             }
             other => self.search_masked(&mut slot, src, nq, k.min(count), other),
         }
     }
 
-    /// Whether `allowed` of `n` stored rows are scored as a list by `nq`
-    /// queries (else every row under a bitset).
-    fn gathers(allowed: usize, n: usize, nq: usize) -> bool {
-        let fraction = if nq == 1 {
-            GATHER_FRACTION
-        } else {
-            GATHER_FRACTION_BATCH
-        };
-        allowed as f64 <= fraction * n as f64
+    /// Whether `allowed` of `n` stored rows are scored as a list (else
+    /// every row under a bitset): a single query scores the list with a warp
+    /// per row, a batch gathers it in pieces for the batch kernel.
+    fn gathers(allowed: usize, n: usize) -> bool {
+        allowed as f64 <= GATHER_FRACTION * n as f64
     }
 
     /// Searches under an allow-list of ids: resolved to rows on the device
@@ -532,7 +522,7 @@ impl ResidentCorpus {
             return self.search_masked(slot, src, nq, k, Allowed::Every);
         }
         let k = k.min(allowed);
-        if Self::gathers(allowed, n, nq) {
+        if Self::gathers(allowed, n) {
             self.search_list(slot, src, nq, k, List::Device(&sorted))
         } else {
             self.search_masked(slot, src, nq, k, Allowed::DeviceBits)
@@ -671,6 +661,13 @@ impl ResidentCorpus {
         k: usize,
         rows: List<'_>,
     ) -> Result<Vec<Vec<Hit>>, CudaError> {
+        if nq > 1 {
+            let rows: std::borrow::Cow<'_, [u32]> = match rows {
+                List::Host(rows) => std::borrow::Cow::Borrowed(rows),
+                List::Device(_) => std::borrow::Cow::Owned(self.rows_of_bits(slot)?),
+            };
+            return self.search_list_batch(slot, src, nq, k, &rows);
+        }
         let e = &self.engine;
         let d = self.dim();
         let m = match rows {
@@ -715,6 +712,99 @@ impl ResidentCorpus {
                     self.select_chunk(slot, m, cq, k, &mut out, |pos| ids[pos as usize])?
                 }
             }
+        }
+        Ok(out)
+    }
+
+    /// The allowed rows, ascending, of the allow set the device resolution
+    /// left in the slot.
+    fn rows_of_bits(&self, slot: &mut Slot) -> Result<Vec<u32>, CudaError> {
+        let words = self.ids.len().div_ceil(64);
+        let bits = DevSlice::of(&slot.allow).range("allow sets", 0, words)?;
+        launch::d2h(
+            Queue::Stream(slot.stream.as_inner()),
+            &mut slot.allow_host,
+            bits,
+        )?;
+        slot.stream
+            .synchronize()
+            .op("cuStreamSynchronize (allow set)")?;
+        let mut rows = Vec::new();
+        for (w, &word) in slot.allow_host.as_slice()[..words].iter().enumerate() {
+            let mut b = word;
+            while b != 0 {
+                rows.push((w * 64) as u32 + b.trailing_zeros());
+                b &= b - 1;
+            }
+        }
+        Ok(rows)
+    }
+
+    /// A batch over a list of allowed rows (ascending): each piece of the
+    /// list is gathered into contiguous device memory and scored there by
+    /// the engine's batch kernel (the canonical score, §2), its scores copied
+    /// into their columns; the selection then runs over the list.
+    fn search_list_batch(
+        &self,
+        slot: &mut Slot,
+        src: Source<'_>,
+        nq: usize,
+        k: usize,
+        rows: &[u32],
+    ) -> Result<Vec<Vec<Hit>>, CudaError> {
+        let e = &self.engine;
+        let (c, d) = (rows.len(), self.dim());
+        let k = k.min(c);
+        slot.list_host.as_mut_slice()[..c].copy_from_slice(rows);
+        let list = DevSlice::of(&slot.list).range("filter rows", 0, c)?;
+        launch::h2d(
+            Queue::Stream(slot.stream.as_inner()),
+            list,
+            &slot.list_host,
+            0,
+            c,
+        )?;
+        let piece = slot.compact_norms.len().min(c);
+        let chunk = e.sizes.chunk.min(slot.scores.len() / (c + piece)).max(1);
+        let cosine = self.metric() == Metric::Cosine;
+        let mut out = Vec::with_capacity(nq);
+        for first in (0..nq).step_by(chunk) {
+            let cq = chunk.min(nq - first);
+            src.part(first, cq, d)?.stage(slot)?;
+            let stream = slot.stream.as_inner();
+            let s = Queue::Stream(stream);
+            let qv = slot.queries_at(d, 0, cq)?;
+            let scores = DevSlice::of(&slot.scores);
+            for j0 in (0..c).step_by(piece) {
+                let p = piece.min(c - j0);
+                let map = DevSlice::of(&slot.list).range("filter rows", j0, p)?;
+                let compact = DevSlice::of(&slot.compact);
+                let corpus = DevSlice::of(&e.corpus);
+                e.kernels
+                    .gather_rows(s, corpus, corpus, map, d as u32, compact)?;
+                let norms = DevSlice::of(&slot.compact_norms);
+                if cosine {
+                    let rnorm = DevSlice::of(&e.rnorm);
+                    e.kernels.gather_rows(s, rnorm, rnorm, map, 1, norms)?;
+                }
+                let temp = scores.range("piece scores", cq * c, cq * p)?;
+                let ops = crate::launch::Operands {
+                    corpus: compact.range("gathered rows", 0, p * d)?,
+                    rnorm: norms,
+                    n: p as u32,
+                    d: d as u32,
+                    queries: qv,
+                    nq: cq as u32,
+                    qnorm: DevSlice::of(&slot.qnorm),
+                    scores: temp,
+                };
+                e.enqueue_scores(s, &ops, None)?;
+                let dst = scores.skip("list scores", j0)?;
+                launch::d2d_2d(stream, dst, c, temp, p, p, cq)?;
+            }
+            self.select_chunk(slot, c, cq, k, &mut out, |pos| {
+                self.ids[rows[pos as usize] as usize]
+            })?;
         }
         Ok(out)
     }

@@ -17,6 +17,19 @@ pub(crate) const BATCH_CHUNK: usize = 64;
 /// Most queries a slot stages at once; a larger `max_batch` runs in turns.
 const MAX_STAGED: usize = 1024;
 
+/// Bytes of a slot's gathered-rows buffer (the mutable resident corpus).
+const COMPACT_BYTES: usize = 64 << 20;
+
+/// Rows of `d` values the gathered-rows buffer of a slot with `lists` rows
+/// of list scratch holds (none without list scratch).
+pub(crate) fn compact_rows(lists: usize, d: usize) -> usize {
+    if lists == 0 {
+        0
+    } else {
+        (COMPACT_BYTES / (4 * d.max(1))).clamp(1, lists)
+    }
+}
+
 /// Scratch of one concurrent search: a stream, the query and result buffers
 /// (device and pinned host) of a whole staged batch, and the scoring and
 /// selection scratch of one chunk of it.
@@ -67,6 +80,10 @@ pub(crate) struct Slot {
     pub(crate) want_host: LockedBuffer<u64>,
     pub(crate) count: DeviceBuffer<u32>,
     pub(crate) count_host: LockedBuffer<u32>,
+    /// A piece of a batch's allowed rows gathered contiguous, with their
+    /// norms, for the batch scoring kernel (the mutable resident corpus).
+    pub(crate) compact: DeviceBuffer<f32>,
+    pub(crate) compact_norms: DeviceBuffer<f32>,
     /// The first device query breaking the input rules (`u32::MAX`: none).
     pub(crate) check: DeviceBuffer<u32>,
     pub(crate) check_host: LockedBuffer<u32>,
@@ -104,6 +121,7 @@ impl SlotShape {
             + self.filter_list * 4
             + (self.sizes.turn_chunks() + staged) * 4
             + self.lists * 12
+            + compact_rows(self.lists, d) * (d + 1) * 4
             + chunk * self.lists.div_ceil(64) * 8
     }
 }
@@ -180,6 +198,8 @@ impl Slot {
             list_host: pinned(lists)?,
             allow: alloc("allow sets", allow_words)?,
             allow_host: pinned(allow_words)?,
+            compact: alloc("gathered rows", compact_rows(lists, d) * d)?,
+            compact_norms: alloc("gathered norms", compact_rows(lists, d))?,
             want: alloc("allow-list ids", lists)?,
             want_host: pinned(lists)?,
             count: alloc("allowed count", 1)?,

@@ -164,3 +164,54 @@ pub(crate) fn zero_async<T>(stream: cu::CUstream, dst: DevSlice<'_, T>) -> Resul
         cu::cuMemsetD8Async(dst.ptr(), 0, dst.bytes(), stream)
     })
 }
+
+/// Device → device copy of `height` rows of `width` elements, from rows of
+/// `src_pitch` elements at `src` to rows of `dst_pitch` elements at `dst`,
+/// on `stream`: a batch's scores of one piece of a list into their columns.
+pub(crate) fn d2d_2d<T: DeviceCopy>(
+    stream: cu::CUstream,
+    dst: DevSlice<'_, T>,
+    dst_pitch: usize,
+    src: DevSlice<'_, T>,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<(), CudaError> {
+    if height == 0 || width == 0 {
+        return Ok(());
+    }
+    if width > dst_pitch || width > src_pitch {
+        return Err(CudaError::InvalidOption {
+            name: "2-D copy width",
+            value: width,
+            reason: "wider than a row of its source or destination",
+        });
+    }
+    let last = (height - 1) * dst_pitch + width;
+    dst.need("2-D copy destination", last)?;
+    src.need("2-D copy source", (height - 1) * src_pitch + width)?;
+    let size = std::mem::size_of::<T>();
+    let copy = cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src.ptr(),
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch * size,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst.ptr(),
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch * size,
+        WidthInBytes: width * size,
+        Height: height,
+    };
+    // SAFETY: both extents were checked against their views above; the
+    // descriptor lives for the call, which copies it.
+    check("cuMemcpy2DAsync", unsafe {
+        cu::cuMemcpy2DAsync_v2(&copy, stream)
+    })
+}
