@@ -114,6 +114,7 @@ mod tests {
         ("filter.cu", include_str!("../../../kernels/filter.cu")),
         ("norms.cu", include_str!("../../../kernels/norms.cu")),
         ("pairs.cuh", include_str!("../../../kernels/pairs.cuh")),
+        ("rows.cu", include_str!("../../../kernels/rows.cu")),
         (
             "score_batch.cu",
             include_str!("../../../kernels/score_batch.cu"),
