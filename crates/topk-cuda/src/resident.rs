@@ -123,7 +123,6 @@ enum List<'a> {
     Device(&'a [u64]),
 }
 
-
 impl ResidentCorpus {
     /// An empty corpus of `dim`-value rows with device room for `capacity`
     /// rows (at least one) before its first growth.
