@@ -339,6 +339,33 @@ impl PyIndex {
         .map_err(|e| index_err(py, e))
     }
 
+    /// Nanoseconds of each of `repeats` calls of the Rust
+    /// `Index::search_device` for `nq` queries at the device address `ptr`
+    /// on CUDA stream `stream`, timed inside the extension: the baseline of
+    /// crates/topk-py/bench/gpu_queries.py.
+    fn _time_rust_search_device(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        nq: usize,
+        k: usize,
+        stream: u64,
+        repeats: usize,
+    ) -> PyResult<Vec<u64>> {
+        py.detach(|| {
+            let index = self.read();
+            let mut out = Vec::with_capacity(repeats);
+            for _ in 0..repeats {
+                let start = std::time::Instant::now();
+                let hits = index.search_device(ptr, nq, k, FilterSpec::None, stream)?;
+                out.push(start.elapsed().as_nanos() as u64);
+                std::hint::black_box(hits);
+            }
+            Ok(out)
+        })
+        .map_err(|e| index_err(py, e))
+    }
+
     /// Saves the index to `path` atomically.
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         py.detach(|| self.read().save(&path))

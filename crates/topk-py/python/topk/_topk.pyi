@@ -80,6 +80,10 @@ class Index:
         """Queries in GPU memory at device address ``ptr`` (``nq`` rows of
         ``dim`` float32), read after the work on CUDA stream ``stream``; used
         by :func:`topk._inputs._search_cuda_tensor`."""
+    def _time_rust_search_device(
+        self, ptr: int, nq: int, k: int, stream: int, repeats: int
+    ) -> list[int]:
+        """Nanoseconds of each of ``repeats`` Rust ``Index::search_device`` calls."""
     def search(
         self, queries: npt.ArrayLike, k: int, filter: _Filter = None
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
