@@ -209,6 +209,16 @@ impl Plugin {
     }
 }
 
+/// Where a resident search's queries are.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Queries<'a> {
+    /// Row-major values in host memory.
+    Host(&'a [f32]),
+    /// A device address of this process's CUDA context, read after the
+    /// work queued on the raw CUDA stream `stream`.
+    Device { address: u64, stream: u64 },
+}
+
 /// A mutable resident corpus inside the plugin; freed on drop. Mutations
 /// take `&mut self`, searches `&self`, as the ABI requires.
 pub(crate) struct Resident {
@@ -275,13 +285,14 @@ impl Resident {
         Ok(removed)
     }
 
-    /// `counts.len()` row-major queries of `dim` values under a filter
-    /// (`abi::FILTER_*` with its ids and offsets); query `i`'s hits land at
-    /// `i * stride` in `ids` and `scores`.
+    /// `counts.len()` queries of `dim` values (host memory, or a device
+    /// address read after the work queued on a raw CUDA stream, which the
+    /// plugin checks) under a filter (`abi::FILTER_*` with its ids and
+    /// offsets); query `i`'s hits land at `i * stride` in `ids` and `scores`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn search(
         &self,
-        queries: &[f32],
+        queries: Queries<'_>,
         dim: usize,
         k: usize,
         filter: (u32, &[u64], &[usize]),
@@ -298,101 +309,70 @@ impl Resident {
             _ => nq + 1,
         };
         let room = nq.checked_mul(stride);
+        let host_ok = match queries {
+            Queries::Host(q) => nq.checked_mul(dim) == Some(q.len()),
+            Queries::Device { .. } => true,
+        };
         let enough = room.is_some_and(|r| ids.len() >= r && scores.len() >= r)
-            && nq.checked_mul(dim) == Some(queries.len())
+            && host_ok
             && offsets.len() >= needed_offsets;
         if !enough {
             return Err((
                 Status::BadArgument,
                 format!(
-                    "search buffers do not match: {nq} queries of {dim} values, stride {stride}, {} values, {} offsets given",
-                    queries.len(),
+                    "search buffers do not match: {nq} queries of {dim} values, stride {stride}, {} offsets given",
                     offsets.len()
                 ),
             ));
         }
         let mut msg = Message::new();
-        // SAFETY: a live handle; `queries` holds `nq * dim` readable values,
-        // `filter_ids` and `offsets` their lengths (at least the entries the
-        // mode reads, checked above), `ids`/`scores` at least `nq * stride`
-        // writable values and `counts` `nq`; the plugin keeps no pointer.
-        let code = unsafe {
-            (self.plugin.entry.resident_search)(
-                self.ptr.as_ptr(),
-                queries.as_ptr(),
-                nq,
-                dim,
-                k,
-                mode,
-                filter_ids.as_ptr(),
-                filter_ids.len(),
-                offsets.as_ptr(),
-                ids.as_mut_ptr(),
-                scores.as_mut_ptr(),
-                stride,
-                counts.as_mut_ptr(),
-                msg.buf(),
-            )
-        };
-        msg.check(code)
-    }
-
-    /// As [`Self::search`], the `counts.len()` queries of `dim` values being
-    /// at the device address `queries`, read after the work queued on the
-    /// raw CUDA stream `stream`. The plugin checks the address and the
-    /// values; the memory must stay allocated for the call.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn search_device(
-        &self,
-        queries: u64,
-        dim: usize,
-        k: usize,
-        stream: u64,
-        filter: (u32, &[u64], &[usize]),
-        stride: usize,
-        ids: &mut [u64],
-        scores: &mut [f32],
-        counts: &mut [usize],
-    ) -> Result<(), CallError> {
-        let nq = counts.len();
-        let (mode, filter_ids, offsets) = filter;
-        let needed_offsets = match mode {
-            abi::FILTER_NONE => 0,
-            abi::FILTER_SHARED => 2,
-            _ => nq + 1,
-        };
-        let room = nq.checked_mul(stride);
-        let enough = room.is_some_and(|r| ids.len() >= r && scores.len() >= r)
-            && offsets.len() >= needed_offsets;
-        if !enough {
-            return Err((
-                Status::BadArgument,
-                format!("search buffers do not match: {nq} queries, stride {stride}"),
-            ));
-        }
-        let mut msg = Message::new();
-        // SAFETY: a live handle; `filter_ids` and `offsets` hold their
-        // lengths (at least the entries the mode reads), `ids`/`scores` at
-        // least `nq * stride` writable values and `counts` `nq`; the plugin
-        // checks the device address with the driver and keeps no pointer.
-        let code = unsafe {
-            (self.plugin.entry.resident_search_device)(
-                self.ptr.as_ptr(),
-                queries,
-                nq,
-                dim,
-                k,
-                stream,
-                mode,
-                filter_ids.as_ptr(),
-                filter_ids.len(),
-                offsets.as_ptr(),
-                ids.as_mut_ptr(),
-                scores.as_mut_ptr(),
-                stride,
-                counts.as_mut_ptr(),
-                msg.buf(),
-            )
+        let (handle, filter_ptr, filter_len) =
+            (self.ptr.as_ptr(), filter_ids.as_ptr(), filter_ids.len());
+        let code = match queries {
+            // SAFETY: a live handle; `q` holds `nq * dim` readable values,
+            // `filter_ids` and `offsets` their lengths (at least the entries
+            // the mode reads, checked above), `ids`/`scores` at least
+            // `nq * stride` writable values and `counts` `nq`; the plugin
+            // keeps no pointer.
+            Queries::Host(q) => unsafe {
+                (self.plugin.entry.resident_search)(
+                    handle,
+                    q.as_ptr(),
+                    nq,
+                    dim,
+                    k,
+                    mode,
+                    filter_ptr,
+                    filter_len,
+                    offsets.as_ptr(),
+                    ids.as_mut_ptr(),
+                    scores.as_mut_ptr(),
+                    stride,
+                    counts.as_mut_ptr(),
+                    msg.buf(),
+                )
+            },
+            // SAFETY: as above for the host buffers; the plugin checks the
+            // device address with the driver.
+            Queries::Device { address, stream } => unsafe {
+                (self.plugin.entry.resident_search_device)(
+                    handle,
+                    address,
+                    nq,
+                    dim,
+                    k,
+                    stream,
+                    mode,
+                    filter_ptr,
+                    filter_len,
+                    offsets.as_ptr(),
+                    ids.as_mut_ptr(),
+                    scores.as_mut_ptr(),
+                    stride,
+                    counts.as_mut_ptr(),
+                    msg.buf(),
+                )
+            },
         };
         msg.check(code)
     }

@@ -48,7 +48,7 @@ use topk_core::{validate, Hit, Metric, Neighbor, Retriever};
 pub use error::{EngineErrorKind, LoadError};
 
 use abi::{metric_code, metric_from_code, PluginConfig, Status};
-use ffi::{CallError, Handle, Plugin};
+use ffi::{CallError, Handle, Plugin, Queries};
 
 /// The engine limits a CUDA backend is opened with (the engine's own type;
 /// only its `device`, `max_k`, `max_batch` and `streams` reach the plugin,
@@ -350,13 +350,6 @@ impl Retriever for CudaPlugin {
     }
 }
 
-/// Where a resident search's queries are.
-#[derive(Clone, Copy)]
-enum Queries<'a> {
-    Host(&'a [f32]),
-    Device { queries: u64, stream: u64 },
-}
-
 /// A mutable GPU-resident corpus inside the plugin
 /// (`topk_cuda::ResidentCorpus`, docs/CONTRACTS.md §10): rows with external
 /// ids, added, upserted and removed on the device, searched exactly with or
@@ -500,7 +493,15 @@ impl CudaResident {
         filter: IdFilter<'_>,
         stream: u64,
     ) -> Result<Vec<Vec<Hit>>, LoadError> {
-        self.search_on(Queries::Device { queries, stream }, nq, k, filter)
+        self.search_on(
+            Queries::Device {
+                address: queries,
+                stream,
+            },
+            nq,
+            k,
+            filter,
+        )
     }
 
     fn search_on(
@@ -557,9 +558,9 @@ impl CudaResident {
         let mut ids = vec![0u64; room];
         let mut scores = vec![0f32; room];
         let mut counts = vec![0usize; nq];
-        match source {
-            Queries::Host(queries) => self.inner.search(
-                queries,
+        self.inner
+            .search(
+                source,
                 d,
                 k,
                 wire,
@@ -567,20 +568,8 @@ impl CudaResident {
                 &mut ids,
                 &mut scores,
                 &mut counts,
-            ),
-            Queries::Device { queries, stream } => self.inner.search_device(
-                queries,
-                d,
-                k,
-                stream,
-                wire,
-                stride,
-                &mut ids,
-                &mut scores,
-                &mut counts,
-            ),
-        }
-        .map_err(|e| self.fail(e))?;
+            )
+            .map_err(|e| self.fail(e))?;
         Ok(counts
             .iter()
             .enumerate()

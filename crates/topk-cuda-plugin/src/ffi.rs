@@ -6,7 +6,8 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use topk_cuda::{CudaRetriever, ResidentCorpus};
+use topk_core::Hit;
+use topk_cuda::{CudaRetriever, IdFilter, ResidentCorpus};
 use topk_cuda_loader::abi::{
     self, DeviceSummaryRaw, MessageBuf, PluginConfig, PluginHandle, ResidentHandle,
     ResidentInfoRaw, Status, ABI_VERSION,
@@ -470,6 +471,64 @@ pub unsafe extern "C" fn topk_cuda_plugin_resident_mutate(
     unsafe { guarded(err, run) }
 }
 
+/// The host side of both resident searches: checks and borrows the filter
+/// and result buffers, runs `search` on the corpus under the filter, and
+/// writes query `i`'s hits at `i * stride`.
+///
+/// # Safety
+/// As `topk_cuda_plugin_resident_search` for every pointer but the queries
+/// (which `search` reads).
+#[allow(clippy::too_many_arguments)]
+unsafe fn resident_results(
+    handle: *const ResidentHandle,
+    nq: usize,
+    filter_mode: u32,
+    filter_ids: *const u64,
+    filter_len: usize,
+    filter_offsets: *const usize,
+    ids: *mut u64,
+    scores: *mut f32,
+    stride: usize,
+    counts: *mut usize,
+    search: impl FnOnce(&ResidentCorpus, IdFilter<'_>) -> Result<Vec<Vec<Hit>>, Failure>,
+) -> Result<(), Failure> {
+    if !crate::COMPILED {
+        return Err(Failure::not_compiled());
+    }
+    let room = product(nq, stride, "result slots")?;
+    let n_offsets = match filter_mode {
+        abi::FILTER_NONE => 0,
+        abi::FILTER_SHARED => 2,
+        abi::FILTER_PER_QUERY => nq + 1,
+        other => return Err(Failure::bad(format!("unknown filter mode {other}"))),
+    };
+    let filter_len = if filter_mode == abi::FILTER_NONE {
+        0
+    } else {
+        filter_len
+    };
+    // SAFETY: each pointer is null (refused unless its length is 0) or valid
+    // for the length the contract gives it.
+    let (corpus, filter_ids, offsets, ids, scores, counts) = unsafe {
+        (
+            resident(handle)?,
+            maybe_slice(filter_ids, filter_len, "filter ids")?,
+            maybe_slice(filter_offsets, n_offsets, "filter offsets")?,
+            slice_mut(ids, room, "ids")?,
+            slice_mut(scores, room, "scores")?,
+            slice_mut(counts, nq, "counts")?,
+        )
+    };
+    let filter = crate::Filter {
+        mode: filter_mode,
+        ids: filter_ids,
+        offsets,
+    };
+    let spec = crate::filter_spec(&filter, nq)?;
+    let results = search(corpus, spec.as_filter())?;
+    crate::write_results(&results, stride, ids, scores, counts)
+}
+
 /// See `topk_cuda_loader::abi::ResidentSearchFn`.
 ///
 /// # Safety
@@ -496,41 +555,26 @@ pub unsafe extern "C" fn topk_cuda_plugin_resident_search(
     err: *mut MessageBuf,
 ) -> i32 {
     let run = || {
-        if !crate::COMPILED {
-            return Err(Failure::not_compiled());
-        }
         let values = product(nq, dim, "query values")?;
-        let room = product(nq, stride, "result slots")?;
-        let n_offsets = match filter_mode {
-            abi::FILTER_NONE => 0,
-            abi::FILTER_SHARED => 2,
-            abi::FILTER_PER_QUERY => nq + 1,
-            other => return Err(Failure::bad(format!("unknown filter mode {other}"))),
-        };
-        let filter_len = if filter_mode == abi::FILTER_NONE {
-            0
-        } else {
-            filter_len
-        };
-        // SAFETY: each pointer is null (refused unless its length is 0) or
-        // valid for the length the contract gives it.
-        let (corpus, queries, filter_ids, offsets, ids, scores, counts) = unsafe {
-            (
-                resident(handle)?,
-                maybe_slice(queries, values, "queries")?,
-                maybe_slice(filter_ids, filter_len, "filter ids")?,
-                maybe_slice(filter_offsets, n_offsets, "filter offsets")?,
-                slice_mut(ids, room, "ids")?,
-                slice_mut(scores, room, "scores")?,
-                slice_mut(counts, nq, "counts")?,
+        // SAFETY: `queries` is null (refused unless empty) or valid for
+        // `nq * dim` reads (contract).
+        let queries = unsafe { maybe_slice(queries, values, "queries")? };
+        // SAFETY: the other pointers as the contract gives them.
+        unsafe {
+            resident_results(
+                handle,
+                nq,
+                filter_mode,
+                filter_ids,
+                filter_len,
+                filter_offsets,
+                ids,
+                scores,
+                stride,
+                counts,
+                |corpus, filter| Ok(corpus.search(queries, k, filter)?),
             )
-        };
-        let filter = crate::Filter {
-            mode: filter_mode,
-            ids: filter_ids,
-            offsets,
-        };
-        crate::resident_search(corpus, queries, k, &filter, stride, ids, scores, counts)
+        }
     };
     // SAFETY: `err` is null or a valid message buffer (contract).
     unsafe { guarded(err, run) }
@@ -561,50 +605,35 @@ pub unsafe extern "C" fn topk_cuda_plugin_resident_search_device(
     counts: *mut usize,
     err: *mut MessageBuf,
 ) -> i32 {
-    let run = || {
-        if !crate::COMPILED {
-            return Err(Failure::not_compiled());
-        }
-        let room = product(nq, stride, "result slots")?;
-        let n_offsets = match filter_mode {
-            abi::FILTER_NONE => 0,
-            abi::FILTER_SHARED => 2,
-            abi::FILTER_PER_QUERY => nq + 1,
-            other => return Err(Failure::bad(format!("unknown filter mode {other}"))),
-        };
-        let filter_len = if filter_mode == abi::FILTER_NONE {
-            0
-        } else {
-            filter_len
-        };
-        // SAFETY: each host pointer is null (refused unless its length is 0)
-        // or valid for the length the contract gives it.
-        let (corpus, filter_ids, offsets, ids, scores, counts) = unsafe {
-            (
-                resident(handle)?,
-                maybe_slice(filter_ids, filter_len, "filter ids")?,
-                maybe_slice(filter_offsets, n_offsets, "filter offsets")?,
-                slice_mut(ids, room, "ids")?,
-                slice_mut(scores, room, "scores")?,
-                slice_mut(counts, nq, "counts")?,
-            )
-        };
-        let filter = crate::Filter {
-            mode: filter_mode,
-            ids: filter_ids,
-            offsets,
-        };
+    let search = |corpus: &ResidentCorpus, filter: IdFilter<'_>| {
         if corpus.dim() != dim {
             return Err(Failure::bad(format!(
                 "device queries of D = {dim} for a corpus of D = {}",
                 corpus.dim()
             )));
         }
-        let spec = crate::filter_spec(&filter, nq)?;
         // SAFETY: the caller keeps the queries allocated for the call
-        // (contract); the engine checks the address and the extent.
-        let results = unsafe { corpus.search_device(queries, nq, k, spec.as_filter(), stream) }?;
-        crate::write_results(&results, stride, ids, scores, counts)
+        // (contract); the engine checks the address and the extent with the
+        // driver.
+        Ok(unsafe { corpus.search_device(queries, nq, k, filter, stream) }?)
+    };
+    let run = || {
+        // SAFETY: the host pointers as the contract gives them.
+        unsafe {
+            resident_results(
+                handle,
+                nq,
+                filter_mode,
+                filter_ids,
+                filter_len,
+                filter_offsets,
+                ids,
+                scores,
+                stride,
+                counts,
+                search,
+            )
+        }
     };
     // SAFETY: `err` is null or a valid message buffer (contract).
     unsafe { guarded(err, run) }

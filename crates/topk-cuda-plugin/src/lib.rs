@@ -246,23 +246,6 @@ impl<'a> Filter<'a> {
     }
 }
 
-/// Searches into the caller's buffers; query `i`'s hits at `i * stride`.
-#[allow(clippy::too_many_arguments)]
-fn resident_search(
-    corpus: &ResidentCorpus,
-    queries: &[f32],
-    k: usize,
-    filter: &Filter<'_>,
-    stride: usize,
-    ids: &mut [u64],
-    scores: &mut [f32],
-    counts: &mut [usize],
-) -> Result<(), Failure> {
-    let spec = filter_spec(filter, counts.len())?;
-    let results = corpus.search(queries, k, spec.as_filter())?;
-    write_results(&results, stride, ids, scores, counts)
-}
-
 /// A search's allow-lists, borrowed from the ABI's buffers.
 enum Spec<'a> {
     All,
