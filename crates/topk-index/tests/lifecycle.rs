@@ -52,10 +52,15 @@ fn id_pool(rng: &mut Rng) -> Vec<u64> {
         .chain((0..16).map(|i| MAX_ID - 3 * i))
         .chain((0..16).map(|i| (1 << 40) + 7 * i))
         .collect();
-    for i in (1..pool.len()).rev() {
-        pool.swap(i, rng.below(i + 1));
-    }
+    shuffle(&mut pool, rng);
     pool
+}
+
+/// Shuffles `ids` in place (Fisher–Yates) with `rng`.
+fn shuffle(ids: &mut [u64], rng: &mut Rng) {
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.below(i + 1));
+    }
 }
 
 /// Compares two hit lists bit for bit (ids and score bits).
@@ -344,9 +349,7 @@ fn large_index_agrees_with_the_oracle_under_every_filter_shape() {
     let rows = ArrayView2::from_shape((n, d), &data).expect("shape");
     let mut rng = Rng::new(11);
     let mut ids: Vec<u64> = (0..n as u64).map(|i| i * 3 + 1).collect();
-    for i in (1..n).rev() {
-        ids.swap(i, rng.below(i + 1));
-    }
+    shuffle(&mut ids, &mut rng);
     for metric in Metric::ALL {
         let mut cpu = Index::with_ids(&ids, rows, metric, IndexBackend::Cpu).expect("valid");
         // Tombstones at a fifth of the rows stay below the compaction point.
@@ -433,9 +436,7 @@ fn all_and_near_all_filters_after_removals_and_upserts() {
     let rows = ArrayView2::from_shape((n, d), &data).expect("shape");
     let mut rng = Rng::new(5);
     let mut ids: Vec<u64> = (0..n as u64).map(|i| i * 2 + 7).collect();
-    for i in (1..n).rev() {
-        ids.swap(i, rng.below(i + 1));
-    }
+    shuffle(&mut ids, &mut rng);
     let metric = Metric::Dot;
     let mut cpu = Index::with_ids(&ids, rows, metric, IndexBackend::Cpu).expect("valid");
     let qs = corpora::queries(9, 2, d, &[Kind::SmallInt], &data);
@@ -564,9 +565,7 @@ mod cuda {
         let rows = ArrayView2::from_shape((n, d), &data).expect("shape");
         let mut rng = Rng::new(11);
         let mut ids: Vec<u64> = (0..n as u64).map(|i| i * 3 + 1).collect();
-        for i in (1..n).rev() {
-            ids.swap(i, rng.below(i + 1));
-        }
+        shuffle(&mut ids, &mut rng);
         let qs = corpora::queries(5, 4, d, &[Kind::SmallInt], &data);
         let qv = ArrayView2::from_shape((4, d), &qs).expect("shape");
         for metric in Metric::ALL {

@@ -195,22 +195,27 @@ impl ResidentCorpus {
             .collect();
         let staged = device::upload("upserted rows", &old_rows)?;
         let rows_dev = device::upload("upserted row numbers", &targets)?;
+        let staged_norms = alloc::<f32>("upserted norms", targets.len())?;
         let e = &self.engine;
         {
             let slot = e.slot()?;
             let s = Queue::Stream(slot.stream.as_inner());
-            e.kernels.scatter_rows(
-                s,
-                DevSlice::of(&staged),
-                DevSlice::of(&rows_dev),
-                d as u32,
-                DevSlice::of(&e.corpus),
-            )?;
+            let (staged, rows_dev) = (DevSlice::of(&staged), DevSlice::of(&rows_dev));
+            e.kernels
+                .scatter_rows(s, staged, rows_dev, d as u32, DevSlice::of(&e.corpus))?;
+            if e.norms {
+                // Only the replaced rows' norms change: computed on the
+                // staged rows and scattered like them.
+                let norms = DevSlice::of(&staged_norms);
+                e.kernels
+                    .norms(s, staged, targets.len() as u32, d as u32, norms)?;
+                e.kernels
+                    .scatter_rows(s, norms, rows_dev, 1, DevSlice::of(&e.rnorm))?;
+            }
             slot.stream
                 .synchronize()
                 .op("cuStreamSynchronize (upsert)")?;
         }
-        self.refresh_norms(0, self.ids.len())?;
         self.engine.set_rows(self.ids.len());
         Ok(())
     }
