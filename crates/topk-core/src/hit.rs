@@ -86,6 +86,52 @@ impl TopKBy<u128> {
     }
 }
 
+/// The best `k` hits of several result lists, best first: how the shards of
+/// an index are merged (docs/CONTRACTS.md §12). Each list holds the top hits
+/// of one disjoint part of a corpus under one query; the lists hold distinct
+/// ids (a sharded index places every id on one shard). Because every part
+/// ranks by the same total key ([`hit_key`]), the first `k` hits of the
+/// union of the parts' top-`k` lists are the top `k` of the whole corpus,
+/// with the same bytes: the hits are copied, never rescored.
+///
+/// A list already best first (what a search returns) is merged in one pass;
+/// a list out of order is sorted first, so any input gives the same answer.
+pub fn merge_hits(lists: &[&[Hit]], k: usize) -> Vec<Hit> {
+    let mut sorted: Vec<std::borrow::Cow<'_, [Hit]>> = lists
+        .iter()
+        .map(|&list| {
+            if list.windows(2).all(|w| w[0].key() >= w[1].key()) {
+                std::borrow::Cow::Borrowed(list)
+            } else {
+                let mut owned = list.to_vec();
+                owned.sort_by(cmp_hit);
+                std::borrow::Cow::Owned(owned)
+            }
+        })
+        .collect();
+    sorted.retain(|list| !list.is_empty());
+    let total: usize = sorted.iter().map(|list| list.len()).sum();
+    let mut out = Vec::with_capacity(k.min(total));
+    let mut heads = vec![0usize; sorted.len()];
+    while out.len() < k {
+        // A linear scan of the heads: shard counts are small, and a heap
+        // would cost more than it saves below a few dozen lists.
+        let mut best: Option<(usize, u128)> = None;
+        for (s, list) in sorted.iter().enumerate() {
+            if let Some(hit) = list.get(heads[s]) {
+                let key = hit.key();
+                if best.is_none_or(|(_, b)| key > b) {
+                    best = Some((s, key));
+                }
+            }
+        }
+        let Some((s, _)) = best else { break };
+        out.push(sorted[s][heads[s]]);
+        heads[s] += 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +232,51 @@ mod tests {
                 Hit::new(MAX_ID, 1.0)
             ]
         );
+    }
+
+    proptest! {
+        #[test]
+        fn merging_parts_equals_selecting_the_whole(
+            scores in prop::collection::vec((-3i32..3).prop_map(|v| v as f32 * 0.5), 0..200),
+            ids in Just((0..200u64).map(|i| i * (MAX_ID / 199)).collect::<Vec<u64>>()).prop_shuffle(),
+            parts in 1usize..6,
+            k in 1usize..50,
+            sort_parts in any::<bool>(),
+        ) {
+            let all: Vec<Hit> = scores.iter().zip(&ids).map(|(&s, &id)| Hit::new(id, s)).collect();
+            let mut whole = all.clone();
+            whole.sort_by(cmp_hit);
+            whole.truncate(k);
+            // Each part is a disjoint share of the rows; its own top k is
+            // what a shard would return (or, unsorted, what a caller might pass).
+            let mut lists: Vec<Vec<Hit>> = vec![Vec::new(); parts];
+            for (i, h) in all.iter().enumerate() {
+                lists[i % parts].push(*h);
+            }
+            for list in &mut lists {
+                if sort_parts {
+                    list.sort_by(cmp_hit);
+                    list.truncate(k);
+                }
+            }
+            let views: Vec<&[Hit]> = lists.iter().map(Vec::as_slice).collect();
+            let merged = merge_hits(&views, k);
+            prop_assert_eq!(merged.len(), whole.len());
+            for (m, w) in merged.iter().zip(&whole) {
+                prop_assert_eq!(m.id, w.id);
+                prop_assert_eq!(m.score.to_bits(), w.score.to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn merge_keeps_negative_zero_bits_and_handles_empty_lists() {
+        let a = [Hit::new(4, -0.0), Hit::new(9, -1.0)];
+        let b = [Hit::new(2, 0.0)];
+        let got = merge_hits(&[&a, &[], &b], 2);
+        assert_eq!(got.iter().map(|h| h.id).collect::<Vec<_>>(), [2, 4]);
+        assert_eq!(got[1].score.to_bits(), (-0.0_f32).to_bits());
+        assert!(merge_hits(&[], 3).is_empty());
+        assert_eq!(merge_hits(&[&a], 10).len(), 2);
     }
 }

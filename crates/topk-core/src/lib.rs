@@ -10,7 +10,7 @@
 //! | [`score`] | the canonical score: 32 FMA partial sums + a butterfly tree, bit for bit |
 //! | [`order`] | the one ordering of results (score, then smaller index) and its 64-bit key |
 //! | [`TopK`] | a bounded selector built on that key, shared by CPU, HNSW and merges |
-//! | [`hit`] | results named by external ids ([`Hit`]), their 128-bit key and [`HitTopK`] |
+//! | [`hit`] | results named by external ids ([`Hit`]), their 128-bit key, [`HitTopK`] and [`merge_hits`] (shards) |
 //! | [`validate`] | the input rules: shapes, finiteness, the overflow rule (norms), K, empty corpus |
 //! | [`Retriever`] | the trait generic code is written against |
 //! | [`Error`] | every way an input or a backend can fail, with the offending value |
@@ -41,7 +41,7 @@ mod select;
 pub mod validate;
 
 pub use error::{Error, Located, Result};
-pub use hit::{cmp_hit, hit_key, Hit, HitTopK, MAX_ID};
+pub use hit::{cmp_hit, hit_key, merge_hits, Hit, HitTopK, MAX_ID};
 pub use metric::Metric;
 pub use order::{cmp_rank, rank_key, Neighbor};
 pub use retriever::Retriever;

@@ -361,12 +361,17 @@ impl Index {
         Ok(())
     }
 
+    /// The largest live id, `None` when empty.
+    pub fn largest_id(&self) -> Option<u64> {
+        self.rows_of.keys().max().copied()
+    }
+
     /// Adds rows under the ids that follow the largest id present (`0, 1, …`
     /// in an empty index) and returns the first new id.
     pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, IndexError> {
-        let first = match self.rows_of.keys().max() {
+        let first = match self.largest_id() {
             None => 0,
-            Some(&largest) => largest + 1,
+            Some(largest) => largest + 1,
         };
         let n = rows.nrows() as u64;
         if n > 0 && (first > MAX_ID || MAX_ID - first < n - 1) {
@@ -489,39 +494,7 @@ impl Index {
         ids: &'a [u64],
         rows: ArrayView2<'a, f32>,
     ) -> Result<Checked<'a>, IndexError> {
-        if rows.ncols() != self.dim {
-            return Err(IndexError::DimensionMismatch {
-                expected: self.dim,
-                got: rows.ncols(),
-            });
-        }
-        if ids.len() != rows.nrows() {
-            return Err(IndexError::CountMismatch {
-                ids: ids.len(),
-                rows: rows.nrows(),
-            });
-        }
-        let mut first_at: HashMap<u64, usize> = HashMap::with_capacity(ids.len());
-        for (position, &id) in ids.iter().enumerate() {
-            if id > MAX_ID {
-                return Err(IndexError::IdTooLarge {
-                    id,
-                    position,
-                    max: MAX_ID,
-                });
-            }
-            if let Some(&first) = first_at.get(&id) {
-                return Err(IndexError::DuplicateInCall {
-                    id,
-                    first,
-                    second: position,
-                });
-            }
-            first_at.insert(id, position);
-        }
-        if rows.nrows() > 0 {
-            validate::corpus_view(rows)?;
-        }
+        check_rows(self.dim, ids, rows)?;
         let rows = match rows.to_slice() {
             Some(s) => Cow::Borrowed(s),
             None => Cow::Owned(rows.iter().copied().collect()),
@@ -630,4 +603,46 @@ pub(crate) fn full_bitset(n: usize) -> Vec<u64> {
         bits.push((1u64 << (n % 64)) - 1);
     }
     bits
+}
+
+/// The checks of [`Index::add`] and [`Index::upsert`] that need no index:
+/// `rows` is `N × dim`, one id per row, every id at most [`MAX_ID`] and given
+/// once, and the rows keep docs/CONTRACTS.md §4. A caller that splits one
+/// call across several indexes (the shards of `topk-shard`) checks the whole
+/// call with this first, so the error names positions in the caller's call.
+pub fn check_rows(dim: usize, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), IndexError> {
+    if rows.ncols() != dim {
+        return Err(IndexError::DimensionMismatch {
+            expected: dim,
+            got: rows.ncols(),
+        });
+    }
+    if ids.len() != rows.nrows() {
+        return Err(IndexError::CountMismatch {
+            ids: ids.len(),
+            rows: rows.nrows(),
+        });
+    }
+    let mut first_at: HashMap<u64, usize> = HashMap::with_capacity(ids.len());
+    for (position, &id) in ids.iter().enumerate() {
+        if id > MAX_ID {
+            return Err(IndexError::IdTooLarge {
+                id,
+                position,
+                max: MAX_ID,
+            });
+        }
+        if let Some(&first) = first_at.get(&id) {
+            return Err(IndexError::DuplicateInCall {
+                id,
+                first,
+                second: position,
+            });
+        }
+        first_at.insert(id, position);
+    }
+    if rows.nrows() > 0 {
+        validate::corpus_view(rows)?;
+    }
+    Ok(())
 }

@@ -14,7 +14,8 @@
 //! | [`Retriever`] | `search`, `search_into`, `search_batch` on whatever was opened |
 //! | [`Error`] | why [`open`] failed: an input rule, an unavailable backend, a backend's own error |
 //! | [`Index`] | a corpus that changes: external ids ([`Hit`]), add / upsert / remove, [`Filter`]ed search, save / open (docs/CONTRACTS.md §10) |
-//! | [`core`], [`cpu`], [`hnsw`], [`index`] | the backend crates, for what the front door does not cover |
+//! | [`ShardedIndex`] | one corpus over N [`Index`] shards (CPU, one GPU each, or mixed), merged by [`merge_hits`] into the bytes of one index (docs/CONTRACTS.md §12) |
+//! | [`core`], [`cpu`], [`hnsw`], [`index`], [`shard`] | the backend crates, for what the front door does not cover |
 //!
 //! ```
 //! use ndarray::array;
@@ -51,6 +52,8 @@ pub use topk_cpu::{CpuRetriever, Oracle};
 pub use topk_cuda::CudaConfig;
 pub use topk_cuda_loader::LoadError as CudaLoadError;
 pub use topk_hnsw::{Hnsw, HnswError, HnswParams};
+pub use topk_core::merge_hits;
+pub use topk_shard::{shard_of, Manifest, ShardEntry, ShardError, ShardSpec, ShardedIndex};
 pub use topk_index::{
     cmp_hit, Filter, FilterSpec, Hit, Index, IndexBackend, IndexError, IndexOptions, MAX_ID,
 };
@@ -63,6 +66,8 @@ pub use topk_cpu as cpu;
 pub use topk_hnsw as hnsw;
 /// The lifecycle index over the exact CPU backends (`topk-index`).
 pub use topk_index as index;
+/// Sharded indexes: placement, merge, manifests (`topk-shard`).
+pub use topk_shard as shard;
 
 /// The README's Rust example, compiled and run as a doc-test so it cannot rot.
 #[doc = include_str!("../../../README.md")]

@@ -1,0 +1,552 @@
+//! [`ShardedIndex`]: N [`Index`]es behind one `Index`-like interface
+//! (docs/CONTRACTS.md §12).
+
+use std::path::Path;
+
+use ndarray::{Array2, ArrayView2, Axis};
+use rayon::prelude::*;
+use topk_core::{merge_hits, validate, Error as CoreError, Hit, Metric, MAX_ID};
+use topk_index::{check_rows, Filter, FilterSpec, Index, IndexBackend, IndexError, IndexOptions};
+
+use crate::error::ShardError;
+use crate::manifest::{Manifest, ShardEntry};
+use crate::placement::shard_of;
+
+/// How one shard is built: its backend and that backend's options (for a
+/// `cuda` shard, [`IndexOptions::cuda`] names its device ordinal).
+#[derive(Debug, Clone)]
+pub struct ShardSpec {
+    /// The shard's backend.
+    pub backend: IndexBackend,
+    /// Its options.
+    pub options: IndexOptions,
+}
+
+impl ShardSpec {
+    /// A shard on `backend` with default options.
+    pub fn new(backend: IndexBackend) -> Self {
+        ShardSpec {
+            backend,
+            options: IndexOptions::default(),
+        }
+    }
+
+    /// The same shard with `options`.
+    pub fn options(mut self, options: IndexOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// A `cuda` shard on device `ordinal`, other options default.
+    pub fn cuda(ordinal: usize) -> Self {
+        let mut config = topk_cuda::CudaConfig::default();
+        config.device = ordinal;
+        ShardSpec::new(IndexBackend::Cuda).options(IndexOptions::default().cuda(config))
+    }
+}
+
+/// A corpus split over N [`Index`] shards by id ([`shard_of`]), searched in
+/// parallel and merged with topk-core's comparator ([`merge_hits`]).
+///
+/// With exact shards (`cpu`, `oracle`, `cuda`, in any mix) every search
+/// returns the bytes one [`Index`] over the union of the shards returns: the
+/// same ids in the same order with the same score bits, whatever the shard
+/// count, the backends or the history (docs/CONTRACTS.md §12). Mutations
+/// are all or nothing across the shards. `hnsw` shards are merged the same
+/// way; their results are approximate, as on one `hnsw` index.
+#[derive(Debug)]
+pub struct ShardedIndex {
+    dim: usize,
+    metric: Metric,
+    shards: Vec<Index>,
+}
+
+/// The rows of one call that go to one shard.
+struct Part {
+    /// Positions in the call.
+    at: Vec<usize>,
+    ids: Vec<u64>,
+    rows: Array2<f32>,
+}
+
+impl ShardedIndex {
+    /// An empty set of `specs.len()` shards of `dim`-value rows.
+    pub fn new(dim: usize, metric: Metric, specs: &[ShardSpec]) -> Result<Self, ShardError> {
+        if specs.is_empty() {
+            return Err(ShardError::NoShards);
+        }
+        let shards = specs
+            .iter()
+            .enumerate()
+            .map(|(shard, spec)| {
+                Index::with_options(dim, metric, spec.backend, &spec.options)
+                    .map_err(|source| at_shard(shard, source))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ShardedIndex {
+            dim,
+            metric,
+            shards,
+        })
+    }
+
+    /// `n` shards on the same backend with the same options.
+    pub fn uniform(
+        dim: usize,
+        metric: Metric,
+        n: usize,
+        spec: &ShardSpec,
+    ) -> Result<Self, ShardError> {
+        ShardedIndex::new(dim, metric, &vec![spec.clone(); n])
+    }
+
+    /// A set from existing indexes, shard `i` being `shards[i]`: every one
+    /// must have the same dimension and metric and hold only the ids that
+    /// [`shard_of`] places on it.
+    pub fn from_shards(shards: Vec<Index>) -> Result<Self, ShardError> {
+        let first = shards.first().ok_or(ShardError::NoShards)?;
+        let (dim, metric) = (first.dim(), first.metric());
+        let n = shards.len();
+        for (shard, index) in shards.iter().enumerate() {
+            check_shard(shard, index, dim, metric, n)?;
+        }
+        Ok(ShardedIndex {
+            dim,
+            metric,
+            shards,
+        })
+    }
+
+    /// The shards, in placement order.
+    pub fn shards(&self) -> &[Index] {
+        &self.shards
+    }
+
+    /// The shards, given back.
+    pub fn into_shards(self) -> Vec<Index> {
+        self.shards
+    }
+
+    /// Live rows over all shards.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(Index::len).sum()
+    }
+
+    /// Whether no shard holds a live row.
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(Index::is_empty)
+    }
+
+    /// Vector dimension.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Similarity metric.
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+
+    /// Whether `id` is live.
+    pub fn contains(&self, id: u64) -> bool {
+        self.shard_for(id)
+            .is_some_and(|s| self.shards[s].contains(id))
+    }
+
+    /// The stored vector of `id`.
+    pub fn get(&self, id: u64) -> Option<&[f32]> {
+        self.shard_for(id).and_then(|s| self.shards[s].get(id))
+    }
+
+    /// Every live id, ascending.
+    pub fn ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.shards.iter().flat_map(Index::ids).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The shard that holds (or would hold) `id`; `None` above [`MAX_ID`].
+    pub fn shard_for(&self, id: u64) -> Option<usize> {
+        (id <= MAX_ID).then(|| shard_of(id, self.shards.len()))
+    }
+
+    /// Adds rows under new ids, all or nothing across the shards (the rules
+    /// and errors of [`Index::add`], positions counted in this call).
+    pub fn add(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), ShardError> {
+        check_rows(self.dim, ids, rows)?;
+        if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| self.contains(id)) {
+            return Err(IndexError::IdExists { id, position }.into());
+        }
+        let parts = self.split(ids, rows);
+        let results: Vec<Result<(), IndexError>> = self
+            .shards
+            .par_iter_mut()
+            .zip(&parts)
+            .map(|(shard, part)| match part {
+                Some(p) => shard.add(&p.ids, p.rows.view()),
+                None => Ok(()),
+            })
+            .collect();
+        self.settle(results, &parts, &[])
+    }
+
+    /// Adds rows under the ids that follow the largest id of the whole set
+    /// (`0, 1, …` when empty) and returns the first new id.
+    pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, ShardError> {
+        let first = match self.shards.iter().filter_map(largest_id).max() {
+            None => 0,
+            Some(largest) => largest + 1,
+        };
+        let n = rows.nrows() as u64;
+        if n > 0 && (first > MAX_ID || MAX_ID - first < n - 1) {
+            return Err(IndexError::IdsExhausted {
+                largest: first.saturating_sub(1),
+                rows: rows.nrows(),
+            }
+            .into());
+        }
+        let ids: Vec<u64> = (first..first + n).collect();
+        self.add(&ids, rows)?;
+        Ok(first)
+    }
+
+    /// Replaces the vector of every present id and adds the others, all or
+    /// nothing across the shards (the rules of [`Index::upsert`]).
+    pub fn upsert(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), ShardError> {
+        check_rows(self.dim, ids, rows)?;
+        let parts = self.split(ids, rows);
+        // The vectors an upsert replaces, to put back if another shard fails.
+        let before: Vec<Vec<(u64, Vec<f32>)>> = self
+            .shards
+            .iter()
+            .zip(&parts)
+            .map(|(shard, part)| match part {
+                Some(p) => p
+                    .ids
+                    .iter()
+                    .filter_map(|&id| shard.get(id).map(|v| (id, v.to_vec())))
+                    .collect(),
+                None => Vec::new(),
+            })
+            .collect();
+        let results: Vec<Result<(), IndexError>> = self
+            .shards
+            .par_iter_mut()
+            .zip(&parts)
+            .map(|(shard, part)| match part {
+                Some(p) => shard.upsert(&p.ids, p.rows.view()),
+                None => Ok(()),
+            })
+            .collect();
+        self.settle(results, &parts, &before)
+    }
+
+    /// Removes `ids` from every later result; returns how many were live
+    /// (absent ids and repeats are ignored).
+    pub fn remove(&mut self, ids: &[u64]) -> usize {
+        let n = self.shards.len();
+        let mut per: Vec<Vec<u64>> = vec![Vec::new(); n];
+        for &id in ids.iter().filter(|&&id| id <= MAX_ID) {
+            per[shard_of(id, n)].push(id);
+        }
+        self.shards
+            .par_iter_mut()
+            .zip(&per)
+            .map(|(shard, ids)| if ids.is_empty() { 0 } else { shard.remove(ids) })
+            .sum()
+    }
+
+    /// Drops every shard's tombstoned rows now. Changes no result.
+    pub fn compact(&mut self) {
+        self.shards.par_iter_mut().for_each(Index::compact);
+    }
+
+    /// The exact top `min(k, M)` hits of `query` among the `M` live rows of
+    /// the whole set that the filter allows, best first: the bytes of one
+    /// [`Index`] over the union (exact shards).
+    pub fn search(
+        &self,
+        query: &[f32],
+        k: usize,
+        filter: Option<&Filter>,
+    ) -> Result<Vec<Hit>, ShardError> {
+        validate::query(query, self.dim).map_err(IndexError::from)?;
+        check_k(k)?;
+        let lists = self.fan_out(|shard| shard.search(query, k, filter))?;
+        let views: Vec<&[Hit]> = lists.iter().map(Vec::as_slice).collect();
+        Ok(merge_hits(&views, k))
+    }
+
+    /// [`ShardedIndex::search`] for every row of `queries`, under no filter,
+    /// one shared filter or one filter per query. Each shard searches the
+    /// whole batch; the merge is per query.
+    pub fn search_batch(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+        filter: FilterSpec<'_>,
+    ) -> Result<Vec<Vec<Hit>>, ShardError> {
+        validate::queries(queries, self.dim).map_err(IndexError::from)?;
+        check_k(k)?;
+        if let FilterSpec::PerQuery(fs) = filter {
+            if fs.len() != queries.nrows() {
+                return Err(IndexError::FilterCount {
+                    filters: fs.len(),
+                    queries: queries.nrows(),
+                }
+                .into());
+            }
+        }
+        let lists = self.fan_out(|shard| shard.search_batch(queries, k, filter))?;
+        Ok((0..queries.nrows())
+            .into_par_iter()
+            .map(|q| {
+                let views: Vec<&[Hit]> = lists.iter().map(|l| l[q].as_slice()).collect();
+                merge_hits(&views, k)
+            })
+            .collect())
+    }
+
+    /// Saves the set into the folder `dir` (created if missing): one index
+    /// file per shard, then `manifest.json` naming them, replaced atomically,
+    /// then the older generations' files deleted. A failure at any point
+    /// leaves the previously saved set whole.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), ShardError> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|source| ShardError::Io {
+            path: dir.to_owned(),
+            op: "create the folder",
+            source,
+        })?;
+        let generation = next_generation(dir);
+        let entries: Vec<ShardEntry> = self
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, shard)| ShardEntry {
+                file: Manifest::shard_file_name(generation, i),
+                rows: shard.len(),
+                backend: shard.backend().as_str().to_owned(),
+            })
+            .collect();
+        self.shards
+            .par_iter()
+            .zip(&entries)
+            .enumerate()
+            .try_for_each(|(i, (shard, entry))| {
+                shard
+                    .save(dir.join(&entry.file))
+                    .map_err(|source| at_shard(i, source))
+            })?;
+        let manifest = Manifest::new(self.dim, self.metric, generation, entries);
+        manifest.write(dir)?;
+        let stale = manifest.remove_stale(dir)?;
+        tracing::debug!(dir = %dir.display(), generation, stale, "sharded index saved");
+        Ok(())
+    }
+
+    /// Opens the set saved in `dir`, shard `i` built by `spec(i)` (any
+    /// backend: the files hold rows, not a backend). Every shard's dimension,
+    /// metric, row count and placement are checked against the manifest.
+    pub fn open(
+        dir: impl AsRef<Path>,
+        spec: impl Fn(usize) -> ShardSpec + Sync,
+    ) -> Result<Self, ShardError> {
+        let dir = dir.as_ref();
+        let manifest = Manifest::read(dir)?;
+        let metric = manifest.metric()?;
+        let n = manifest.shards.len();
+        let shards = manifest
+            .shards
+            .par_iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let s = spec(i);
+                let index = Index::open_with_options(dir.join(&entry.file), s.backend, &s.options)
+                    .map_err(|source| at_shard(i, source))?;
+                check_shard(i, &index, manifest.dim, metric, n)?;
+                if index.len() != entry.rows {
+                    return Err(ShardError::Manifest {
+                        path: Manifest::path_in(dir),
+                        reason: format!(
+                            "shard {i} ({}) holds {} rows, the manifest says {}",
+                            entry.file,
+                            index.len(),
+                            entry.rows
+                        ),
+                    });
+                }
+                Ok(index)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ShardedIndex {
+            dim: manifest.dim,
+            metric,
+            shards,
+        })
+    }
+
+    /// Runs `search` on every shard in parallel; the first error (in shard
+    /// order) names its shard.
+    fn fan_out<T: Send>(
+        &self,
+        search: impl Fn(&Index) -> Result<T, IndexError> + Sync,
+    ) -> Result<Vec<T>, ShardError> {
+        let results: Vec<Result<T, IndexError>> = match self.shards.as_slice() {
+            [one] => vec![search(one)],
+            many => many.par_iter().map(&search).collect(),
+        };
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.map_err(|source| at_shard(i, source)))
+            .collect()
+    }
+
+    /// One call's rows grouped by shard (`None` for a shard they skip).
+    fn split(&self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Vec<Option<Part>> {
+        let n = self.shards.len();
+        let mut at: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (position, &id) in ids.iter().enumerate() {
+            at[shard_of(id, n)].push(position);
+        }
+        at.into_iter()
+            .map(|at| {
+                (!at.is_empty()).then(|| Part {
+                    ids: at.iter().map(|&p| ids[p]).collect(),
+                    rows: rows.select(Axis(0), &at),
+                    at,
+                })
+            })
+            .collect()
+    }
+
+    /// Keeps a fan-out mutation when every shard succeeded; otherwise puts
+    /// the shards that changed back as they were (`before` holds the vectors
+    /// an upsert replaced) and returns the first failure, its row positions
+    /// counted in the caller's call.
+    fn settle(
+        &mut self,
+        results: Vec<Result<(), IndexError>>,
+        parts: &[Option<Part>],
+        before: &[Vec<(u64, Vec<f32>)>],
+    ) -> Result<(), ShardError> {
+        let Some(failed) = results.iter().position(Result::is_err) else {
+            return Ok(());
+        };
+        for (s, result) in results.iter().enumerate() {
+            let (Ok(()), Some(part)) = (result, &parts[s]) else {
+                continue;
+            };
+            let shard = &mut self.shards[s];
+            let replaced = before.get(s).map_or(&[][..], Vec::as_slice);
+            let fresh: Vec<u64> = part
+                .ids
+                .iter()
+                .copied()
+                .filter(|id| !replaced.iter().any(|(r, _)| r == id))
+                .collect();
+            shard.remove(&fresh);
+            if !replaced.is_empty() {
+                let ids: Vec<u64> = replaced.iter().map(|(id, _)| *id).collect();
+                let flat: Vec<f32> = replaced
+                    .iter()
+                    .flat_map(|(_, v)| v.iter().copied())
+                    .collect();
+                // The shape holds by construction: each vector has `dim` values.
+                if let Ok(rows) = ArrayView2::from_shape((ids.len(), self.dim), &flat) {
+                    if let Err(e) = shard.upsert(&ids, rows) {
+                        tracing::error!(shard = s, error = %e, "could not restore the vectors an upsert replaced");
+                    }
+                }
+            }
+        }
+        let (error, part) = match (results.into_iter().nth(failed), &parts[failed]) {
+            (Some(Err(e)), Some(part)) => (e, part),
+            (Some(Err(e)), None) => return Err(at_shard(failed, e)),
+            _ => return Ok(()),
+        };
+        Err(at_shard(failed, to_call_positions(error, &part.at)))
+    }
+}
+
+/// The largest live id of a shard.
+fn largest_id(shard: &Index) -> Option<u64> {
+    shard.largest_id()
+}
+
+/// A shard's error, with the row positions it names mapped back to the call.
+fn to_call_positions(error: IndexError, at: &[usize]) -> IndexError {
+    let call = |p: usize| at.get(p).copied().unwrap_or(p);
+    match error {
+        IndexError::IdExists { id, position } => IndexError::IdExists {
+            id,
+            position: call(position),
+        },
+        other => other,
+    }
+}
+
+fn at_shard(shard: usize, source: IndexError) -> ShardError {
+    ShardError::Shard { shard, source }
+}
+
+fn check_k(k: usize) -> Result<(), ShardError> {
+    if k == 0 {
+        return Err(IndexError::from(CoreError::ZeroK).into());
+    }
+    Ok(())
+}
+
+/// Shard `shard` of `n` agrees with the set and holds only its own ids.
+fn check_shard(
+    shard: usize,
+    index: &Index,
+    dim: usize,
+    metric: Metric,
+    n: usize,
+) -> Result<(), ShardError> {
+    if index.dim() != dim {
+        return Err(ShardError::ShardMismatch {
+            shard,
+            what: "dimension",
+            found: index.dim().to_string(),
+            expected: dim.to_string(),
+        });
+    }
+    if index.metric() != metric {
+        return Err(ShardError::ShardMismatch {
+            shard,
+            what: "metric",
+            found: index.metric().to_string(),
+            expected: metric.to_string(),
+        });
+    }
+    if let Some(id) = index.ids().into_iter().find(|&id| shard_of(id, n) != shard) {
+        return Err(ShardError::Misplaced {
+            shard,
+            id,
+            expected: shard_of(id, n),
+        });
+    }
+    Ok(())
+}
+
+/// One more than the largest generation named in `dir`: by its manifest, or
+/// by shard files a failed save left behind, so a save never overwrites a
+/// file the current manifest names.
+fn next_generation(dir: &Path) -> u64 {
+    let from_manifest = Manifest::read(dir).map(|m| m.generation).unwrap_or(0);
+    let from_files = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let rest = name.strip_prefix("shard-")?.strip_suffix(".topkidx")?;
+            rest.split_once(".g")?.1.parse::<u64>().ok()
+        })
+        .max()
+        .unwrap_or(0);
+    from_manifest.max(from_files) + 1
+}

@@ -1,0 +1,497 @@
+//! Random histories on a sharded index and on one index over the same
+//! content: every search of the set equals, bit for bit, the one index's
+//! (docs/CONTRACTS.md §12), whatever the shard count, the shards' backends
+//! and the history; failed calls change nothing on any shard.
+
+use ndarray::{Array2, ArrayView2};
+use proptest::prelude::*;
+use topk_core::{Hit, Metric, MAX_ID};
+use topk_index::{Filter, FilterSpec, Index, IndexBackend, IndexError};
+use topk_shard::{shard_of, Manifest, ShardError, ShardSpec, ShardedIndex};
+use topk_testkit::corpora::{self, Kind, Rng};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(usize),
+    AddAuto(usize),
+    Upsert(usize),
+    Remove(usize),
+    Compact,
+    SaveOpen,
+    /// An add that must fail (present id, repeated id or NaN at a position).
+    BadAdd(u8),
+    /// Search: filter shape, K, batch size (1 = single query).
+    Search(u8, usize, usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1usize..14).prop_map(Op::Add),
+        1 => (1usize..4).prop_map(Op::AddAuto),
+        2 => (1usize..8).prop_map(Op::Upsert),
+        2 => (1usize..10).prop_map(Op::Remove),
+        1 => Just(Op::Compact),
+        1 => Just(Op::SaveOpen),
+        1 => (0u8..3).prop_map(Op::BadAdd),
+        5 => (0u8..5, 1usize..30, prop_oneof![Just(1usize), 2usize..5]).prop_map(|(f, k, q)| Op::Search(f, k, q)),
+    ]
+}
+
+fn metric() -> impl Strategy<Value = Metric> {
+    prop_oneof![Just(Metric::Dot), Just(Metric::Cosine), Just(Metric::L2)]
+}
+
+fn same(got: &[Hit], want: &[Hit]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{} hits, expected {}: {got:?} vs {want:?}",
+            got.len(),
+            want.len()
+        ));
+    }
+    for (rank, (g, w)) in got.iter().zip(want).enumerate() {
+        if g.id != w.id || g.score.to_bits() != w.score.to_bits() {
+            return Err(format!("rank {rank}: got {g:?}, expected {w:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn rows(vectors: &[Vec<f32>], d: usize) -> Array2<f32> {
+    let flat: Vec<f32> = vectors.iter().flatten().copied().collect();
+    Array2::from_shape_vec((vectors.len(), d), flat).unwrap_or_else(|_| Array2::zeros((0, d)))
+}
+
+/// Small ids, ids at the top of the range and a strided block, shuffled.
+fn id_pool(rng: &mut Rng) -> Vec<u64> {
+    let mut pool: Vec<u64> = (0..40u64)
+        .chain((0..16).map(|i| MAX_ID - 5 * i))
+        .chain((0..16).map(|i| (1 << 33) + 64 * i))
+        .collect();
+    for i in (1..pool.len()).rev() {
+        pool.swap(i, rng.below(i + 1));
+    }
+    pool
+}
+
+fn filter(shape: u8, live: &[u64], pool: &[u64], rng: &mut Rng) -> Filter {
+    match shape {
+        0 => Filter::default(),
+        1 => Filter::new(live.iter().copied()),
+        2 => Filter::new(live.iter().copied().filter(|_| rng.below(8) == 0)),
+        3 => Filter::new(live.iter().copied().filter(|_| rng.below(5) < 3)),
+        _ => Filter::new(
+            pool.iter()
+                .copied()
+                .filter(|_| rng.below(3) == 0)
+                .chain([MAX_ID + 1]),
+        ),
+    }
+}
+
+/// Runs `ops` on a set of shards built by `specs` and on one `cpu` index.
+fn run_history(
+    specs: &[ShardSpec],
+    seed: u64,
+    d: usize,
+    metric: Metric,
+    kinds: &[Kind],
+    ops: &[Op],
+) -> Result<(), String> {
+    let e = |e: ShardError| e.to_string();
+    let mut rng = Rng::new(seed);
+    let pool = id_pool(&mut rng);
+    let mut set = ShardedIndex::new(d, metric, specs).map_err(e)?;
+    let mut one = Index::new(d, metric, IndexBackend::Cpu).map_err(|e| e.to_string())?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut earlier: Vec<f32> = Vec::new();
+    let mut fresh = |rng: &mut Rng| {
+        let v = corpora::vector_of(rng, kinds, d, &earlier);
+        earlier.extend_from_slice(&v);
+        v
+    };
+    for (step, op) in ops.iter().enumerate() {
+        let ctx = |m: String| format!("step {step} {op:?}: {m}");
+        match *op {
+            Op::Add(n) => {
+                let ids: Vec<u64> = pool
+                    .iter()
+                    .copied()
+                    .filter(|&id| !one.contains(id))
+                    .take(n)
+                    .collect();
+                let vs: Vec<Vec<f32>> = ids.iter().map(|_| fresh(&mut rng)).collect();
+                let r = rows(&vs, d);
+                one.add(&ids, r.view()).map_err(|e| ctx(e.to_string()))?;
+                set.add(&ids, r.view()).map_err(|e| ctx(e.to_string()))?;
+            }
+            Op::AddAuto(n) => {
+                let vs: Vec<Vec<f32>> = (0..n).map(|_| fresh(&mut rng)).collect();
+                let r = rows(&vs, d);
+                match (one.add_auto(r.view()), set.add_auto(r.view())) {
+                    (Ok(a), Ok(b)) if a == b => {}
+                    (Err(_), Err(ShardError::Index(IndexError::IdsExhausted { .. }))) => {}
+                    (a, b) => return Err(ctx(format!("one index {a:?}, set {b:?}"))),
+                }
+            }
+            Op::Upsert(n) => {
+                let mut ids: Vec<u64> = Vec::new();
+                while ids.len() < n {
+                    let id = pool[rng.below(pool.len())];
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+                let vs: Vec<Vec<f32>> = ids.iter().map(|_| fresh(&mut rng)).collect();
+                let r = rows(&vs, d);
+                one.upsert(&ids, r.view()).map_err(|e| ctx(e.to_string()))?;
+                set.upsert(&ids, r.view()).map_err(|e| ctx(e.to_string()))?;
+            }
+            Op::Remove(n) => {
+                let ids: Vec<u64> = (0..n)
+                    .map(|_| pool[rng.below(pool.len())])
+                    .chain([u64::MAX])
+                    .collect();
+                let (a, b) = (one.remove(&ids), set.remove(&ids));
+                if a != b {
+                    return Err(ctx(format!("removed {b}, one index removed {a}")));
+                }
+            }
+            Op::Compact => set.compact(),
+            Op::SaveOpen => {
+                let path = dir.path().join("set");
+                set.save(&path).map_err(|e| ctx(e.to_string()))?;
+                let back = ShardedIndex::open(&path, |i| specs[i].clone())
+                    .map_err(|e| ctx(e.to_string()))?;
+                let m = Manifest::read(&path).map_err(|e| ctx(e.to_string()))?;
+                let on_disk = std::fs::read_dir(&path)
+                    .map_err(|e| ctx(e.to_string()))?
+                    .count();
+                if on_disk != m.shards.len() + 1 {
+                    return Err(ctx(format!(
+                        "{on_disk} files for {} shards and a manifest",
+                        m.shards.len()
+                    )));
+                }
+                set = back;
+            }
+            Op::BadAdd(kind) => {
+                let Some(present) = one.ids().first().copied() else {
+                    continue;
+                };
+                let new_ids: Vec<u64> = pool
+                    .iter()
+                    .copied()
+                    .filter(|&id| !one.contains(id))
+                    .take(3)
+                    .collect();
+                let mut ids = new_ids.clone();
+                let mut vs: Vec<Vec<f32>> = ids.iter().map(|_| fresh(&mut rng)).collect();
+                match kind {
+                    0 => {
+                        ids.push(present);
+                        vs.push(fresh(&mut rng));
+                    }
+                    1 => match ids.first().copied() {
+                        Some(first) => {
+                            ids.push(first);
+                            vs.push(fresh(&mut rng));
+                        }
+                        None => continue,
+                    },
+                    _ => {
+                        let mut v = fresh(&mut rng);
+                        v[d - 1] = f32::NAN;
+                        ids.push(new_ids.first().map_or(0, |&i| i ^ 1).min(MAX_ID));
+                        vs.push(v);
+                    }
+                }
+                let r = rows(&vs, d);
+                let before = (set.len(), set.ids());
+                let (a, b) = (one.add(&ids, r.view()), set.add(&ids, r.view()));
+                match (&a, &b) {
+                    (Err(x), Err(ShardError::Index(y))) if x.to_string() == y.to_string() => {}
+                    _ => {
+                        return Err(ctx(format!(
+                            "one index {a:?}, set {b:?} (errors must match)"
+                        )))
+                    }
+                }
+                if (set.len(), set.ids()) != before {
+                    return Err(ctx("a failed add changed the set".to_owned()));
+                }
+            }
+            Op::Search(shape, k, nq) => {
+                let live = one.ids();
+                let f = filter(shape, &live, &pool, &mut rng);
+                let qs: Vec<Vec<f32>> = (0..nq).map(|_| fresh(&mut rng)).collect();
+                if nq == 1 {
+                    let fo = (shape > 0).then_some(&f);
+                    let want = one.search(&qs[0], k, fo).map_err(|e| ctx(e.to_string()))?;
+                    let got = set.search(&qs[0], k, fo).map_err(|e| ctx(e.to_string()))?;
+                    same(&got, &want).map_err(ctx)?;
+                } else {
+                    let q = rows(&qs, d);
+                    let per: Vec<Filter> = (0..nq)
+                        .map(|_| filter(shape, &live, &pool, &mut rng))
+                        .collect();
+                    for spec in [
+                        FilterSpec::None,
+                        FilterSpec::Shared(&f),
+                        FilterSpec::PerQuery(&per),
+                    ] {
+                        let want = one
+                            .search_batch(q.view(), k, spec)
+                            .map_err(|e| ctx(e.to_string()))?;
+                        let got = set
+                            .search_batch(q.view(), k, spec)
+                            .map_err(|e| ctx(e.to_string()))?;
+                        for (g, w) in got.iter().zip(&want) {
+                            same(g, w).map_err(ctx)?;
+                        }
+                    }
+                }
+            }
+        }
+        if set.len() != one.len() {
+            return Err(ctx(format!(
+                "{} rows, one index has {}",
+                set.len(),
+                one.len()
+            )));
+        }
+    }
+    if set.ids() != one.ids() {
+        return Err("the set's ids differ from the one index's".to_owned());
+    }
+    for (i, shard) in set.shards().iter().enumerate() {
+        if let Some(id) = shard
+            .ids()
+            .into_iter()
+            .find(|&id| shard_of(id, specs.len()) != i)
+        {
+            return Err(format!("id {id} sits on shard {i}"));
+        }
+    }
+    Ok(())
+}
+
+fn host_specs() -> impl Strategy<Value = Vec<ShardSpec>> {
+    prop::collection::vec(
+        prop_oneof![Just(IndexBackend::Cpu), Just(IndexBackend::Oracle)].prop_map(ShardSpec::new),
+        1..6,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_set_of_host_shards_returns_the_bytes_of_one_index(
+        seed in any::<u64>(),
+        d in prop_oneof![1usize..6, Just(33usize)],
+        metric in metric(),
+        mask in any::<u8>(),
+        specs in host_specs(),
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        let mut kinds = corpora::palette(mask & 0x7f);
+        kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Constant]);
+        if let Err(e) = run_history(&specs, seed, d, metric, &kinds, &ops) {
+            return Err(TestCaseError::fail(format!("seed {seed}, {} shards: {e}", specs.len())));
+        }
+    }
+}
+
+#[test]
+fn input_errors_come_before_any_shard_and_name_the_call() {
+    let mut set =
+        ShardedIndex::uniform(2, Metric::Dot, 3, &ShardSpec::new(IndexBackend::Cpu)).expect("set");
+    let r = ndarray::array![[1.0_f32, 0.0], [0.0, 1.0], [1.0, 1.0]];
+    set.add(&[1, 2, 3], r.view()).expect("add");
+    let bad = |set: &mut ShardedIndex, ids: &[u64], rows: ArrayView2<'_, f32>| {
+        let e = set.add(ids, rows).expect_err("must fail").to_string();
+        assert_eq!(set.ids(), vec![1, 2, 3], "{e}");
+        e
+    };
+    assert!(bad(&mut set, &[7, 8, 2], r.view()).contains("id 2"));
+    assert!(bad(&mut set, &[7, 8, 7], r.view()).contains("7"));
+    assert!(bad(&mut set, &[7, MAX_ID + 1, 9], r.view()).contains(&(MAX_ID + 1).to_string()));
+    let wide = ndarray::array![[1.0_f32, 0.0, 2.0]];
+    assert!(bad(&mut set, &[7], wide.view()).contains('3'));
+    let nan = ndarray::array![[1.0_f32, 0.0], [f32::NAN, 1.0]];
+    assert!(bad(&mut set, &[7, 8], nan.view()).contains("row 1"));
+    assert!(set.search(&[1.0, 0.0], 0, None).is_err());
+    assert!(set.search(&[1.0], 3, None).is_err());
+    assert!(matches!(
+        ShardedIndex::new(2, Metric::Dot, &[]),
+        Err(ShardError::NoShards)
+    ));
+}
+
+#[test]
+fn misplaced_and_mismatched_shards_are_refused() {
+    let r = ndarray::array![[1.0_f32, 0.0]];
+    // With two shards, id 0 belongs to shard shard_of(0, 2).
+    let home = shard_of(0, 2);
+    let mut shards = vec![
+        Index::new(2, Metric::Dot, IndexBackend::Cpu).expect("index"),
+        Index::new(2, Metric::Dot, IndexBackend::Cpu).expect("index"),
+    ];
+    shards[1 - home].add(&[0], r.view()).expect("add");
+    match ShardedIndex::from_shards(shards) {
+        Err(ShardError::Misplaced {
+            id: 0, expected, ..
+        }) => assert_eq!(expected, home),
+        other => panic!("{other:?}"),
+    }
+    let mixed = vec![
+        Index::new(2, Metric::Dot, IndexBackend::Cpu).expect("index"),
+        Index::new(3, Metric::Dot, IndexBackend::Cpu).expect("index"),
+    ];
+    assert!(matches!(
+        ShardedIndex::from_shards(mixed),
+        Err(ShardError::ShardMismatch {
+            shard: 1,
+            what: "dimension",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn damaged_sets_are_named_and_a_failed_save_keeps_the_old_one() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("set");
+    let mut set = ShardedIndex::uniform(4, Metric::Cosine, 3, &ShardSpec::new(IndexBackend::Cpu))
+        .expect("set");
+    let data = corpora::shuffled_duplicates(3, 200, 4, 20);
+    let r = ArrayView2::from_shape((200, 4), &data).expect("shape");
+    set.add(&(0..200).collect::<Vec<u64>>(), r).expect("add");
+    set.save(&path).expect("save");
+    let spec = |_| ShardSpec::new(IndexBackend::Cpu);
+    let q = [0.5_f32, -1.0, 2.0, 0.25];
+    let want = set.search(&q, 10, None).expect("search");
+
+    // A second save replaces the first generation's files.
+    let gone: Vec<u64> = want.iter().take(3).map(|h| h.id).collect();
+    assert_eq!(set.remove(&gone), 3);
+    set.save(&path).expect("save again");
+    let m = Manifest::read(&path).expect("manifest");
+    assert_eq!(m.generation, 2);
+    let back = ShardedIndex::open(&path, spec).expect("open");
+    assert_eq!(back.len(), 197);
+
+    let shard0 = path.join(&m.shards[0].file);
+    let bytes = std::fs::read(&shard0).expect("read");
+    // Truncated shard file: named, with its shard.
+    std::fs::write(&shard0, &bytes[..bytes.len() / 2]).expect("truncate");
+    let err = ShardedIndex::open(&path, spec)
+        .expect_err("truncated")
+        .to_string();
+    assert!(err.starts_with("shard 0:"), "{err}");
+    std::fs::write(&shard0, &bytes).expect("restore");
+    // A shard file swapped for another shard's: the row count or the placement says so.
+    std::fs::copy(path.join(&m.shards[1].file), &shard0).expect("swap");
+    let err = ShardedIndex::open(&path, spec)
+        .expect_err("swapped")
+        .to_string();
+    assert!(err.contains("shard 0"), "{err}");
+    std::fs::write(&shard0, &bytes).expect("restore");
+    // A missing shard file.
+    std::fs::remove_file(path.join(&m.shards[2].file)).expect("remove");
+    let err = ShardedIndex::open(&path, spec)
+        .expect_err("missing")
+        .to_string();
+    assert!(err.starts_with("shard 2:"), "{err}");
+    // Saved whole again, and the same bytes as the set in memory.
+    set.save(&path).expect("save");
+    let back = ShardedIndex::open(&path, spec).expect("open");
+    same(
+        &back.search(&q, 10, None).expect("search"),
+        &set.search(&q, 10, None).expect("search"),
+    )
+    .expect("reopened set");
+    assert_ne!(
+        want,
+        set.search(&q, 10, None).expect("search"),
+        "the removals changed the answer"
+    );
+    // A set cannot be saved over a file.
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"x").expect("write");
+    assert!(matches!(set.save(&file), Err(ShardError::Io { .. })));
+}
+
+/// `cuda` shards sharing one device, and a mix of `cuda` and `cpu` shards,
+/// through the same histories. Runs where the build has the `cuda` feature
+/// and the plugin finds a device; elsewhere it prints why and passes, unless
+/// `TOPK_REQUIRE_GPU=1`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use topk_testkit::or_skip;
+
+    fn device() -> Option<()> {
+        or_skip(topk_cuda_loader::available().map(|_| ()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        #[test]
+        fn gpu_shards_return_the_bytes_of_one_index(
+            seed in any::<u64>(),
+            d in prop_oneof![1usize..6, Just(33usize)],
+            metric in metric(),
+            mask in any::<u8>(),
+            shards in 1usize..5,
+            with_cpu in any::<bool>(),
+            ops in prop::collection::vec(op(), 1..32),
+        ) {
+            let Some(()) = device() else { return Ok(()) };
+            let mut specs: Vec<ShardSpec> = (0..shards).map(|_| ShardSpec::cuda(0)).collect();
+            if with_cpu {
+                specs.push(ShardSpec::new(IndexBackend::Cpu));
+            }
+            let mut kinds = corpora::palette(mask & 0x7f);
+            kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Constant]);
+            if let Err(e) = run_history(&specs, seed, d, metric, &kinds, &ops) {
+                return Err(TestCaseError::fail(format!("seed {seed}, {} shards: {e}", specs.len())));
+            }
+        }
+    }
+
+    /// Large enough for the device's grid-wide selection and both filter
+    /// paths: 4 device shards against one `cpu` index.
+    #[test]
+    fn large_gpu_set_agrees_with_one_index() {
+        let Some(()) = device() else { return };
+        let (n, d) = (40_000usize, 24usize);
+        let data = corpora::shuffled_duplicates(5, n, d, 500);
+        let r = ArrayView2::from_shape((n, d), &data).expect("shape");
+        let ids: Vec<u64> = (0..n as u64).map(|i| i * 7 + 3).collect();
+        let qs = corpora::queries(9, 6, d, &[Kind::SmallInt], &data);
+        let qv = ArrayView2::from_shape((6, d), &qs).expect("shape");
+        for metric in Metric::ALL {
+            let mut set = ShardedIndex::uniform(d, metric, 4, &ShardSpec::cuda(0)).expect("set");
+            set.add(&ids, r).expect("add");
+            let mut one = Index::with_ids(&ids, r, metric, IndexBackend::Cpu).expect("one");
+            let gone: Vec<u64> = ids.iter().copied().step_by(6).collect();
+            assert_eq!(set.remove(&gone), one.remove(&gone));
+            let f = Filter::new(ids.iter().copied().step_by(3));
+            for k in [1, 100, 1000] {
+                for spec in [FilterSpec::None, FilterSpec::Shared(&f)] {
+                    let got = set.search_batch(qv, k, spec).expect("set");
+                    let want = one.search_batch(qv, k, spec).expect("one");
+                    for (g, w) in got.iter().zip(&want) {
+                        same(g, w).unwrap_or_else(|e| panic!("{metric} k {k}: {e}"));
+                    }
+                }
+                let got = set.search(&qs[..d], k, None).expect("set");
+                same(&got, &one.search(&qs[..d], k, None).expect("one"))
+                    .unwrap_or_else(|e| panic!("{metric} single k {k}: {e}"));
+            }
+        }
+    }
+}
