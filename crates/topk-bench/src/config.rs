@@ -15,8 +15,9 @@ use crate::error::{BenchError, Result};
 /// should fail before allocating gigabytes.
 pub const MAX_DIM: usize = 16_384;
 
-/// Largest corpus, in values (N·D): 16 GiB of f32.
-pub const MAX_VALUES: usize = 1 << 32;
+/// Largest corpus, in values (N·D): 128 GiB of f32, above one H200's
+/// memory (a guard against typos such as `--n 1e10`, not a real limit).
+pub const MAX_VALUES: usize = 1 << 35;
 
 /// Largest batch a run times.
 pub const MAX_BATCH: usize = 65_536;
@@ -182,7 +183,7 @@ pub fn validate_shape(n: usize, d: usize) -> Result<()> {
             "n",
             n,
             format!(
-                "N·D = {n}·{d} values exceeds the harness limit of {MAX_VALUES} (16 GiB of f32)"
+                "N·D = {n}·{d} values exceeds the harness limit of {MAX_VALUES} (128 GiB of f32)"
             ),
         )),
     }

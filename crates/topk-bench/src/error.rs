@@ -43,6 +43,15 @@ pub enum BenchError {
     /// A contract error from a backend or the input rules.
     #[error(transparent)]
     Topk(#[from] topk_core::Error),
+    /// An `Index` operation failed.
+    #[error("index: {0}")]
+    Index(#[from] topk::IndexError),
+    /// A sharded index operation failed.
+    #[error("sharded index: {0}")]
+    Shard(#[from] topk::ShardError),
+    /// Two paths that must return the same bytes did not.
+    #[error("results differ: {0}")]
+    Mismatch(String),
     /// Reading or writing a data file failed.
     #[error("{path}: {source}")]
     Data {

@@ -18,6 +18,7 @@
 //! | [`join`] | our records joined with the anchors' by configuration |
 //! | [`table`], [`plot`] | the README table, the CPU table, and the plots |
 //! | [`membw`], [`environment`] | the floor's bandwidth and the run's environment |
+//! | [`scale`] | 1M–20M rows: one engine against sharded `cuda` sets, the upload rate |
 
 pub mod backends;
 pub mod campaign;
@@ -34,6 +35,7 @@ pub mod membw;
 pub mod plot;
 pub mod record;
 pub mod run;
+pub mod scale;
 pub mod single;
 pub mod stats;
 pub mod table;

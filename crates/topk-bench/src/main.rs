@@ -165,6 +165,43 @@ enum Command {
         #[arg(long, default_value = "")]
         notes: String,
     },
+    /// 1M–20M rows on the GPU: one engine, one `cuda` index and sets of
+    /// `cuda` shards, timed and checked bit for bit (OUT/scale.jsonl, OUT/scale.md).
+    Scale {
+        /// Results folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// Corpus sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1000000")]
+        ns: Vec<usize>,
+        /// Dimensions, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1024")]
+        ds: Vec<usize>,
+        /// Shard counts of the sharded sets (none: engine and index only).
+        #[arg(long, value_delimiter = ',', default_value = "2,4")]
+        shards: Vec<usize>,
+        /// Device ordinals the shards go to, in turn.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        devices: Vec<usize>,
+        /// K.
+        #[arg(long, default_value_t = 100)]
+        k: usize,
+        /// Batch size.
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+        /// Timed single queries.
+        #[arg(long, default_value_t = 100)]
+        trials: usize,
+        /// Timed batches.
+        #[arg(long, default_value_t = 10)]
+        batch_trials: usize,
+        /// Queries checked bit for bit against the CPU backend.
+        #[arg(long, default_value_t = 4)]
+        check: usize,
+        /// No sharded sets above this many rows.
+        #[arg(long, default_value_t = usize::MAX)]
+        shard_max_rows: usize,
+    },
     /// Measure this machine's memory bandwidth (read pass and copy).
     Membw {
         /// Buffer size in MiB.
@@ -334,6 +371,52 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let path = dir.join("table.md");
             std::fs::write(&path, &md).map_err(|e| BenchError::io(&path, e))?;
             print!("{md}");
+        }
+        Command::Scale {
+            out,
+            ns,
+            ds,
+            shards,
+            devices,
+            k,
+            batch,
+            trials,
+            batch_trials,
+            check,
+            shard_max_rows,
+        } => {
+            for (flag, v) in [("ns", &ns), ("ds", &ds), ("devices", &devices)] {
+                if v.is_empty() {
+                    return Err(BenchError::flag(flag, "", "needs at least one value"));
+                }
+            }
+            for &n in &ns {
+                for &d in &ds {
+                    topk_bench::config::validate_shape(n, d)?;
+                }
+            }
+            if k == 0 || batch == 0 || trials == 0 || batch_trials == 0 || shards.contains(&0) {
+                return Err(BenchError::flag(
+                    "k/batch/trials/batch-trials/shards",
+                    format!("{k}/{batch}/{trials}/{batch_trials}/{shards:?}"),
+                    "each at least 1",
+                ));
+            }
+            let spec = topk_bench::scale::ScaleSpec {
+                ns,
+                ds,
+                shards,
+                devices,
+                k,
+                batch,
+                trials,
+                batch_trials,
+                check,
+                shard_max_rows,
+            };
+            let bw = topk_bench::gpu::Gpu::d2d_bandwidth().ok();
+            let records = topk_bench::scale::run(&spec, &out, bw)?;
+            println!("{} measurements in {}", records.len(), out.display());
         }
         Command::Membw { mib } => {
             if mib == 0 {

@@ -33,22 +33,34 @@ pub const MAX_SQUARED_NORM: f64 = (1u128 << 100) as f64;
 /// infinity (naming row and column), and any row whose squared norm exceeds
 /// [`MAX_SQUARED_NORM`] (naming the row and its largest value).
 pub fn corpus(data: &[f32], dim: usize) -> Result<usize> {
+    let n = corpus_shape(data.len(), dim)?;
+    corpus_values(data, dim)?;
+    Ok(n)
+}
+
+/// The shape rules of [`corpus`] alone, for `len` row-major values of
+/// `dim`-value rows: returns N. A caller that checks the values in parts as
+/// it copies them (the GPU engine's staged upload) checks the shape first.
+pub fn corpus_shape(len: usize, dim: usize) -> Result<usize> {
     check_dim(dim)?;
-    if data.is_empty() {
+    if len == 0 {
         return Err(Error::EmptyCorpus);
     }
-    if data.len() % dim != 0 {
-        return Err(Error::RaggedCorpus {
-            len: data.len(),
-            dim,
-        });
+    if len % dim != 0 {
+        return Err(Error::RaggedCorpus { len, dim });
     }
-    let n = data.len() / dim;
+    let n = len / dim;
     if n > MAX_ROWS {
         return Err(Error::TooManyRows { n, max: MAX_ROWS });
     }
-    bounded(data, dim, Located::Row)?;
     Ok(n)
+}
+
+/// The value rules of [`corpus`] alone (finiteness, the overflow rule) for
+/// whole `dim`-value rows; errors name rows counted from the start of `data`.
+pub fn corpus_values(data: &[f32], dim: usize) -> Result<()> {
+    check_dim(dim)?;
+    bounded(data, dim, Located::Row)
 }
 
 /// Checks an `N × D` corpus view (any layout) by the rules of [`corpus`] and

@@ -74,23 +74,33 @@ impl Engine {
         metric: Metric,
         config: CudaConfig,
     ) -> Result<Self, CudaError> {
-        let (n, d) = validate::corpus_view(corpus)?;
+        let (n, d) = corpus.dim();
         match corpus.as_slice() {
-            Some(flat) => Self::build(flat, n, d, metric, config, n, false),
+            Some(flat) => Self::from_rowmajor(flat, d, metric, config),
+            None if n == 0 || d == 0 => Self::from_rowmajor(&[], d, metric, config),
             None => {
+                // Checked before the copy so that a bad view costs no copy.
+                validate::corpus_view(corpus)?;
                 let flat: Vec<f32> = corpus.iter().copied().collect();
                 Self::build(&flat, n, d, metric, config, n, false)
             }
         }
     }
 
+    /// An engine over `data`, row-major rows of `dim` values. The values are
+    /// checked (docs/CONTRACTS.md §4) as they are uploaded: a large corpus
+    /// streams through pinned buffers, each part checked by the host
+    /// threads just before it is copied (`launch::h2d_staged`).
     pub(crate) fn from_rowmajor(
         data: &[f32],
         dim: usize,
         metric: Metric,
         config: CudaConfig,
     ) -> Result<Self, CudaError> {
-        let n = validate::corpus(data, dim)?;
+        let n = validate::corpus_shape(data.len(), dim)?;
+        if std::mem::size_of_val(data) < launch::STAGED_MIN_BYTES {
+            validate::corpus_values(data, dim)?;
+        }
         Self::build(data, n, dim, metric, config, n, false)
     }
 
@@ -186,7 +196,26 @@ impl Engine {
         } else {
             None
         };
-        let corpus = if capacity == n {
+        // Small corpora were checked by the caller; a large one is checked
+        // here, part by part, as it streams to the device.
+        let large = std::mem::size_of_val(flat) >= launch::STAGED_MIN_BYTES;
+        let corpus = if large {
+            let buf = alloc::<f32>("corpus", capacity * d)?;
+            let started = std::time::Instant::now();
+            let check = |part: &[f32]| validate::corpus_values(part, d).is_ok();
+            if !launch::h2d_staged(DevSlice::of(&buf), flat, d, &check)? {
+                // The whole corpus checked again names the first bad row.
+                validate::corpus_values(flat, d)?;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            tracing::debug!(
+                bytes = std::mem::size_of_val(flat),
+                secs,
+                gb_per_s = std::mem::size_of_val(flat) as f64 / secs.max(1e-9) / 1e9,
+                "corpus uploaded"
+            );
+            buf
+        } else if capacity == n {
             device::upload("corpus", flat)?
         } else {
             let buf = alloc::<f32>("corpus", capacity * d)?;

@@ -622,6 +622,35 @@ fn bad_inputs_are_typed_errors() {
     ));
 }
 
+/// A corpus above the staged-upload threshold (256 MiB) streams through
+/// pinned buffers with its values checked part by part: the engine answers
+/// bit for bit as the oracle, and a bad value in a late part, or a row over
+/// the overflow rule before it, is named exactly as the whole-corpus check
+/// names it.
+#[test]
+fn large_corpora_stream_checked_and_exact() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let (n, d) = (72_000usize, 1024usize);
+    let data = corpus(21, n, d, 1);
+    let q: Vec<f32> = corpus(22, 1, d, 0);
+    let oracle = Oracle::from_rowmajor(data.clone(), d, Metric::Dot).expect("oracle");
+    let want = oracle.search(&q, 100).expect("oracle search");
+    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, CudaConfig::default())
+        .expect("engine");
+    assert_eq!(gpu.search(&q, 100).expect("gpu search"), want);
+    drop(gpu);
+    for (row, value) in [(n - 3, f32::NAN), (40_000, f32::NEG_INFINITY), (5, 3.0e38)] {
+        let mut bad = data.clone();
+        bad[row * d + 7] = value;
+        let want = topk_core::validate::corpus(&bad, d).expect_err("the host check refuses it");
+        let got = CudaRetriever::from_rowmajor(bad, d, Metric::Dot, CudaConfig::default())
+            .expect_err("the engine refuses it");
+        assert_eq!(got.to_string(), CudaError::Input(want).to_string(), "row {row}");
+    }
+}
+
 #[test]
 fn no_device_path_is_a_clear_error() {
     // Runs everywhere: on a machine without a GPU (or a build without the

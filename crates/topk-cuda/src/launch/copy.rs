@@ -133,6 +133,123 @@ pub(crate) fn h2d_sync<T: DeviceCopy>(dst: DevSlice<'_, T>, src: &[T]) -> Result
     })
 }
 
+/// Bytes of one pinned staging buffer of [`h2d_staged`]: large enough that
+/// a copy runs at the link's rate, small enough that pinning three costs a
+/// few milliseconds.
+pub(crate) const STAGE_BYTES: usize = 64 << 20;
+/// Pinned staging buffers of [`h2d_staged`]: one being filled, one in
+/// flight, one spare so that a slow fill never idles the link.
+const STAGES: usize = 3;
+/// Uploads smaller than this go straight from pageable memory: pinning the
+/// staging buffers would cost more than the overlap saves.
+pub(crate) const STAGED_MIN_BYTES: usize = 256 << 20;
+
+/// Host → device copy of `src` (pageable memory) into the start of `dst`,
+/// streamed through pinned staging buffers: while the copy engine moves one
+/// buffer, the host's threads check and fill the next, so the upload runs
+/// at the link's rate rather than the driver's pageable rate.
+///
+/// `src` is cut into parts of whole `unit`-element groups (rows); each part
+/// is offered to `check` just before it is copied. The first part it
+/// refuses (in order) stops the upload: `Ok(false)` is returned once the
+/// copies in flight have finished, and `dst` holds a prefix of `src`.
+/// `Ok(true)`: all of `src` is on the device.
+pub(crate) fn h2d_staged<T: DeviceCopy + Default + Send + Sync>(
+    dst: DevSlice<'_, T>,
+    src: &[T],
+    unit: usize,
+    check: &(dyn Fn(&[T]) -> bool + Sync),
+) -> Result<bool, CudaError> {
+    use cust::event::{Event, EventFlags};
+    use cust::stream::{Stream, StreamFlags};
+    use rayon::prelude::*;
+
+    dst.need("copy destination", src.len())?;
+    if src.is_empty() {
+        return Ok(true);
+    }
+    let unit = unit.max(1);
+    let per_stage = (STAGE_BYTES / std::mem::size_of::<T>().max(1) / unit).max(1) * unit;
+    let chunk = per_stage.min(src.len());
+    let threads = rayon::current_num_threads().max(1);
+    // Each thread checks and copies a run of whole groups.
+    let piece = (chunk / unit).div_ceil(threads).max(1) * unit;
+    let stages = STAGES.min(src.len().div_ceil(chunk));
+    let mut buffers = Vec::with_capacity(stages);
+    for _ in 0..stages {
+        buffers.push(LockedBuffer::new(&T::default(), chunk).map_err(|e| match e {
+            cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
+                what: "pinned upload staging",
+                requested: chunk * std::mem::size_of::<T>(),
+                available: 0,
+            },
+            other => CudaError::driver("cuMemHostAlloc", other),
+        })?);
+    }
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None)
+        .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
+    let mut copied: Vec<Option<Event>> = (0..stages).map(|_| None).collect();
+    let finish = |stream: &Stream| {
+        stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("cuStreamSynchronize (staged upload)", e))
+    };
+    for (c, part) in src.chunks(chunk).enumerate() {
+        let b = c % stages;
+        if let Some(ev) = copied[b].take() {
+            ev.synchronize()
+                .map_err(|e| CudaError::driver("cuEventSynchronize", e))?;
+        }
+        let stage = &mut buffers[b].as_mut_slice()[..part.len()];
+        let ok = stage
+            .par_chunks_mut(piece)
+            .zip(part.par_chunks(piece))
+            .map(|(to, from)| {
+                let fine = check(from);
+                if fine {
+                    to.copy_from_slice(from);
+                }
+                fine
+            })
+            .collect::<Vec<bool>>()
+            .into_iter()
+            .all(|fine| fine);
+        if !ok {
+            finish(&stream)?;
+            return Ok(false);
+        }
+        let at = dst.range("copy destination", c * chunk, part.len())?;
+        let queued = h2d(Queue::Stream(stream.as_inner()), at, &buffers[b], 0, part.len());
+        if let Err(e) = queued {
+            finish(&stream)?;
+            return Err(e);
+        }
+        let ev = Event::new(EventFlags::DISABLE_TIMING)
+            .map_err(|e| CudaError::driver("cuEventCreate", e))?;
+        ev.record(&stream)
+            .map_err(|e| CudaError::driver("cuEventRecord", e))?;
+        copied[b] = Some(ev);
+    }
+    // The buffers outlive every copy queued on them: the stream is drained
+    // before they drop.
+    finish(&stream)?;
+    Ok(true)
+}
+
+/// Host → device copy of `src` into the start of `dst`: staged through
+/// pinned buffers when large ([`h2d_staged`], nothing checked), straight
+/// from pageable memory otherwise.
+pub(crate) fn h2d_upload<T: DeviceCopy + Default + Send + Sync>(
+    dst: DevSlice<'_, T>,
+    src: &[T],
+) -> Result<(), CudaError> {
+    if std::mem::size_of_val(src) >= STAGED_MIN_BYTES {
+        h2d_staged(dst, src, 1, &|_| true).map(|_| ())
+    } else {
+        h2d_sync(dst, src)
+    }
+}
+
 /// Device → device copy of all of `src` into the start of `dst`,
 /// synchronously; the two must not overlap.
 pub(crate) fn d2d_sync<T: DeviceCopy>(

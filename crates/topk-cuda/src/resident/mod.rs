@@ -355,7 +355,7 @@ impl ResidentCorpus {
         let (n, a) = (self.ids.len(), ids.len());
         self.grow_to(n + a)?;
         let dst = DevSlice::of(&self.engine.corpus).range("corpus", n * d, a * d)?;
-        launch::h2d_sync(dst, sorted_rows)?;
+        launch::h2d_upload(dst, sorted_rows)?;
         let id_dst = DevSlice::of(&self.ids_dev).range("stored ids", n, a)?;
         launch::h2d_sync(id_dst, &sorted_ids)?;
         self.refresh_norms(n, a)?;

@@ -1,0 +1,107 @@
+"""torch anchors of the scale-out measurements (topk_bench scale), same shapes.
+
+For each (N, D): a Gaussian corpus generated on the device and L2-normalised
+(the shape and distribution of topk_bench's, not its bytes: torch's timings
+do not depend on the values), then, with CUDA events:
+
+* single query, K: ``torch.topk(corpus @ q, K)`` in fp32 with TF32 off;
+* a batch of Q queries: ``torch.topk(Q @ corpus.T, K, dim=1)`` in fp32 (TF32
+  off), with TF32 on, and on a bf16 copy of the corpus.
+
+Also torch's host-to-device copy rate of a 4 GiB tensor from pinned and from
+pageable memory: the reference for topk's corpus upload.
+
+Usage: python3 scale_anchors.py --ns 1000000,10000000 --ds 768,1024 --out FILE.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def timed(fn, warmup: int, trials: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def upload_rates(gib: int = 4) -> dict:
+    n = gib << 28  # float32 values
+    host = torch.empty(n, dtype=torch.float32).uniform_()
+    dev = torch.empty(n, dtype=torch.float32, device="cuda")
+    rates = {}
+    for name, src in (("pageable", host), ("pinned", host.pin_memory())):
+        dev.copy_(src)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dev.copy_(src)
+        torch.cuda.synchronize()
+        rates[f"h2d_{name}_gbs"] = n * 4 / (time.perf_counter() - t) / 1e9
+    return rates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ns", default="1000000")
+    ap.add_argument("--ds", default="1024")
+    ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--trials", type=int, default=50)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    with open(a.out, "w") as f:
+        rec = {"what": "torch_upload", **upload_rates()}
+        f.write(json.dumps(rec) + "\n")
+        print(rec, flush=True)
+        torch.cuda.empty_cache()
+        for d in [int(x) for x in a.ds.split(",")]:
+            for n in [int(x) for x in a.ns.split(",")]:
+                g = torch.Generator(device="cuda").manual_seed(42)
+                c = torch.randn(n, d, device="cuda", generator=g)
+                c /= c.norm(dim=1, keepdim=True)
+                qs = torch.randn(a.batch, d, device="cuda", generator=g)
+                qs /= qs.norm(dim=1, keepdim=True)
+                q = qs[0].contiguous()
+                torch.backends.cuda.matmul.allow_tf32 = False
+                single = timed(lambda: torch.topk(c @ q, a.k), 5, a.trials)
+                fp32 = timed(lambda: torch.topk(qs @ c.T, a.k, dim=1), 2, 10)
+                torch.backends.cuda.matmul.allow_tf32 = True
+                tf32 = timed(lambda: torch.topk(qs @ c.T, a.k, dim=1), 2, 10)
+                torch.backends.cuda.matmul.allow_tf32 = False
+                cb, qb = c.to(torch.bfloat16), qs.to(torch.bfloat16)
+                bf16 = timed(lambda: torch.topk(qb @ cb.T, a.k, dim=1), 2, 10)
+                del cb, qb
+                rec = {
+                    "what": "torch",
+                    "n": n,
+                    "d": d,
+                    "k": a.k,
+                    "batch": a.batch,
+                    "single_fp32_ms": statistics.median(single),
+                    "batch_fp32_ms": statistics.median(fp32),
+                    "batch_tf32_ms": statistics.median(tf32),
+                    "batch_bf16_ms": statistics.median(bf16),
+                }
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                print(rec, flush=True)
+                del c, qs, q
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
