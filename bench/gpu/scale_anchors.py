@@ -30,7 +30,10 @@ def timed(fn, warmup: int, trials: int) -> list[float]:
     torch.cuda.synchronize()
     out = []
     for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a, b = (
+            torch.cuda.Event(enable_timing=True),
+            torch.cuda.Event(enable_timing=True),
+        )
         a.record()
         fn()
         b.record()
@@ -54,6 +57,34 @@ def upload_rates(gib: int = 4) -> dict:
     return rates
 
 
+def measure(n: int, d: int, k: int, batch: int, trials: int) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(42)
+    c = torch.randn(n, d, device="cuda", generator=g)
+    c /= c.norm(dim=1, keepdim=True)
+    qs = torch.randn(batch, d, device="cuda", generator=g)
+    qs /= qs.norm(dim=1, keepdim=True)
+    q = qs[0].contiguous()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    single = timed(lambda: torch.topk(c @ q, k), 5, trials)
+    fp32 = timed(lambda: torch.topk(qs @ c.T, k, dim=1), 2, 10)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32 = timed(lambda: torch.topk(qs @ c.T, k, dim=1), 2, 10)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cb, qb = c.to(torch.bfloat16), qs.to(torch.bfloat16)
+    bf16 = timed(lambda: torch.topk(qb @ cb.T, k, dim=1), 2, 10)
+    return {
+        "what": "torch",
+        "n": n,
+        "d": d,
+        "k": k,
+        "batch": batch,
+        "single_fp32_ms": statistics.median(single),
+        "batch_fp32_ms": statistics.median(fp32),
+        "batch_tf32_ms": statistics.median(tf32),
+        "batch_bf16_ms": statistics.median(bf16),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ns", default="1000000")
@@ -70,36 +101,10 @@ def main() -> None:
         torch.cuda.empty_cache()
         for d in [int(x) for x in a.ds.split(",")]:
             for n in [int(x) for x in a.ns.split(",")]:
-                g = torch.Generator(device="cuda").manual_seed(42)
-                c = torch.randn(n, d, device="cuda", generator=g)
-                c /= c.norm(dim=1, keepdim=True)
-                qs = torch.randn(a.batch, d, device="cuda", generator=g)
-                qs /= qs.norm(dim=1, keepdim=True)
-                q = qs[0].contiguous()
-                torch.backends.cuda.matmul.allow_tf32 = False
-                single = timed(lambda: torch.topk(c @ q, a.k), 5, a.trials)
-                fp32 = timed(lambda: torch.topk(qs @ c.T, a.k, dim=1), 2, 10)
-                torch.backends.cuda.matmul.allow_tf32 = True
-                tf32 = timed(lambda: torch.topk(qs @ c.T, a.k, dim=1), 2, 10)
-                torch.backends.cuda.matmul.allow_tf32 = False
-                cb, qb = c.to(torch.bfloat16), qs.to(torch.bfloat16)
-                bf16 = timed(lambda: torch.topk(qb @ cb.T, a.k, dim=1), 2, 10)
-                del cb, qb
-                rec = {
-                    "what": "torch",
-                    "n": n,
-                    "d": d,
-                    "k": a.k,
-                    "batch": a.batch,
-                    "single_fp32_ms": statistics.median(single),
-                    "batch_fp32_ms": statistics.median(fp32),
-                    "batch_tf32_ms": statistics.median(tf32),
-                    "batch_bf16_ms": statistics.median(bf16),
-                }
+                rec = measure(n, d, a.k, a.batch, a.trials)
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
                 print(rec, flush=True)
-                del c, qs, q
                 torch.cuda.empty_cache()
 
 
