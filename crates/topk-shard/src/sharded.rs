@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ndarray::{Array2, ArrayView2, Axis};
+use ndarray::{s, Array2, ArrayView2, Axis};
 use rayon::prelude::*;
 use topk_core::{merge_hits, validate, Error as CoreError, Hit, Metric, MAX_ID};
 use topk_index::{check_rows, Filter, FilterSpec, Index, IndexBackend, IndexError, IndexOptions};
@@ -177,17 +177,7 @@ impl ShardedIndex {
         if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| self.contains(id)) {
             return Err(IndexError::IdExists { id, position }.into());
         }
-        let parts = self.split(ids, rows);
-        let results: Vec<Result<(), IndexError>> = self
-            .shards
-            .par_iter_mut()
-            .zip(&parts)
-            .map(|(shard, part)| match part {
-                Some(p) => shard.add(&p.ids, p.rows.view()),
-                None => Ok(()),
-            })
-            .collect();
-        self.settle(results, &parts, &[])
+        self.apply(ids, rows, false)
     }
 
     /// Adds rows under the ids that follow the largest id of the whole set
@@ -214,31 +204,7 @@ impl ShardedIndex {
     /// nothing across the shards (the rules of [`Index::upsert`]).
     pub fn upsert(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), ShardError> {
         check_rows(self.dim, ids, rows)?;
-        let parts = self.split(ids, rows);
-        // The vectors an upsert replaces, to put back if another shard fails.
-        let before: Vec<Vec<(u64, Vec<f32>)>> = self
-            .shards
-            .iter()
-            .zip(&parts)
-            .map(|(shard, part)| match part {
-                Some(p) => p
-                    .ids
-                    .iter()
-                    .filter_map(|&id| shard.get(id).map(|v| (id, v.to_vec())))
-                    .collect(),
-                None => Vec::new(),
-            })
-            .collect();
-        let results: Vec<Result<(), IndexError>> = self
-            .shards
-            .par_iter_mut()
-            .zip(&parts)
-            .map(|(shard, part)| match part {
-                Some(p) => shard.upsert(&p.ids, p.rows.view()),
-                None => Ok(()),
-            })
-            .collect();
-        self.settle(results, &parts, &before)
+        self.apply(ids, rows, true)
     }
 
     /// Removes `ids` from every later result; returns how many were live
@@ -421,54 +387,87 @@ impl ShardedIndex {
             .collect()
     }
 
-    /// Keeps a fan-out mutation when every shard succeeded; otherwise puts
-    /// the shards that changed back as they were (`before` holds the vectors
-    /// an upsert replaced) and returns the first failure, its row positions
-    /// counted in the caller's call.
-    fn settle(
+    /// Adds (or upserts) checked rows, a block of [`BLOCK_ROWS`] at a time
+    /// so that the rows grouped by shard never cost more than a block's
+    /// copy. If a shard fails, every shard is put back as it was before the
+    /// call (the ids the call introduced removed, the vectors it replaced
+    /// written back) and the failure is returned, its positions counted in
+    /// the caller's call.
+    fn apply(
         &mut self,
-        results: Vec<Result<(), IndexError>>,
-        parts: &[Option<Part>],
-        before: &[Vec<(u64, Vec<f32>)>],
+        ids: &[u64],
+        rows: ArrayView2<'_, f32>,
+        upsert: bool,
     ) -> Result<(), ShardError> {
-        let Some(failed) = results.iter().position(Result::is_err) else {
-            return Ok(());
-        };
-        for (s, result) in results.iter().enumerate() {
-            let (Ok(()), Some(part)) = (result, &parts[s]) else {
-                continue;
-            };
-            let shard = &mut self.shards[s];
-            let replaced = before.get(s).map_or(&[][..], Vec::as_slice);
-            let fresh: Vec<u64> = part
-                .ids
-                .iter()
-                .copied()
-                .filter(|id| !replaced.iter().any(|(r, _)| r == id))
+        let n = self.shards.len();
+        let mut fresh: Vec<Vec<u64>> = vec![Vec::new(); n];
+        let mut replaced: Vec<Vec<(u64, Vec<f32>)>> = vec![Vec::new(); n];
+        let mut start = 0;
+        while start < ids.len() {
+            let end = (start + BLOCK_ROWS).min(ids.len());
+            let parts = self.split(&ids[start..end], rows.slice(s![start..end, ..]));
+            for (s, part) in parts.iter().enumerate() {
+                let Some(part) = part else { continue };
+                for &id in &part.ids {
+                    match self.shards[s].get(id).filter(|_| upsert) {
+                        Some(old) => replaced[s].push((id, old.to_vec())),
+                        None => fresh[s].push(id),
+                    }
+                }
+            }
+            let results: Vec<Result<(), IndexError>> = self
+                .shards
+                .par_iter_mut()
+                .zip(&parts)
+                .map(|(shard, part)| match part {
+                    Some(p) if upsert => shard.upsert(&p.ids, p.rows.view()),
+                    Some(p) => shard.add(&p.ids, p.rows.view()),
+                    None => Ok(()),
+                })
                 .collect();
-            shard.remove(&fresh);
-            if !replaced.is_empty() {
-                let ids: Vec<u64> = replaced.iter().map(|(id, _)| *id).collect();
-                let flat: Vec<f32> = replaced
-                    .iter()
-                    .flat_map(|(_, v)| v.iter().copied())
-                    .collect();
+            if let Some(failed) = results.iter().position(Result::is_err) {
+                // A shard's failed call changed nothing on it; undoing its
+                // block's entries is then a no-op (absent ids are ignored).
+                self.undo(&fresh, &replaced);
+                let at: Vec<usize> = parts[failed]
+                    .as_ref()
+                    .map_or_else(Vec::new, |p| p.at.iter().map(|&a| a + start).collect());
+                return match results.into_iter().nth(failed) {
+                    Some(Err(e)) => Err(at_shard(failed, to_call_positions(e, &at))),
+                    _ => Ok(()),
+                };
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Removes the ids `fresh` introduced and writes back the vectors
+    /// `replaced` held, shard by shard.
+    fn undo(&mut self, fresh: &[Vec<u64>], replaced: &[Vec<(u64, Vec<f32>)>]) {
+        let dim = self.dim;
+        self.shards
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(s, shard)| {
+                shard.remove(&fresh[s]);
+                if replaced[s].is_empty() {
+                    return;
+                }
+                let ids: Vec<u64> = replaced[s].iter().map(|(id, _)| *id).collect();
+                let flat: Vec<f32> = replaced[s].iter().flat_map(|(_, v)| v.iter().copied()).collect();
                 // The shape holds by construction: each vector has `dim` values.
-                if let Ok(rows) = ArrayView2::from_shape((ids.len(), self.dim), &flat) {
+                if let Ok(rows) = ArrayView2::from_shape((ids.len(), dim), &flat) {
                     if let Err(e) = shard.upsert(&ids, rows) {
                         tracing::error!(shard = s, error = %e, "could not restore the vectors an upsert replaced");
                     }
                 }
-            }
-        }
-        let (error, part) = match (results.into_iter().nth(failed), &parts[failed]) {
-            (Some(Err(e)), Some(part)) => (e, part),
-            (Some(Err(e)), None) => return Err(at_shard(failed, e)),
-            _ => return Ok(()),
-        };
-        Err(at_shard(failed, to_call_positions(error, &part.at)))
+            });
     }
 }
+
+/// Rows of one call grouped by shard at a time (1 GiB of rows at D = 1024).
+const BLOCK_ROWS: usize = 1 << 18;
 
 /// The largest live id of a shard.
 fn largest_id(shard: &Index) -> Option<u64> {

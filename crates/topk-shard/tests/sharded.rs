@@ -495,3 +495,36 @@ mod cuda {
         }
     }
 }
+
+/// A call larger than one grouping block (2^18 rows) is applied block by
+/// block and still gives the one index's bytes; a bad row in its last block
+/// is refused before any block changes a shard.
+#[test]
+fn calls_larger_than_a_block_are_whole() {
+    let (n, d) = (300_000usize, 3usize);
+    let data = corpora::shuffled_duplicates(11, n, d, 1000);
+    let r = ArrayView2::from_shape((n, d), &data).expect("shape");
+    let ids: Vec<u64> = (0..n as u64).rev().map(|i| i * 3).collect();
+    let mut set =
+        ShardedIndex::uniform(d, Metric::L2, 3, &ShardSpec::new(IndexBackend::Cpu)).expect("set");
+    let mut bad = data.clone();
+    bad[(n - 2) * d + 1] = f32::INFINITY;
+    let bad = ArrayView2::from_shape((n, d), &bad).expect("shape");
+    let err = set.add(&ids, bad).expect_err("infinite value").to_string();
+    assert!(err.contains(&format!("row {}", n - 2)), "{err}");
+    assert!(set.is_empty());
+    set.add(&ids, r).expect("add");
+    set.upsert(&ids[..n / 2], r.slice(ndarray::s![n / 2.., ..]))
+        .expect("upsert");
+    let mut one = Index::with_ids(&ids, r, Metric::L2, IndexBackend::Cpu).expect("one");
+    one.upsert(&ids[..n / 2], r.slice(ndarray::s![n / 2.., ..]))
+        .expect("upsert");
+    assert_eq!(set.len(), n);
+    for q in data.chunks_exact(d).step_by(50_000) {
+        same(
+            &set.search(q, 50, None).expect("set"),
+            &one.search(q, 50, None).expect("one"),
+        )
+        .expect("same bytes");
+    }
+}
