@@ -225,7 +225,6 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                 let options = IndexOptions::default().capacity(n);
                 let mut index = Index::with_options(d, metric, IndexBackend::Cuda, &options)?;
                 index.add(&ids, corpus.view())?;
-                index.sync_device()?;
                 let upload_s = t.elapsed().as_secs_f64();
                 for (i, want) in reference.iter().enumerate() {
                     same_hits("index vs cpu", &index.search(&queries.row(i).to_vec(), spec.k, None)?, want)?;

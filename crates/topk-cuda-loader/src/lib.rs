@@ -163,16 +163,30 @@ pub fn open_rowmajor(
     metric: Metric,
     config: &CudaConfig,
 ) -> Result<CudaPlugin, LoadError> {
-    let n = validate::corpus(data, dim)?;
+    // A large corpus's values are checked by the engine as they stream to
+    // the device (topk_cuda::STAGED_UPLOAD_MIN_BYTES); should it refuse
+    // them, the same check here turns the refusal into the typed error.
+    let large = std::mem::size_of_val(data) >= topk_cuda::STAGED_UPLOAD_MIN_BYTES;
+    let n = if large {
+        validate::corpus_shape(data.len(), dim)?
+    } else {
+        validate::corpus(data, dim)?
+    };
     let p = plugin()?;
-    let handle = p
-        .open(
-            data,
-            dim,
-            metric_code(metric),
-            &PluginConfig::from_config(config),
-        )
-        .map_err(|e| call_error(p.path(), e))?;
+    let handle = match p.open(
+        data,
+        dim,
+        metric_code(metric),
+        &PluginConfig::from_config(config),
+    ) {
+        Ok(h) => h,
+        Err(e) => {
+            if large {
+                validate::corpus_values(data, dim)?;
+            }
+            return Err(call_error(p.path(), e));
+        }
+    };
     let reported = (
         handle.len(),
         handle.dim(),

@@ -144,6 +144,14 @@ pub const DEFAULT_SINGLE_LAUNCH_ROWS: usize = 131_072;
 /// rows tied at the threshold bin still fit.
 pub const MAX_DEVICE_K: usize = 2048;
 
+/// Corpora of at least this many bytes stream to the device through pinned
+/// staging buffers, their values checked part by part as they go
+/// (docs/CONTRACTS.md §5); smaller ones are checked first, then copied from
+/// pageable memory (pinning the buffers would cost more than the overlap
+/// saves). Callers that check a corpus before handing it over (the plugin
+/// loader) leave a corpus this large to the engine's check.
+pub const STAGED_UPLOAD_MIN_BYTES: usize = 256 << 20;
+
 impl CudaConfig {
     /// Checks the ranges documented on each field.
     pub fn check(&self) -> Result<(), CudaError> {

@@ -119,7 +119,7 @@ use topk_core::{validate, Metric, Neighbor, Retriever};
 
 pub use config::{
     CudaConfig, Tuning, DEFAULT_BATCH_SCRATCH, DEFAULT_FILTER_QUERIES, DEFAULT_FILTER_ROWS,
-    DEFAULT_FUSE_ROWS, DEFAULT_SINGLE_LAUNCH_ROWS, MAX_DEVICE_K,
+    DEFAULT_FUSE_ROWS, DEFAULT_SINGLE_LAUNCH_ROWS, MAX_DEVICE_K, STAGED_UPLOAD_MIN_BYTES,
 };
 pub use error::CudaError;
 pub use idfilter::{IdFilter, GATHER_FRACTION};

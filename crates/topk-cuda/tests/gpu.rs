@@ -637,10 +637,12 @@ fn large_corpora_stream_checked_and_exact() {
     let q: Vec<f32> = corpus(22, 1, d, 0);
     let oracle = Oracle::from_rowmajor(data.clone(), d, Metric::Dot).expect("oracle");
     let want = oracle.search(&q, 100).expect("oracle search");
-    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, CudaConfig::default())
-        .expect("engine");
-    assert_eq!(gpu.search(&q, 100).expect("gpu search"), want);
-    drop(gpu);
+    {
+        // Scoped: its device memory is freed before the next engines.
+        let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, CudaConfig::default())
+            .expect("engine");
+        assert_eq!(gpu.search(&q, 100).expect("gpu search"), want);
+    }
     for (row, value) in [(n - 3, f32::NAN), (40_000, f32::NEG_INFINITY), (5, 3.0e38)] {
         let mut bad = data.clone();
         bad[row * d + 7] = value;

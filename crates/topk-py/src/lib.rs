@@ -8,6 +8,7 @@
 //! | [`convert`] | numpy in (float32 C-contiguous read in place, the rest through `topk._inputs`), numpy out |
 //! | [`errors`] | [`topk::IndexError`] as the `topk.errors` classes (`ValueError`, `OSError`, `RuntimeError` subclasses) |
 //! | [`options`] | `Index(..., **options)` onto [`topk::IndexOptions`] |
+//! | [`shard`] | `merge`, `shard_of` and the set manifest, for sharded indexes (`topk.ray`) |
 //!
 //! The rules the package keeps are docs/CONTRACTS.md §10 (the lifecycle
 //! index) plus the Python conventions in the README's Python section.
@@ -21,6 +22,7 @@ mod convert;
 mod errors;
 mod index;
 mod options;
+mod shard;
 
 /// `{name: True | "<why it cannot run here>"}` for every backend an `Index`
 /// accepts, in the order of [`topk::IndexBackend::ALL`].
@@ -53,5 +55,6 @@ fn _topk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<index::PyIndex>()?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add("MAX_ID", topk::MAX_ID)?;
+    shard::register(m)?;
     Ok(())
 }

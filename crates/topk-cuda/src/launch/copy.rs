@@ -140,9 +140,8 @@ pub(crate) const STAGE_BYTES: usize = 64 << 20;
 /// Pinned staging buffers of [`h2d_staged`]: one being filled, one in
 /// flight, one spare so that a slow fill never idles the link.
 const STAGES: usize = 3;
-/// Uploads smaller than this go straight from pageable memory: pinning the
-/// staging buffers would cost more than the overlap saves.
-pub(crate) const STAGED_MIN_BYTES: usize = 256 << 20;
+/// Uploads smaller than this go straight from pageable memory.
+pub(crate) const STAGED_MIN_BYTES: usize = crate::config::STAGED_UPLOAD_MIN_BYTES;
 
 /// Host → device copy of `src` (pageable memory) into the start of `dst`,
 /// streamed through pinned staging buffers: while the copy engine moves one

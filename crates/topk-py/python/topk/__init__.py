@@ -13,18 +13,21 @@ on every exact backend::
     idx2 = topk.Index.open("docs.topkidx")
 
 See :class:`Index` for the rules (ids, padding, the L2 convention, filters,
-threads) and :mod:`topk.errors` for the exceptions.
+threads) and :mod:`topk.errors` for the exceptions. :func:`shard_of` and
+:func:`merge` are the placement rule and the merge of a sharded index;
+:mod:`topk.ray` spreads one over Ray actors.
 """
 
 from __future__ import annotations
 
 from . import errors
 from ._inputs import copy_count
-from ._topk import MAX_ID, Index, backends
+from ._topk import MAX_ID, PLACEMENT, Index, backends, merge, shard_of
 from .errors import DeviceError, IndexFileError, InvalidInputError, TopkError
 
 __all__ = [
     "MAX_ID",
+    "PLACEMENT",
     "DeviceError",
     "Index",
     "IndexFileError",
@@ -33,4 +36,6 @@ __all__ = [
     "backends",
     "copy_count",
     "errors",
+    "merge",
+    "shard_of",
 ]

@@ -2,16 +2,61 @@
 
 from collections.abc import Sequence
 from os import PathLike
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 MAX_ID: int
 """The largest id an index holds: 2^63 - 1."""
+PLACEMENT: str
+"""The name of the placement rule of :func:`shard_of` (recorded in every set manifest)."""
+MANIFEST_FILE: str
+"""The manifest's file name inside a saved set's folder: ``manifest.json``."""
 
 _Ids = npt.ArrayLike
 _Filter = npt.ArrayLike | Sequence[npt.ArrayLike] | None
+
+def merge(
+    results: Sequence[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]],
+    k: int,
+    metric: Literal["cosine", "dot", "l2"] | str,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """The best ``k`` of several shards' results of the same queries.
+
+    ``results`` holds one ``(scores, ids)`` pair per shard, exactly as
+    :meth:`Index.search` returns them (all 1-D for one query, or all 2-D with
+    the same number of rows; their widths may differ), from indexes holding
+    distinct ids under ``metric``. Returns ``(scores, ids)`` in the same shape
+    and convention (``-1`` / ``-inf`` padding, squared distances for
+    ``"l2"``), best first, ties by the smaller id: the bytes one index over
+    the union returns. Hits are copied, never rescored (the Rust
+    ``merge_hits``). A mismatched shape, ``k < 1``, a NaN score, a negative id
+    other than ``-1`` or an id in two shards' results is an
+    :class:`~topk.InvalidInputError`."""
+
+def shard_of(ids: _Ids, shards: int) -> npt.NDArray[np.int64]:
+    """The shard of each id among ``shards`` (the placement rule
+    :data:`PLACEMENT`: the SplitMix64 finaliser of the id, then
+    ``(h * shards) >> 64``). Ids must be in ``0..=MAX_ID`` and ``shards`` at
+    least 1 (an :class:`~topk.InvalidInputError` otherwise)."""
+
+def _read_manifest(path: str | PathLike[str]) -> dict[str, Any]:
+    """The checked manifest of the set in the folder ``path`` as a dict
+    (``format``, ``version``, ``placement``, ``dim``, ``metric``,
+    ``generation``, ``shards``: a list of ``{file, rows, backend}``); a
+    missing or bad one is an :class:`~topk.IndexFileError`."""
+
+def _write_manifest(path: str | PathLike[str], manifest: dict[str, Any]) -> None:
+    """Writes ``manifest`` (``dim``, ``metric``, ``generation``, ``shards``)
+    into the folder ``path`` atomically."""
+
+def _remove_stale(path: str | PathLike[str], manifest: dict[str, Any]) -> int:
+    """Deletes the shard files in ``path`` that ``manifest`` does not name;
+    returns how many."""
+
+def _shard_file_name(generation: int, shard: int) -> str:
+    """The file name of shard ``shard`` in save generation ``generation``."""
 
 def backends() -> dict[str, bool | str]:
     """Every backend an :class:`Index` accepts: ``True`` when it can run on
