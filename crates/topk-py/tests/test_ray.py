@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import topk
+import topk._ray_shard
 import topk.ray
 from conftest import same_bytes
 
@@ -452,16 +453,16 @@ def test_killed_actors_lose_nothing(ray_local, tmp_path, rng) -> None:
 def test_torn_log_record_is_ignored(tmp_path) -> None:
     log = tmp_path / "x.log"
     records = [("base", {}, 0), ("mut", 1, "remove", np.array([1]))]
-    whole = b"".join(topk.ray._encode(r) for r in records)
-    log.write_bytes(whole + topk.ray._encode(("mut", 2, "remove", np.array([2])))[:-3])
-    got = topk.ray._read_log(log)
+    whole = b"".join(topk._ray_shard._encode(r) for r in records)
+    log.write_bytes(whole + topk._ray_shard._encode(("mut", 2, "remove", np.array([2])))[:-3])
+    got = topk._ray_shard._read_log(log)
     assert [r[:2] for r in got] == [("base", {}), ("mut", 1)]
     assert log.read_bytes() == whole
     bad = bytearray(whole)
     bad[10] ^= 0xFF
-    log.write_bytes(bytes(bad) + topk.ray._encode(("mut", 2, "remove", np.array([2]))))
+    log.write_bytes(bytes(bad) + topk._ray_shard._encode(("mut", 2, "remove", np.array([2]))))
     with pytest.raises(topk.IndexFileError, match="fails its CRC-32"):
-        topk.ray._read_log(log)
+        topk._ray_shard._read_log(log)
 
 
 def test_ray_is_imported_only_when_used() -> None:
