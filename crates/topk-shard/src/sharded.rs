@@ -358,14 +358,28 @@ impl ShardedIndex {
         &self,
         search: impl Fn(&Index) -> Result<T, IndexError> + Sync,
     ) -> Result<Vec<T>, ShardError> {
-        let results: Vec<Result<T, IndexError>> = match self.shards.as_slice() {
-            [one] => vec![search(one)],
-            many => many.par_iter().map(&search).collect(),
-        };
+        let mut results: Vec<Option<Result<T, IndexError>>> =
+            self.shards.iter().map(|_| None).collect();
+        if let (Some((first, rest)), Some((shard0, others))) =
+            (results.split_first_mut(), self.shards.split_first())
+        {
+            // The calling thread searches shard 0 while the pool's threads
+            // take the others: one wake-up less on the latency path.
+            let search = &search;
+            rayon::in_place_scope(|scope| {
+                for (slot, shard) in rest.iter_mut().zip(others) {
+                    scope.spawn(move |_| *slot = Some(search(shard)));
+                }
+                *first = Some(search(shard0));
+            });
+        }
         results
             .into_iter()
             .enumerate()
-            .map(|(i, r)| r.map_err(|source| at_shard(i, source)))
+            .map(|(i, r)| match r {
+                Some(r) => r.map_err(|source| at_shard(i, source)),
+                None => Err(ShardError::NoShards),
+            })
             .collect()
     }
 
