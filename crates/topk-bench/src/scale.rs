@@ -83,6 +83,9 @@ pub struct ScaleRecord {
     pub floor_ms: Option<f64>,
     /// Whether the results were checked bit for bit (and matched).
     pub checked: bool,
+    /// A sharded set's shard 0 searched alone, single-query median, ms
+    /// (what one shard's search costs without the others running).
+    pub shard_alone_ms: Option<f64>,
 }
 
 fn median_p90(mut v: Vec<f64>) -> (f64, f64) {
@@ -143,7 +146,9 @@ fn same_hits(what: &str, got: &[Hit], want: &[Hit]) -> Result<()> {
 }
 
 fn as_hits(ns: &[Neighbor]) -> Vec<Hit> {
-    ns.iter().map(|n| Hit::new(u64::from(n.index), n.score)).collect()
+    ns.iter()
+        .map(|n| Hit::new(u64::from(n.index), n.score))
+        .collect()
 }
 
 /// Runs the sweep, writing `OUT/scale.jsonl` and `OUT/scale.md`.
@@ -212,6 +217,7 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                     batch_qps: spec.batch as f64 / (batch_ms / 1e3),
                     floor_ms,
                     checked: true,
+                    shard_alone_ms: None,
                 })?;
             }
             if n > spec.shard_max_rows || spec.shards.is_empty() {
@@ -227,14 +233,23 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                 index.add(&ids, corpus.view())?;
                 let upload_s = t.elapsed().as_secs_f64();
                 for (i, want) in reference.iter().enumerate() {
-                    same_hits("index vs cpu", &index.search(&queries.row(i).to_vec(), spec.k, None)?, want)?;
+                    same_hits(
+                        "index vs cpu",
+                        &index.search(&queries.row(i).to_vec(), spec.k, None)?,
+                        want,
+                    )?;
                 }
                 let k = spec.k;
                 let ((single_ms, single_p90_ms), batch_ms) = time_paths(
                     spec,
                     queries.view(),
                     &mut |q| index.search(q, k, None).map(|_| ()).map_err(Into::into),
-                    &mut |qs| index.search_batch(qs, k, FilterSpec::None).map(|_| ()).map_err(Into::into),
+                    &mut |qs| {
+                        index
+                            .search_batch(qs, k, FilterSpec::None)
+                            .map(|_| ())
+                            .map_err(Into::into)
+                    },
                 )?;
                 emit(ScaleRecord {
                     what: "index",
@@ -252,6 +267,7 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                     batch_qps: spec.batch as f64 / (batch_ms / 1e3),
                     floor_ms,
                     checked: true,
+                    shard_alone_ms: None,
                 })?;
                 let singles: Vec<Vec<Hit>> = (0..spec.check)
                     .map(|i| index.search(&queries.row(i).to_vec(), spec.k, None))
@@ -272,9 +288,17 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                 set.add(&ids, corpus.view())?;
                 let upload_s = t.elapsed().as_secs_f64();
                 for (i, want) in one_single.iter().enumerate() {
-                    same_hits("sharded vs index", &set.search(&queries.row(i).to_vec(), spec.k, None)?, want)?;
+                    same_hits(
+                        "sharded vs index",
+                        &set.search(&queries.row(i).to_vec(), spec.k, None)?,
+                        want,
+                    )?;
                 }
-                for (got, want) in set.search_batch(qs, spec.k, FilterSpec::None)?.iter().zip(&one_batch) {
+                for (got, want) in set
+                    .search_batch(qs, spec.k, FilterSpec::None)?
+                    .iter()
+                    .zip(&one_batch)
+                {
                     same_hits("sharded batch vs index", got, want)?;
                 }
                 let k = spec.k;
@@ -282,8 +306,30 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                     spec,
                     queries.view(),
                     &mut |q| set.search(q, k, None).map(|_| ()).map_err(Into::into),
-                    &mut |qs| set.search_batch(qs, k, FilterSpec::None).map(|_| ()).map_err(Into::into),
+                    &mut |qs| {
+                        set.search_batch(qs, k, FilterSpec::None)
+                            .map(|_| ())
+                            .map_err(Into::into)
+                    },
                 )?;
+                let alone = {
+                    let shard0 = &set.shards()[0];
+                    let ((ms, _), _) = time_paths(
+                        &ScaleSpec {
+                            batch_trials: 1,
+                            ..spec.clone()
+                        },
+                        queries.view(),
+                        &mut |q| shard0.search(q, k, None).map(|_| ()).map_err(Into::into),
+                        &mut |qs| {
+                            shard0
+                                .search_batch(qs, k, FilterSpec::None)
+                                .map(|_| ())
+                                .map_err(Into::into)
+                        },
+                    )?;
+                    ms
+                };
                 let mut used: Vec<usize> = specs.iter().map(|s| s.options.cuda.device).collect();
                 used.sort_unstable();
                 used.dedup();
@@ -303,6 +349,7 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                     batch_qps: spec.batch as f64 / (batch_ms / 1e3),
                     floor_ms,
                     checked: true,
+                    shard_alone_ms: Some(alone),
                 })?;
             }
         }
@@ -315,8 +362,8 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
 /// time as a multiple of the floor and of the one index.
 pub fn write_table(records: &[ScaleRecord], path: &Path) -> Result<()> {
     let mut t = String::from(
-        "| what | N | D | shards | devices | upload s | upload GB/s | 1 query ms (p90) | × floor | × one index | Q batch ms | queries/s |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| what | N | D | shards | devices | upload s | upload GB/s | 1 query ms (p90) | × floor | × one index | shard 0 alone ms | Q batch ms | queries/s |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in records {
         let one = records
@@ -325,7 +372,7 @@ pub fn write_table(records: &[ScaleRecord], path: &Path) -> Result<()> {
             .map(|o| o.single_ms);
         let fmt = |v: Option<f64>| v.map_or("–".to_owned(), |v| format!("{v:.3}"));
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.3} ({:.3}) | {} | {} | {:.2} (Q={}) | {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.3} ({:.3}) | {} | {} | {} | {:.2} (Q={}) | {:.0} |\n",
             r.what,
             r.n,
             r.d,
@@ -337,6 +384,7 @@ pub fn write_table(records: &[ScaleRecord], path: &Path) -> Result<()> {
             r.single_p90_ms,
             fmt(r.floor_ms.map(|f| r.single_ms / f)),
             fmt(one.map(|o| r.single_ms / o)),
+            fmt(r.shard_alone_ms),
             r.batch_ms,
             r.batch,
             r.batch_qps,
