@@ -436,6 +436,18 @@ mod cuda {
         or_skip(topk_cuda_loader::available().map(|_| ()))
     }
 
+    /// Shard `i`'s spec: `cuda` on the devices of `TOPK_SHARD_DEVICES`
+    /// (comma-separated ordinals, default `0`) in turn, so that the same
+    /// tests run with every shard on one GPU or spread over several.
+    fn gpu_shard(i: usize) -> ShardSpec {
+        let devices: Vec<usize> = std::env::var("TOPK_SHARD_DEVICES")
+            .ok()
+            .map(|v| v.split(',').filter_map(|d| d.trim().parse().ok()).collect())
+            .filter(|d: &Vec<usize>| !d.is_empty())
+            .unwrap_or_else(|| vec![0]);
+        ShardSpec::cuda(devices[i % devices.len()])
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
@@ -450,7 +462,7 @@ mod cuda {
             ops in prop::collection::vec(op(), 1..32),
         ) {
             let Some(()) = device() else { return Ok(()) };
-            let mut specs: Vec<ShardSpec> = (0..shards).map(|_| ShardSpec::cuda(0)).collect();
+            let mut specs: Vec<ShardSpec> = (0..shards).map(gpu_shard).collect();
             if with_cpu {
                 specs.push(ShardSpec::new(IndexBackend::Cpu));
             }
@@ -474,7 +486,8 @@ mod cuda {
         let qs = corpora::queries(9, 6, d, &[Kind::SmallInt], &data);
         let qv = ArrayView2::from_shape((6, d), &qs).expect("shape");
         for metric in Metric::ALL {
-            let mut set = ShardedIndex::uniform(d, metric, 4, &ShardSpec::cuda(0)).expect("set");
+            let specs: Vec<ShardSpec> = (0..4).map(gpu_shard).collect();
+            let mut set = ShardedIndex::new(d, metric, &specs).expect("set");
             set.add(&ids, r).expect("add");
             let mut one = Index::with_ids(&ids, r, metric, IndexBackend::Cpu).expect("one");
             let gone: Vec<u64> = ids.iter().copied().step_by(6).collect();
