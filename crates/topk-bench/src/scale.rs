@@ -88,6 +88,40 @@ pub struct ScaleRecord {
     pub shard_alone_ms: Option<f64>,
 }
 
+/// Single-query (median, p90) and batch median, ms.
+type Timing = ((f64, f64), f64);
+
+impl ScaleRecord {
+    /// A record of one path over one corpus (1 shard on 1 device, checked).
+    fn of(
+        what: &'static str,
+        (n, d): (usize, usize),
+        spec: &ScaleSpec,
+        upload_s: f64,
+        ((single_ms, single_p90_ms), batch_ms): Timing,
+        floor_ms: Option<f64>,
+    ) -> Self {
+        ScaleRecord {
+            what,
+            n,
+            d,
+            shards: 1,
+            devices: 1,
+            k: spec.k,
+            upload_s,
+            upload_gbs: (n * d * 4) as f64 / upload_s / 1e9,
+            single_ms,
+            single_p90_ms,
+            batch: spec.batch,
+            batch_ms,
+            batch_qps: spec.batch as f64 / (batch_ms / 1e3),
+            floor_ms,
+            checked: true,
+            shard_alone_ms: None,
+        }
+    }
+}
+
 fn median_p90(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -195,30 +229,20 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                     same_hits("engine vs cpu", &got, want)?;
                 }
                 let k = spec.k;
-                let ((single_ms, single_p90_ms), batch_ms) = time_paths(
+                let timing = time_paths(
                     spec,
                     queries.view(),
                     &mut |q| engine.search(q, k).map(|_| ()).map_err(Into::into),
                     &mut |qs| engine.search_batch(qs, k).map(|_| ()).map_err(Into::into),
                 )?;
-                emit(ScaleRecord {
-                    what: "engine",
-                    n,
-                    d,
-                    shards: 1,
-                    devices: 1,
-                    k,
+                emit(ScaleRecord::of(
+                    "engine",
+                    (n, d),
+                    spec,
                     upload_s,
-                    upload_gbs: bytes / upload_s / 1e9,
-                    single_ms,
-                    single_p90_ms,
-                    batch: spec.batch,
-                    batch_ms,
-                    batch_qps: spec.batch as f64 / (batch_ms / 1e3),
+                    timing,
                     floor_ms,
-                    checked: true,
-                    shard_alone_ms: None,
-                })?;
+                ))?;
             }
             if n > spec.shard_max_rows || spec.shards.is_empty() {
                 continue;
@@ -240,7 +264,7 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                     )?;
                 }
                 let k = spec.k;
-                let ((single_ms, single_p90_ms), batch_ms) = time_paths(
+                let timing = time_paths(
                     spec,
                     queries.view(),
                     &mut |q| index.search(q, k, None).map(|_| ()).map_err(Into::into),
@@ -251,24 +275,14 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                             .map_err(Into::into)
                     },
                 )?;
-                emit(ScaleRecord {
-                    what: "index",
-                    n,
-                    d,
-                    shards: 1,
-                    devices: 1,
-                    k,
+                emit(ScaleRecord::of(
+                    "index",
+                    (n, d),
+                    spec,
                     upload_s,
-                    upload_gbs: bytes / upload_s / 1e9,
-                    single_ms,
-                    single_p90_ms,
-                    batch: spec.batch,
-                    batch_ms,
-                    batch_qps: spec.batch as f64 / (batch_ms / 1e3),
+                    timing,
                     floor_ms,
-                    checked: true,
-                    shard_alone_ms: None,
-                })?;
+                ))?;
                 let singles: Vec<Vec<Hit>> = (0..spec.check)
                     .map(|i| index.search(&queries.row(i).to_vec(), spec.k, None))
                     .collect::<std::result::Result<_, _>>()?;
@@ -302,7 +316,7 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                     same_hits("sharded batch vs index", got, want)?;
                 }
                 let k = spec.k;
-                let ((single_ms, single_p90_ms), batch_ms) = time_paths(
+                let timing = time_paths(
                     spec,
                     queries.view(),
                     &mut |q| set.search(q, k, None).map(|_| ()).map_err(Into::into),
@@ -334,22 +348,10 @@ pub fn run(spec: &ScaleSpec, out: &Path, floor_bw: Option<f64>) -> Result<Vec<Sc
                 used.sort_unstable();
                 used.dedup();
                 emit(ScaleRecord {
-                    what: "sharded",
-                    n,
-                    d,
                     shards,
                     devices: used.len(),
-                    k,
-                    upload_s,
-                    upload_gbs: bytes / upload_s / 1e9,
-                    single_ms,
-                    single_p90_ms,
-                    batch: spec.batch,
-                    batch_ms,
-                    batch_qps: spec.batch as f64 / (batch_ms / 1e3),
-                    floor_ms,
-                    checked: true,
                     shard_alone_ms: Some(alone),
+                    ..ScaleRecord::of("sharded", (n, d), spec, upload_s, timing, floor_ms)
                 })?;
             }
         }

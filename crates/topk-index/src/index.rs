@@ -369,20 +369,12 @@ impl Index {
     /// Adds rows under the ids that follow the largest id present (`0, 1, …`
     /// in an empty index) and returns the first new id.
     pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, IndexError> {
-        let first = match self.largest_id() {
-            None => 0,
-            Some(largest) => largest + 1,
-        };
-        let n = rows.nrows() as u64;
-        if n > 0 && (first > MAX_ID || MAX_ID - first < n - 1) {
-            return Err(IndexError::IdsExhausted {
-                largest: first.saturating_sub(1),
-                rows: rows.nrows(),
-            });
-        }
-        let ids: Vec<u64> = (first..first + n).collect();
+        let ids: Vec<u64> = auto_ids(self.largest_id(), rows.nrows())?.collect();
         self.add(&ids, rows)?;
-        Ok(first)
+        Ok(ids
+            .first()
+            .copied()
+            .unwrap_or_else(|| self.largest_id().map_or(0, |l| l + 1)))
     }
 
     /// Replaces the vector of every present id and adds the others, all or
@@ -603,6 +595,21 @@ pub(crate) fn full_bitset(n: usize) -> Vec<u64> {
         bits.push((1u64 << (n % 64)) - 1);
     }
     bits
+}
+
+/// The ids `add_auto` gives `rows` new rows after the largest id present
+/// (`0, 1, …` when there is none); [`IndexError::IdsExhausted`] when they
+/// would pass [`MAX_ID`].
+pub fn auto_ids(largest: Option<u64>, rows: usize) -> Result<std::ops::Range<u64>, IndexError> {
+    let first = largest.map_or(0, |l| l + 1);
+    let n = rows as u64;
+    if n > 0 && (first > MAX_ID || MAX_ID - first < n - 1) {
+        return Err(IndexError::IdsExhausted {
+            largest: first.saturating_sub(1),
+            rows,
+        });
+    }
+    Ok(first..first + n)
 }
 
 /// The checks of [`Index::add`] and [`Index::upsert`] that need no index:

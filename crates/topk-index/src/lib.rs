@@ -65,7 +65,9 @@ pub use error::IndexError;
 pub use file::{FileInfo, MAGIC, VERSION};
 pub use filter::{Filter, FilterSpec};
 pub use graph::ProgressHook;
-pub use index::{check_rows, FilterResolution, Index, IndexBackend, IndexOptions, COMPACT_FRACTION};
+pub use index::{
+    auto_ids, check_rows, FilterResolution, Index, IndexBackend, IndexOptions, COMPACT_FRACTION,
+};
 pub use search::{MERGE_FRACTION, SPARSE_FRACTION};
 pub use topk_core::{cmp_hit, Hit, MAX_ID};
 

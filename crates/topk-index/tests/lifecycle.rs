@@ -5,11 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use ndarray::{Array2, ArrayView2};
+use ndarray::ArrayView2;
 use proptest::prelude::*;
 use topk_core::{Hit, Metric, MAX_ID};
 use topk_index::{Filter, FilterResolution, FilterSpec, Index, IndexBackend};
 use topk_testkit::corpora::{self, Kind, Rng};
+use topk_testkit::hits::{rows_of, same_hits as same};
 
 /// One step of a history.
 #[derive(Debug, Clone)]
@@ -61,28 +62,6 @@ fn shuffle(ids: &mut [u64], rng: &mut Rng) {
     for i in (1..ids.len()).rev() {
         ids.swap(i, rng.below(i + 1));
     }
-}
-
-/// Compares two hit lists bit for bit (ids and score bits).
-fn same(got: &[Hit], want: &[Hit]) -> Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!(
-            "{} hits, expected {}: {got:?} vs {want:?}",
-            got.len(),
-            want.len()
-        ));
-    }
-    for (rank, (g, w)) in got.iter().zip(want).enumerate() {
-        if g.id != w.id || g.score.to_bits() != w.score.to_bits() {
-            return Err(format!("rank {rank}: got {g:?}, expected {w:?}"));
-        }
-    }
-    Ok(())
-}
-
-fn rows_of(vectors: &[Vec<f32>], d: usize) -> Array2<f32> {
-    let flat: Vec<f32> = vectors.iter().flatten().copied().collect();
-    Array2::from_shape_vec((vectors.len(), d), flat).unwrap_or_else(|_| Array2::zeros((0, d)))
 }
 
 /// The oracle rebuilt from scratch on the model's content.

@@ -6,7 +6,9 @@ use std::path::Path;
 use ndarray::{s, Array2, ArrayView2, Axis};
 use rayon::prelude::*;
 use topk_core::{merge_hits, validate, Error as CoreError, Hit, Metric, MAX_ID};
-use topk_index::{check_rows, Filter, FilterSpec, Index, IndexBackend, IndexError, IndexOptions};
+use topk_index::{
+    auto_ids, check_rows, Filter, FilterSpec, Index, IndexBackend, IndexError, IndexOptions,
+};
 
 use crate::error::ShardError;
 use crate::manifest::{Manifest, ShardEntry};
@@ -183,21 +185,13 @@ impl ShardedIndex {
     /// Adds rows under the ids that follow the largest id of the whole set
     /// (`0, 1, …` when empty) and returns the first new id.
     pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, ShardError> {
-        let first = match self.shards.iter().filter_map(largest_id).max() {
-            None => 0,
-            Some(largest) => largest + 1,
-        };
-        let n = rows.nrows() as u64;
-        if n > 0 && (first > MAX_ID || MAX_ID - first < n - 1) {
-            return Err(IndexError::IdsExhausted {
-                largest: first.saturating_sub(1),
-                rows: rows.nrows(),
-            }
-            .into());
-        }
-        let ids: Vec<u64> = (first..first + n).collect();
+        let largest = self.shards.iter().filter_map(Index::largest_id).max();
+        let ids: Vec<u64> = auto_ids(largest, rows.nrows())?.collect();
         self.add(&ids, rows)?;
-        Ok(first)
+        Ok(ids
+            .first()
+            .copied()
+            .unwrap_or_else(|| largest.map_or(0, |l| l + 1)))
     }
 
     /// Replaces the vector of every present id and adds the others, all or
@@ -482,11 +476,6 @@ impl ShardedIndex {
 
 /// Rows of one call grouped by shard at a time (1 GiB of rows at D = 1024).
 const BLOCK_ROWS: usize = 1 << 18;
-
-/// The largest live id of a shard.
-fn largest_id(shard: &Index) -> Option<u64> {
-    shard.largest_id()
-}
 
 /// A shard's error, with the row positions it names mapped back to the call.
 fn to_call_positions(error: IndexError, at: &[usize]) -> IndexError {

@@ -3,12 +3,13 @@
 //! (docs/CONTRACTS.md §12), whatever the shard count, the shards' backends
 //! and the history; failed calls change nothing on any shard.
 
-use ndarray::{Array2, ArrayView2};
+use ndarray::ArrayView2;
 use proptest::prelude::*;
-use topk_core::{Hit, Metric, MAX_ID};
+use topk_core::{Metric, MAX_ID};
 use topk_index::{Filter, FilterSpec, Index, IndexBackend, IndexError};
 use topk_shard::{shard_of, Manifest, ShardError, ShardSpec, ShardedIndex};
 use topk_testkit::corpora::{self, Kind, Rng};
+use topk_testkit::hits::{rows_of as rows, same_hits as same};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -39,27 +40,6 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn metric() -> impl Strategy<Value = Metric> {
     prop_oneof![Just(Metric::Dot), Just(Metric::Cosine), Just(Metric::L2)]
-}
-
-fn same(got: &[Hit], want: &[Hit]) -> Result<(), String> {
-    if got.len() != want.len() {
-        return Err(format!(
-            "{} hits, expected {}: {got:?} vs {want:?}",
-            got.len(),
-            want.len()
-        ));
-    }
-    for (rank, (g, w)) in got.iter().zip(want).enumerate() {
-        if g.id != w.id || g.score.to_bits() != w.score.to_bits() {
-            return Err(format!("rank {rank}: got {g:?}, expected {w:?}"));
-        }
-    }
-    Ok(())
-}
-
-fn rows(vectors: &[Vec<f32>], d: usize) -> Array2<f32> {
-    let flat: Vec<f32> = vectors.iter().flatten().copied().collect();
-    Array2::from_shape_vec((vectors.len(), d), flat).unwrap_or_else(|_| Array2::zeros((0, d)))
 }
 
 /// Small ids, ids at the top of the range and a strided block, shuffled.
