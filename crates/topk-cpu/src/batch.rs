@@ -7,6 +7,10 @@
 //! tile stay in L1 while the other side streams past; each parallel task keeps one
 //! [`Selector`] per query, and the tasks' selectors are merged per query with
 //! the same comparator.
+//!
+//! Batches of at least [`certified::MIN_QUERIES`] queries (of dimension at
+//! most [`certified::MAX_DIM`], with `4K ≤ N`) take the certified GEMM path
+//! of [`crate::certified`] instead; both return the oracle's bytes.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -16,6 +20,7 @@ use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Result, Retriever};
 
+use crate::certified;
 use crate::kernels::{finish, TileOut, MAX_TILE_ROWS, TILE_QUERIES};
 use crate::retriever::CpuRetriever;
 use crate::select::Selector;
@@ -29,22 +34,30 @@ const L1_ROW_BYTES: usize = 16 << 10;
 const L2_QUERY_BYTES: usize = 160 << 10;
 
 /// A validated batch in row-major order, with cosine norms.
-struct Batch<'q> {
+pub(crate) struct Batch<'q> {
     data: Cow<'q, [f32]>,
     dim: usize,
     norms: Vec<f32>,
 }
 
 impl Batch<'_> {
-    fn len(&self) -> usize {
+    /// Number of queries.
+    pub(crate) fn len(&self) -> usize {
         self.data.len() / self.dim
     }
 
-    fn query(&self, i: usize) -> &[f32] {
+    /// Every query, row-major.
+    pub(crate) fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// Query `i`.
+    pub(crate) fn query(&self, i: usize) -> &[f32] {
         &self.data[i * self.dim..(i + 1) * self.dim]
     }
 
-    fn norm(&self, i: usize) -> f32 {
+    /// The canonical norm of query `i` for cosine (0 otherwise).
+    pub(crate) fn norm(&self, i: usize) -> f32 {
         self.norms.get(i).copied().unwrap_or(0.0)
     }
 }
@@ -69,7 +82,23 @@ impl CpuRetriever {
         if nq == 0 {
             return Ok(());
         }
-        let data = match queries.as_slice() {
+        let batch = self.prepare_batch(queries);
+        let sels = if certified::applies(nq, self.len(), self.dim(), k) {
+            self.select_certified(&batch, k, certified::default_cap(k))
+                .0
+        } else {
+            self.select_batch(&batch, k)
+        };
+        for (i, (sel, o)) in sels.into_iter().zip(out.iter_mut()).enumerate() {
+            let (q, qn) = (batch.query(i), batch.norm(i));
+            sel.finish(o, |row| self.score_one(q, qn, row));
+        }
+        Ok(())
+    }
+
+    /// A validated batch (any layout) in row-major order, with its cosine norms.
+    pub(crate) fn prepare_batch<'q>(&self, queries: ArrayView2<'q, f32>) -> Batch<'q> {
+        let data = match queries.to_slice() {
             Some(s) => Cow::Borrowed(s),
             None => Cow::Owned(queries.iter().copied().collect()),
         };
@@ -80,17 +109,11 @@ impl CpuRetriever {
         } else {
             Vec::new()
         };
-        let batch = Batch {
+        Batch {
             data,
             dim: self.dim(),
             norms,
-        };
-        let sels = self.select_batch(&batch, k);
-        for (i, (sel, o)) in sels.into_iter().zip(out.iter_mut()).enumerate() {
-            let (q, qn) = (batch.query(i), batch.norm(i));
-            sel.finish(o, |row| self.score_one(q, qn, row));
         }
-        Ok(())
     }
 
     /// One selector per query, over the whole corpus.

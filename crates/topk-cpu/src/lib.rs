@@ -3,7 +3,7 @@
 //! | item | what it is for |
 //! | --- | --- |
 //! | [`Oracle`] | the reference: scalar canonical scores for every row, then the comparator |
-//! | [`CpuRetriever`] | the fast path: rayon over row blocks, runtime-chosen SIMD, cache-blocked batches |
+//! | [`CpuRetriever`] | the fast path: rayon over row blocks, runtime-chosen SIMD, cache-blocked batches, certified GEMM bounds for batches of 16 or more queries |
 //! | [`kernels`] | the canonical primitives on AVX-512 / AVX2 / scalar, reused by other backends |
 //! | [`CpuError`] | failures specific to this crate (a forced kernel path, a thread pool) |
 //!
@@ -25,6 +25,7 @@
 //! ```
 
 mod batch;
+mod certified;
 mod corpus;
 mod error;
 pub mod kernels;

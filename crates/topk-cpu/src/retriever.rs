@@ -2,12 +2,13 @@
 //! canonical scores, per-block bounded selection merged with the one
 //! comparator. The batch path lives in [`crate::batch`].
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Result, Retriever};
 
+use crate::certified::BoundNorms;
 use crate::corpus::Corpus;
 use crate::error::CpuError;
 use crate::kernels::Kernels;
@@ -26,6 +27,9 @@ pub struct CpuRetriever {
     pub(crate) corpus: Corpus,
     pub(crate) kernels: Kernels,
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// Upward row norms for the certified batch path, computed by the first
+    /// batch that takes it.
+    bound_norms: OnceLock<BoundNorms>,
 }
 
 fn norms_with(kernels: Kernels) -> impl FnOnce(&[f32], usize) -> Vec<f32> {
@@ -44,6 +48,7 @@ impl CpuRetriever {
             corpus: Corpus::from_view(corpus, metric, norms_with(kernels))?,
             kernels,
             pool: None,
+            bound_norms: OnceLock::new(),
         })
     }
 
@@ -54,6 +59,7 @@ impl CpuRetriever {
             corpus: Corpus::from_rowmajor(data, dim, metric, norms_with(kernels))?,
             kernels,
             pool: None,
+            bound_norms: OnceLock::new(),
         })
     }
 
@@ -94,6 +100,12 @@ impl CpuRetriever {
     /// The corpus, row-major.
     pub fn data(&self) -> &[f32] {
         self.corpus.data()
+    }
+
+    /// The upward row norms of the certified batch path (computed once).
+    pub(crate) fn bound_norms(&self) -> &BoundNorms {
+        self.bound_norms
+            .get_or_init(|| self.install(|| BoundNorms::of(self.corpus.data(), self.corpus.dim())))
     }
 
     /// Runs `f` on this retriever's pool.
@@ -154,7 +166,7 @@ impl CpuRetriever {
     }
 
     /// Selects the best `k` rows for one validated query.
-    fn select(&self, query: &[f32], query_norm: f32, k: usize) -> Selector {
+    pub(crate) fn select(&self, query: &[f32], query_norm: f32, k: usize) -> Selector {
         let n = self.len();
         let task_rows = (TASK_VALUES / self.dim()).max(SCORE_BLOCK);
         if n <= task_rows {

@@ -30,6 +30,7 @@ use crate::error::CpuError;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub(crate) mod gemm;
 
 /// Most queries scored together by one batch tile.
 pub(crate) const TILE_QUERIES: usize = 4;

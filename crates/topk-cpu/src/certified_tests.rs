@@ -1,0 +1,210 @@
+//! Tests of the certified GEMM batch path: bit for bit the oracle's bytes.
+use ndarray::ArrayView2;
+use proptest::prelude::*;
+use topk_core::{Metric, Neighbor, Retriever};
+use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
+
+use super::{default_cap, Stats, MIN_QUERIES};
+use crate::{CpuRetriever, Kernels, Oracle};
+
+/// The certified path's answers for every query (forced, whatever the shape).
+fn certified(
+    cpu: &CpuRetriever,
+    queries: &[f32],
+    k: usize,
+    cap: usize,
+) -> (Vec<Vec<Neighbor>>, Stats) {
+    let d = cpu.dim();
+    let view = ArrayView2::from_shape((queries.len() / d, d), queries).unwrap();
+    let batch = cpu.prepare_batch(view);
+    let (sels, stats) = cpu.select_certified(&batch, k.min(cpu.len()), cap);
+    let out = sels
+        .into_iter()
+        .enumerate()
+        .map(|(i, sel)| {
+            let mut o = Vec::new();
+            let (q, qn) = (batch.query(i), batch.norm(i));
+            sel.finish(&mut o, |row| cpu.score_one(q, qn, row));
+            o
+        })
+        .collect();
+    (out, stats)
+}
+
+/// The oracle's answers.
+fn oracle(data: &[f32], d: usize, metric: Metric, queries: &[f32], k: usize) -> Vec<Vec<Neighbor>> {
+    let oracle = Oracle::from_rowmajor(data.to_vec(), d, metric).unwrap();
+    queries
+        .chunks_exact(d)
+        .map(|q| oracle.search(q, k).unwrap())
+        .collect()
+}
+
+/// Checks the forced certified path and the public batch against the
+/// oracle, bit for bit; returns the certified path's statistics.
+fn check(
+    data: &[f32],
+    d: usize,
+    metric: Metric,
+    queries: &[f32],
+    k: usize,
+    kernels: Kernels,
+) -> Result<Stats, TestCaseError> {
+    let want = oracle(data, d, metric, queries, k);
+    let cpu = CpuRetriever::from_rowmajor(data.to_vec(), d, metric)
+        .unwrap()
+        .with_kernels(kernels);
+    let n = cpu.len();
+    let ctx = format!(
+        "N={n} D={d} Q={} K={k} {metric} path={}",
+        want.len(),
+        kernels.path()
+    );
+    let (got, stats) = certified(&cpu, queries, k, default_cap(k));
+    prop_assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        if let Some(diff) = bitwise_diff(g, w) {
+            return Err(TestCaseError::fail(format!(
+                "{ctx} certified query {i}: {diff}"
+            )));
+        }
+    }
+    let view = ArrayView2::from_shape((want.len(), d), queries).unwrap();
+    let public = cpu.search_batch(view, k).unwrap();
+    for (i, (g, w)) in public.iter().zip(&want).enumerate() {
+        if let Some(diff) = bitwise_diff(g, w) {
+            return Err(TestCaseError::fail(format!(
+                "{ctx} batch query {i}: {diff}"
+            )));
+        }
+    }
+    Ok(stats)
+}
+
+fn metric() -> impl Strategy<Value = Metric> {
+    prop_oneof![Just(Metric::Dot), Just(Metric::Cosine), Just(Metric::L2)]
+}
+
+/// `(N, D, Q, K)`: most cases small, a few up to N = 3000, D = 1100, Q = 300.
+fn shape() -> impl Strategy<Value = (usize, usize, usize, usize)> {
+    let n = prop_oneof![3 => 1usize..64, 3 => 64usize..700, 1 => 700usize..=3000];
+    let d = prop_oneof![3 => 1usize..40, 3 => 40usize..200, 1 => 200usize..=1100];
+    let q = prop_oneof![2 => 1usize..MIN_QUERIES, 3 => MIN_QUERIES..64, 1 => 64usize..=300];
+    (n, d, q)
+        .prop_filter("keep one case under ~1.5M corpus values", |(n, d, _)| {
+            n * d <= 1_500_000
+        })
+        .prop_flat_map(|(n, d, q)| (Just(n), Just(d), Just(q), 1usize..=n + 3))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random corpora of every accepted kind (ties, signed zeros,
+    /// subnormals, constant rows, values at the overflow rule).
+    #[test]
+    fn certified_batches_match_the_oracle(
+        (n, d, q, k) in shape(),
+        metric in metric(),
+        mask in any::<u8>(),
+        seed in any::<u64>(),
+    ) {
+        let kinds = palette(mask & 0x7F);
+        let data = corpora::corpus(seed, n, d, &kinds);
+        let queries = corpora::queries(seed, q, d, &kinds, &data);
+        check(&data, d, metric, &queries, k, Kernels::best())?;
+    }
+
+    /// Near ties: copies of a few rows, each moved by one ulp in one
+    /// value, and their exact duplicates.
+    #[test]
+    fn near_ties_match_the_oracle(
+        n in 2usize..1500,
+        d in prop_oneof![1usize..40, 40usize..700],
+        q in 1usize..80,
+        k in 1usize..64,
+        metric in metric(),
+        seed in any::<u64>(),
+    ) {
+        let base = corpora::corpus(seed, 3, d, &[Kind::Uniform]);
+        let mut rng = corpora::Rng::new(seed ^ 7);
+        let mut data = Vec::with_capacity(n * d);
+        for _ in 0..n {
+            let b = rng.below(3);
+            let mut row = base[b * d..(b + 1) * d].to_vec();
+            let col = rng.below(d);
+            row[col] = match rng.below(3) {
+                0 => row[col].next_up(),
+                1 => row[col].next_down(),
+                _ => row[col],
+            };
+            data.extend_from_slice(&row);
+        }
+        let queries = corpora::queries(seed, q, d, &[Kind::Uniform], &data);
+        check(&data, d, metric, &queries, k, Kernels::best())?;
+    }
+}
+
+/// Every kernel path, on shapes with ragged chunks and several row blocks.
+#[test]
+fn every_kernel_path_matches_the_oracle() {
+    for kernels in Kernels::all_available() {
+        for (n, d, q, k, mask) in [
+            (1300, 33, 40, 7, 0x01),
+            (900, 97, 20, 100, 0x7F),
+            (700, 1025, 17, 1, 0x03),
+            (64, 5, 300, 64, 0x2F),
+        ] {
+            for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+                let kinds = palette(mask);
+                let data = corpora::corpus(n as u64, n, d, &kinds);
+                let queries = corpora::queries(d as u64, q, d, &kinds, &data);
+                check(&data, d, metric, &queries, k, kernels).unwrap();
+            }
+        }
+    }
+}
+
+/// A corpus of equal rows ties every row: the candidates of each query
+/// outgrow the cap, every query falls back, and the answers stay exact.
+#[test]
+fn equal_rows_fall_back_and_stay_exact() {
+    let (n, d, q, k) = (default_cap(1) + 500, 24, 20, 1);
+    let data: Vec<f32> = (0..n)
+        .flat_map(|_| (0..d).map(|c| c as f32 * 0.25 - 1.0))
+        .collect();
+    let queries = corpora::queries(3, q, d, &[Kind::Uniform], &data);
+    for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+        let stats = check(&data, d, metric, &queries, k, Kernels::best()).unwrap();
+        assert_eq!(stats.fallbacks, q, "{metric}: every query falls back");
+        assert_eq!(stats.rescored, 0, "{metric}");
+    }
+}
+
+/// A small cap forces the fallback on ordinary data too; without one the
+/// same batch rescored only a few rows per query.
+#[test]
+fn a_small_cap_forces_the_fallback() {
+    let (n, d, q, k) = (2000, 64, 24, 10);
+    let data = corpora::corpus(11, n, d, &[Kind::Uniform]);
+    let queries = corpora::queries(12, q, d, &[Kind::Uniform], &data);
+    let want = oracle(&data, d, Metric::Dot, &queries, k);
+    let cpu = CpuRetriever::from_rowmajor(data.clone(), d, Metric::Dot).unwrap();
+    let (got, stats) = certified(&cpu, &queries, k, k - 1);
+    assert_eq!(stats.fallbacks, q);
+    assert_eq!(got, want);
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(bitwise_diff(g, w), None);
+    }
+    let (got, stats) = certified(&cpu, &queries, k, default_cap(k));
+    assert_eq!(stats.fallbacks, 0);
+    assert!(
+        stats.rescored < q * n / 4,
+        "rescored {} of {}",
+        stats.rescored,
+        q * n
+    );
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(bitwise_diff(g, w), None);
+    }
+}
