@@ -649,7 +649,11 @@ fn large_corpora_stream_checked_and_exact() {
         let want = topk_core::validate::corpus(&bad, d).expect_err("the host check refuses it");
         let got = CudaRetriever::from_rowmajor(bad, d, Metric::Dot, CudaConfig::default())
             .expect_err("the engine refuses it");
-        assert_eq!(got.to_string(), CudaError::Input(want).to_string(), "row {row}");
+        assert_eq!(
+            got.to_string(),
+            CudaError::Input(want).to_string(),
+            "row {row}"
+        );
     }
 }
 

@@ -44,6 +44,7 @@ mod open;
 pub use backend::{Backend, ParseBackendError, Unavailable};
 pub use open::{open, BuildProgress, Corpus, Error, Options};
 
+pub use topk_core::merge_hits;
 pub use topk_core::{
     canon_dot, canon_norm, canon_sqdist, cmp_rank, cosine_from_parts, rank_key, validate,
     Error as CoreError, Located, Metric, Neighbor, Retriever, TopK,
@@ -52,11 +53,10 @@ pub use topk_cpu::{CpuRetriever, Oracle};
 pub use topk_cuda::CudaConfig;
 pub use topk_cuda_loader::LoadError as CudaLoadError;
 pub use topk_hnsw::{Hnsw, HnswError, HnswParams};
-pub use topk_core::merge_hits;
-pub use topk_shard::{shard_of, Manifest, ShardEntry, ShardError, ShardSpec, ShardedIndex};
 pub use topk_index::{
     cmp_hit, Filter, FilterSpec, Hit, Index, IndexBackend, IndexError, IndexOptions, MAX_ID,
 };
+pub use topk_shard::{shard_of, Manifest, ShardEntry, ShardError, ShardSpec, ShardedIndex};
 
 /// The contracts every backend keeps (`topk-core`).
 pub use topk_core as core;

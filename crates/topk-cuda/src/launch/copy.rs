@@ -176,14 +176,16 @@ pub(crate) fn h2d_staged<T: DeviceCopy + Default + Send + Sync>(
     let stages = STAGES.min(src.len().div_ceil(chunk));
     let mut buffers = Vec::with_capacity(stages);
     for _ in 0..stages {
-        buffers.push(LockedBuffer::new(&T::default(), chunk).map_err(|e| match e {
-            cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
-                what: "pinned upload staging",
-                requested: chunk * std::mem::size_of::<T>(),
-                available: 0,
-            },
-            other => CudaError::driver("cuMemHostAlloc", other),
-        })?);
+        buffers.push(
+            LockedBuffer::new(&T::default(), chunk).map_err(|e| match e {
+                cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
+                    what: "pinned upload staging",
+                    requested: chunk * std::mem::size_of::<T>(),
+                    available: 0,
+                },
+                other => CudaError::driver("cuMemHostAlloc", other),
+            })?,
+        );
     }
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)
         .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
@@ -218,7 +220,13 @@ pub(crate) fn h2d_staged<T: DeviceCopy + Default + Send + Sync>(
             return Ok(false);
         }
         let at = dst.range("copy destination", c * chunk, part.len())?;
-        let queued = h2d(Queue::Stream(stream.as_inner()), at, &buffers[b], 0, part.len());
+        let queued = h2d(
+            Queue::Stream(stream.as_inner()),
+            at,
+            &buffers[b],
+            0,
+            part.len(),
+        );
         if let Err(e) = queued {
             finish(&stream)?;
             return Err(e);

@@ -30,8 +30,8 @@ use crate::driver::{check, DPtr, DevSlice};
 use crate::error::CudaError;
 
 pub(crate) use copy::{
-    d2d, d2d_2d, d2d_sync, d2h, h2d, h2d_staged, h2d_sync, h2d_upload, zero32, zero_async, zero_sync,
-    STAGED_MIN_BYTES,
+    d2d, d2d_2d, d2d_sync, d2h, h2d, h2d_staged, h2d_sync, h2d_upload, zero32, zero_async,
+    zero_sync, STAGED_MIN_BYTES,
 };
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use rows::FROM_B;
