@@ -86,6 +86,47 @@ impl TopKBy<u128> {
     }
 }
 
+/// Why a list of ids cannot be stored: the first problem in list order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdProblem {
+    /// `ids[position]` is above [`MAX_ID`].
+    TooLarge {
+        /// The id.
+        id: u64,
+        /// Its position in the list.
+        position: usize,
+    },
+    /// `ids[second]` repeats `ids[first]`.
+    Repeated {
+        /// The id.
+        id: u64,
+        /// Its first position.
+        first: usize,
+        /// Its second position.
+        second: usize,
+    },
+}
+
+/// Checks that every id is at most [`MAX_ID`] and appears once, position by
+/// position: the id rule of every store of ids (docs/CONTRACTS.md §10).
+pub fn check_ids(ids: &[u64]) -> Result<(), IdProblem> {
+    let mut first_at: std::collections::HashMap<u64, usize> =
+        std::collections::HashMap::with_capacity(ids.len());
+    for (position, &id) in ids.iter().enumerate() {
+        if id > MAX_ID {
+            return Err(IdProblem::TooLarge { id, position });
+        }
+        if let Some(first) = first_at.insert(id, position) {
+            return Err(IdProblem::Repeated {
+                id,
+                first,
+                second: position,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The best `k` hits of several result lists, best first: how the shards of
 /// an index are merged (docs/CONTRACTS.md §12). Each list holds the top hits
 /// of one disjoint part of a corpus under one query; the lists hold distinct
@@ -267,6 +308,26 @@ mod tests {
                 prop_assert_eq!(m.score.to_bits(), w.score.to_bits());
             }
         }
+    }
+
+    #[test]
+    fn ids_are_checked_position_by_position() {
+        assert_eq!(check_ids(&[3, 0, MAX_ID]), Ok(()));
+        assert_eq!(
+            check_ids(&[1, MAX_ID + 1, 1]),
+            Err(IdProblem::TooLarge {
+                id: MAX_ID + 1,
+                position: 1
+            })
+        );
+        assert_eq!(
+            check_ids(&[7, 2, 7, 7]),
+            Err(IdProblem::Repeated {
+                id: 7,
+                first: 0,
+                second: 2
+            })
+        );
     }
 
     #[test]

@@ -41,7 +41,7 @@ mod select;
 pub mod validate;
 
 pub use error::{Error, Located, Result};
-pub use hit::{cmp_hit, hit_key, merge_hits, Hit, HitTopK, MAX_ID};
+pub use hit::{check_ids, cmp_hit, hit_key, merge_hits, Hit, HitTopK, IdProblem, MAX_ID};
 pub use metric::Metric;
 pub use order::{cmp_rank, rank_key, Neighbor};
 pub use retriever::Retriever;

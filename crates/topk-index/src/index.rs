@@ -8,7 +8,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use ndarray::ArrayView2;
 use rayon::slice::ParallelSliceMut;
-use topk_core::{validate, Error as CoreError, Metric, MAX_ID};
+use topk_core::{validate, Error as CoreError, IdProblem, Metric, MAX_ID};
 use topk_cpu::Kernels;
 
 use crate::error::IndexError;
@@ -630,24 +630,16 @@ pub fn check_rows(dim: usize, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<
             rows: rows.nrows(),
         });
     }
-    let mut first_at: HashMap<u64, usize> = HashMap::with_capacity(ids.len());
-    for (position, &id) in ids.iter().enumerate() {
-        if id > MAX_ID {
-            return Err(IndexError::IdTooLarge {
-                id,
-                position,
-                max: MAX_ID,
-            });
+    topk_core::check_ids(ids).map_err(|problem| match problem {
+        IdProblem::TooLarge { id, position } => IndexError::IdTooLarge {
+            id,
+            position,
+            max: MAX_ID,
+        },
+        IdProblem::Repeated { id, first, second } => {
+            IndexError::DuplicateInCall { id, first, second }
         }
-        if let Some(&first) = first_at.get(&id) {
-            return Err(IndexError::DuplicateInCall {
-                id,
-                first,
-                second: position,
-            });
-        }
-        first_at.insert(id, position);
-    }
+    })?;
     if rows.nrows() > 0 {
         validate::corpus_view(rows)?;
     }

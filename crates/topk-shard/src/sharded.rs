@@ -416,8 +416,12 @@ impl ShardedIndex {
             let parts = self.split(&ids[start..end], rows.slice(s![start..end, ..]));
             for (s, part) in parts.iter().enumerate() {
                 let Some(part) = part else { continue };
+                if !upsert {
+                    fresh[s].extend_from_slice(&part.ids);
+                    continue;
+                }
                 for &id in &part.ids {
-                    match self.shards[s].get(id).filter(|_| upsert) {
+                    match self.shards[s].get(id) {
                         Some(old) => replaced[s].push((id, old.to_vec())),
                         None => fresh[s].push(id),
                     }

@@ -23,7 +23,7 @@
 mod search;
 
 use cust::memory::DeviceBuffer;
-use topk_core::{validate, Metric, MAX_ID};
+use topk_core::{validate, IdProblem, Metric, MAX_ID};
 
 use crate::device::{self};
 use crate::driver::{alloc, DevSlice};
@@ -297,24 +297,16 @@ impl ResidentCorpus {
                 expected: rows.len() / d,
             });
         }
-        let mut seen: std::collections::HashMap<u64, usize> =
-            std::collections::HashMap::with_capacity(ids.len());
-        for (position, &id) in ids.iter().enumerate() {
-            if id > MAX_ID {
-                return Err(CudaError::IdTooLarge {
-                    id,
-                    position,
-                    max: MAX_ID,
-                });
+        topk_core::check_ids(ids).map_err(|problem| match problem {
+            IdProblem::TooLarge { id, position } => CudaError::IdTooLarge {
+                id,
+                position,
+                max: MAX_ID,
+            },
+            IdProblem::Repeated { id, first, second } => {
+                CudaError::DuplicateId { id, first, second }
             }
-            if let Some(first) = seen.insert(id, position) {
-                return Err(CudaError::DuplicateId {
-                    id,
-                    first,
-                    second: position,
-                });
-            }
-        }
+        })?;
         if !rows.is_empty() {
             validate::corpus(rows, d)?;
         }
