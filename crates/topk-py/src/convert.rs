@@ -18,6 +18,18 @@ use crate::errors::{new_err, Kind};
 
 static INPUTS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
+/// A Python `k` as a `usize`; a negative `k` is an `InvalidInputError`
+/// (`k = 0` is left to the index, whose error names it).
+pub(crate) fn k_arg(py: Python<'_>, k: i64) -> PyResult<usize> {
+    usize::try_from(k).map_err(|_| {
+        crate::errors::new_err(
+            py,
+            crate::errors::Kind::InvalidInput,
+            format!("k must be at least 1, got k = {k}"),
+        )
+    })
+}
+
 /// The pure-Python module `topk._inputs`.
 pub(crate) fn inputs(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     INPUTS

@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use topk::{Filter, FilterSpec, Index, IndexBackend, IndexError, Metric};
 
-use crate::convert::{inputs, Filters, Floats, Ids, Results};
+use crate::convert::{inputs, k_arg, Filters, Floats, Ids, Results};
 use crate::errors::{index_err, new_err, Kind};
 use crate::{availability, options};
 
@@ -221,13 +221,7 @@ impl PyIndex {
                 .map(Bound::unbind);
         };
         let this = slf.get();
-        let k = usize::try_from(k).map_err(|_| {
-            new_err(
-                py,
-                Kind::InvalidInput,
-                format!("k must be at least 1, got k = {k}"),
-            )
-        })?;
+        let k = k_arg(py, k)?;
         let single = q.is_single();
         let (nq, _) = q.shape();
         let filters = Filters::new(py, filter, nq)?;
@@ -285,13 +279,7 @@ impl PyIndex {
         filter: Option<&Bound<'_, PyAny>>,
         stream: u64,
     ) -> PyResult<Py<PyAny>> {
-        let k = usize::try_from(k).map_err(|_| {
-            new_err(
-                py,
-                Kind::InvalidInput,
-                format!("k must be at least 1, got k = {k}"),
-            )
-        })?;
+        let k = k_arg(py, k)?;
         let filters = Filters::new(py, filter, nq)?;
         let results = py.detach(|| -> Result<Results, Failure> {
             let mut out = Results::with_room(nq, k).map_err(Failure::Memory)?;

@@ -92,10 +92,10 @@ fn part(py: Python<'_>, i: usize, item: &Bound<'_, PyAny>) -> PyResult<Part> {
 #[pyo3(signature = (results, k, metric))]
 fn merge(py: Python<'_>, results: &Bound<'_, PyAny>, k: i64, metric: &str) -> PyResult<Py<PyAny>> {
     let metric = Metric::from_str(metric).map_err(|e| index_err(py, e.into()))?;
-    let k = usize::try_from(k)
-        .ok()
-        .filter(|&k| k >= 1)
-        .ok_or_else(|| invalid(py, format!("k must be at least 1, got k = {k}")))?;
+    let k = match crate::convert::k_arg(py, k)? {
+        0 => return Err(invalid(py, "k must be at least 1, got k = 0")),
+        k => k,
+    };
     let mut parts = Vec::new();
     for (i, item) in results.try_iter()?.enumerate() {
         parts.push(part(py, i, &item?)?);
