@@ -168,6 +168,13 @@ pub enum CudaError {
         /// What is inconsistent, with values.
         reason: String,
     },
+    /// A graph given to [`crate::CudaRetriever::upload_graph`] is not a
+    /// well-formed layered graph over the engine's rows.
+    #[error("graph: {reason}")]
+    BadGraph {
+        /// What is wrong, with the node, layer and values.
+        reason: String,
+    },
 }
 
 #[cfg(feature = "cuda")]

@@ -33,6 +33,7 @@
 //! | [`Retriever::search_batch`] | many queries per launch (row tiles reused across queries) |
 //! | [`CudaRetriever::upload_query`] + [`CudaRetriever::search_device`] | a query already on the device: no host round trip for it |
 //! | [`CudaRetriever::score_ids`] | canonical scores of listed rows (the HNSW crate's batched distances) |
+//! | [`CudaRetriever::upload_graph`] + [`CudaRetriever::walk_graph`] | a layered graph beside the corpus, and every query's whole graph search in one launch (the HNSW crate's GPU graph search) |
 //! | [`RoundTrip`] | the benchmark's CPU round-trip baseline (device query → host search → results to the device) |
 //! | [`measure_d2d_bandwidth`], [`device_info`] | the HBM floor and the environment record of a benchmark run |
 //!
@@ -85,6 +86,7 @@ mod error;
 mod idfilter;
 mod plan;
 pub mod ptx;
+mod walk_layout;
 
 #[cfg(feature = "cuda")]
 mod batch;
@@ -110,6 +112,8 @@ mod single;
 mod slot;
 #[cfg(feature = "cuda")]
 mod tools;
+#[cfg(feature = "cuda")]
+mod walk;
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
@@ -127,7 +131,12 @@ pub use plan::{PathCounts, PlanPath};
 #[cfg(feature = "cuda")]
 pub use resident::ResidentCorpus;
 #[cfg(not(feature = "cuda"))]
+pub use stub::DeviceGraph;
+#[cfg(not(feature = "cuda"))]
 pub use stub::ResidentCorpus;
+#[cfg(feature = "cuda")]
+pub use walk::DeviceGraph;
+pub use walk_layout::{GraphLayout, WalkStatus, MAX_WALK_DEGREE};
 
 #[cfg(feature = "cuda")]
 use engine::Engine;
@@ -314,6 +323,37 @@ impl CudaRetriever {
         out: &mut [f32],
     ) -> Result<(), CudaError> {
         self.engine.score_ids(queries, ids, offsets, out)
+    }
+
+    /// Uploads a layered proximity graph over this engine's rows (the
+    /// layout of topk-hnsw), after checking that every list, id and offset
+    /// lies inside it ([`GraphLayout::check`]).
+    pub fn upload_graph(&self, layout: &GraphLayout<'_>) -> Result<DeviceGraph, CudaError> {
+        self.engine.upload_graph(layout)
+    }
+
+    /// Searches `graph` for every row-major query (`queries.len() / D` of
+    /// them) in one launch per 65,536 queries: greedy descent through the
+    /// upper layers, then the `ef`-wide beam search of layer 0, returning
+    /// `want` results per query into `hits` (row `i` at `i * want`) and how
+    /// each walk ended into `status`. Only nodes whose bit is set in `allow`
+    /// (`ceil(N / 32)` words, bit `i % 32` of word `i / 32`) are returned;
+    /// every node routes. The walk is the CPU walk of topk-hnsw, so a
+    /// [`WalkStatus::Done`] query has its exact answer; the others are for
+    /// the caller to finish on the host (docs/CONTRACTS.md §13).
+    #[allow(clippy::too_many_arguments)]
+    pub fn walk_graph(
+        &self,
+        graph: &DeviceGraph,
+        queries: &[f32],
+        ef: usize,
+        want: usize,
+        allow: Option<&[u32]>,
+        hits: &mut Vec<Neighbor>,
+        status: &mut Vec<WalkStatus>,
+    ) -> Result<(), CudaError> {
+        self.engine
+            .walk_graph(graph, queries, ef, want, allow, hits, status)
     }
 
     /// Device milliseconds of each stage of one host query (H→D, score,

@@ -28,6 +28,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "select",
     "filter",
     "rows",
+    "walk",
 ];
 
 /// First-line marker of a generated PTX file, followed by the hash.
@@ -52,6 +53,10 @@ pub const FILTER_PTX: &str = include_str!("../../../kernels/filter.ptx");
 /// mutable resident corpus, and scoring a list of rows.
 pub const ROWS_PTX: &str = include_str!("../../../kernels/rows.ptx");
 
+/// PTX of `kernels/walk.cu`: the graph walk, every query's HNSW search in
+/// one launch.
+pub const WALK_PTX: &str = include_str!("../../../kernels/walk.ptx");
+
 /// Every family's PTX, in [`KERNEL_NAMES`] order.
 pub const ALL_PTX: &[(&str, &str)] = &[
     ("norms", NORMS_PTX),
@@ -61,6 +66,7 @@ pub const ALL_PTX: &[(&str, &str)] = &[
     ("select", SELECT_PTX),
     ("filter", FILTER_PTX),
     ("rows", ROWS_PTX),
+    ("walk", WALK_PTX),
 ];
 
 /// A stable 64-bit FNV-1a hash of the flags and every source file given as
@@ -131,6 +137,7 @@ mod tests {
         ("select.cuh", include_str!("../../../kernels/select.cuh")),
         ("shapes.cuh", include_str!("../../../kernels/shapes.cuh")),
         ("stage.cuh", include_str!("../../../kernels/stage.cuh")),
+        ("walk.cu", include_str!("../../../kernels/walk.cu")),
     ];
 
     /// The sources as the generator hashes them.

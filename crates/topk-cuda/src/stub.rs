@@ -5,7 +5,9 @@
 use ndarray::ArrayView2;
 use topk_core::{Metric, Neighbor, Retriever};
 
-use crate::{CudaConfig, CudaError, CudaRetriever, DeviceInfo, PathCounts};
+use crate::{
+    CudaConfig, CudaError, CudaRetriever, DeviceInfo, GraphLayout, PathCounts, WalkStatus,
+};
 
 /// Uninhabited: no engine exists in a build without CUDA.
 pub(crate) enum Engine {}
@@ -62,6 +64,22 @@ impl Engine {
         _q: &[f32],
         _k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        match *self {}
+    }
+    pub(crate) fn upload_graph(&self, _layout: &GraphLayout<'_>) -> Result<DeviceGraph, CudaError> {
+        match *self {}
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn walk_graph(
+        &self,
+        _graph: &DeviceGraph,
+        _queries: &[f32],
+        _ef: usize,
+        _want: usize,
+        _allow: Option<&[u32]>,
+        _hits: &mut Vec<Neighbor>,
+        _status: &mut Vec<WalkStatus>,
+    ) -> Result<(), CudaError> {
         match *self {}
     }
     pub(crate) fn score_ids(
@@ -219,6 +237,24 @@ impl ResidentCorpus {
         _filter: crate::IdFilter<'_>,
         _stream: u64,
     ) -> Result<Vec<Vec<topk_core::Hit>>, CudaError> {
+        match self.never {}
+    }
+}
+
+/// A graph on the device; none exists in a build without CUDA.
+#[derive(Debug)]
+pub struct DeviceGraph {
+    never: std::convert::Infallible,
+}
+
+impl DeviceGraph {
+    /// Nodes of the graph.
+    pub fn len(&self) -> usize {
+        match self.never {}
+    }
+
+    /// Whether the graph has no nodes.
+    pub fn is_empty(&self) -> bool {
         match self.never {}
     }
 }

@@ -124,6 +124,10 @@ pub enum HnswError {
     },
 
     // ---- distance backends ------------------------------------------------
+    /// A graph uploaded with `Hnsw::upload_graph` was searched through an
+    /// index it was not uploaded from, or after the index changed.
+    #[error("the GPU graph was uploaded from another index or before an insertion: upload it again (and rebuild the engine if rows changed)")]
+    GpuGraphStale,
     /// The GPU engine does not hold this index's corpus.
     #[error("GPU engine does not match the index: engine {engine}, index {index}")]
     GpuMismatch {

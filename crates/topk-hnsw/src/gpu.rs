@@ -38,7 +38,7 @@ impl From<CudaError> for HnswError {
 }
 
 /// The engine must hold exactly this corpus under this metric.
-fn check_engine(gpu: &CudaRetriever, v: &Vectors) -> Result<()> {
+pub(crate) fn check_engine(gpu: &CudaRetriever, v: &Vectors) -> Result<()> {
     use topk_core::Retriever;
     if gpu.len() != v.len() || gpu.dim() != v.dim() || gpu.metric() != v.metric() {
         return Err(HnswError::GpuMismatch {
@@ -75,7 +75,7 @@ impl BatchEngine for CudaRetriever {
 /// Scores up to 16 rows spread over the corpus on both sides and compares
 /// the bits: an engine loaded with other rows (same shape) would otherwise
 /// steer the walk with foreign distances without any error.
-fn spot_check(gpu: &CudaRetriever, v: &Vectors) -> Result<()> {
+pub(crate) fn spot_check(gpu: &CudaRetriever, v: &Vectors) -> Result<()> {
     let n = v.len();
     let step = n.div_ceil(16).max(1);
     let ids: Vec<u32> = (0..n).step_by(step).map(|i| i as u32).collect();

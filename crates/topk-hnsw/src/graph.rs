@@ -79,6 +79,11 @@ impl Layout {
         self.upper_len
     }
 
+    /// Per node, the start of its first upper-layer block.
+    pub(crate) fn upper_offsets(&self) -> &[usize] {
+        &self.upper_offset
+    }
+
     /// Capacity of a list on `level`.
     #[inline]
     pub(crate) fn cap(&self, level: usize) -> usize {

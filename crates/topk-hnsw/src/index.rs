@@ -48,6 +48,17 @@ pub struct Hnsw {
     pub(crate) rng: SplitMix64,
     /// `c` of [`DEFAULT_FILTER_WALK_COST`]: when a search is exact.
     pub(crate) walk_cost: f64,
+    /// Unique to this index and its current rows and lists: a new value at
+    /// construction, on clone and on every insertion, so that a graph
+    /// uploaded to a device can tell it no longer matches.
+    pub(crate) stamp: u64,
+}
+
+/// A value no index has had before in this process (see `Hnsw::stamp`).
+pub(crate) fn fresh_stamp() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for Hnsw {
@@ -80,6 +91,7 @@ impl Clone for Hnsw {
             free: self.free.clone(),
             rng: self.rng.clone(),
             walk_cost: self.walk_cost,
+            stamp: fresh_stamp(),
         }
     }
 }
@@ -219,6 +231,7 @@ impl Hnsw {
             free: Vec::new(),
             rng: rng_after(params.seed, n),
             walk_cost: DEFAULT_FILTER_WALK_COST,
+            stamp: fresh_stamp(),
         }
     }
 

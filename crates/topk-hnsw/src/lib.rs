@@ -65,6 +65,8 @@ mod error;
 mod filter;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_walk;
 mod graph;
 mod index;
 mod lifecycle;
@@ -77,6 +79,8 @@ mod vectors;
 
 pub use error::{HnswError, Result};
 pub use filter::SlotFilter;
+#[cfg(feature = "cuda")]
+pub use gpu_walk::{GpuGraph, GpuWalkCounts};
 pub use index::{GraphStats, Hnsw, DEFAULT_FILTER_WALK_COST};
 pub use params::{HnswParams, SplitMix64, MAX_LEVEL, MAX_M};
 pub use persist::{FORMAT_VERSION, MAGIC};

@@ -92,6 +92,7 @@ impl Hnsw {
         } else {
             self.append(row)?;
         }
+        self.stamp = crate::index::fresh_stamp();
         Ok(slot)
     }
 

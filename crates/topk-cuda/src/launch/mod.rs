@@ -11,6 +11,7 @@
 //! | `filter.rs` | tensor-core bounds, listing, rescoring, listed selection, scores of listed ids |
 //! | `graph.rs` | graphs built node by node and their replay |
 //! | `copy.rs` | host/device copies and zeroing |
+//! | `walk.rs` | the graph walk: every query's HNSW search in one launch |
 
 mod copy;
 mod filter;
@@ -18,6 +19,7 @@ mod graph;
 mod rows;
 mod score;
 mod select;
+mod walk;
 
 use std::ffi::c_void;
 
@@ -36,6 +38,7 @@ pub(crate) use copy::{
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use rows::FROM_B;
 pub(crate) use score::{single_path, FusedThreshold, ScorePlan};
+pub(crate) use walk::{WalkArgs, WalkGraph};
 
 /// Threads per block of the scoring kernels (8 warps).
 const SCORE_THREADS: u32 = 256;
@@ -145,6 +148,8 @@ pub(crate) struct Kernels {
     score_list: [cu::CUfunction; 3],
     check_queries: cu::CUfunction,
     resolve_ids: cu::CUfunction,
+    /// The graph walk (`kernels/walk.cu`).
+    walk: [cu::CUfunction; 3],
     sm_count: u32,
 }
 
@@ -423,6 +428,7 @@ pub(crate) struct Modules {
     select: Module,
     filter: Module,
     rows: Module,
+    walk: Module,
 }
 
 fn load_module(module: &'static str, ptx: &str) -> Result<Module, CudaError> {
@@ -444,6 +450,7 @@ impl Modules {
             select: load_module("select", ptx::SELECT_PTX)?,
             filter: load_module("filter", ptx::FILTER_PTX)?,
             rows: load_module("rows", ptx::ROWS_PTX)?,
+            walk: load_module("walk", ptx::WALK_PTX)?,
         })
     }
 }
@@ -459,6 +466,7 @@ impl Kernels {
             select,
             filter,
             rows,
+            walk,
         } = modules;
         let select_small = function(select, "topk_select_small")?;
         let gather = function(select, "topk_gather")?;
@@ -498,6 +506,7 @@ impl Kernels {
             score_list: family!(rows, "topk_score_list"),
             check_queries: function(rows, "topk_check_queries")?,
             resolve_ids: function(rows, "topk_resolve_ids")?,
+            walk: family!(walk, "topk_walk"),
             sm_count: sm_count.max(1),
         })
     }
@@ -541,6 +550,7 @@ mod tests {
     pub(super) const SHAPES_CUH: &str = include_str!("../../../../kernels/shapes.cuh");
     pub(super) const SCORE_BATCH_CU: &str = include_str!("../../../../kernels/score_batch.cu");
     pub(super) const FILTER_CU: &str = include_str!("../../../../kernels/filter.cu");
+    pub(super) const WALK_CU: &str = include_str!("../../../../kernels/walk.cu");
 
     #[test]
     fn host_constants_mirror_the_kernel_headers() {
@@ -584,6 +594,7 @@ mod tests {
             ("score_ids", ptx::SCORE_IDS_PTX, metrics("topk_score_ids")),
             ("select", ptx::SELECT_PTX, select),
             ("filter", ptx::FILTER_PTX, filter),
+            ("walk", ptx::WALK_PTX, metrics("topk_walk")),
         ] {
             for name in &names {
                 assert!(

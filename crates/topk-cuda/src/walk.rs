@@ -1,0 +1,322 @@
+//! A layered graph resident beside the corpus, and the device walk over it
+//! (`kernels/walk.cu`): topk-hnsw's GPU graph search, every query of a batch
+//! searched by one block in one launch (docs/CONTRACTS.md §13).
+
+use std::sync::{Arc, Mutex};
+
+use cust::memory::{DeviceBuffer, LockedBuffer};
+use cust::stream::{Stream, StreamFlags};
+use topk_core::{validate, Neighbor};
+
+use crate::device::{pinned, Ctx, DevNeighbor, OwnedDevice};
+use crate::driver::{alloc, DevSlice};
+use crate::engine::Engine;
+use crate::error::{CudaError, DriverResult};
+use crate::launch::{self, Queue, WalkArgs, WalkGraph};
+use crate::walk_layout::{GraphLayout, WalkStatus};
+
+/// Queries per launch: bounds the staging buffers of a very large batch.
+const WALK_CHUNK: usize = 1 << 16;
+/// Beam room per `ef` with an allow-list (disallowed nodes that still
+/// route the walk share the beam with the allowed ones).
+const FILTERED_CAP_FACTOR: usize = 4;
+
+/// A graph uploaded with [`crate::CudaRetriever::upload_graph`]: its lists
+/// in device memory next to the engine's corpus, and the staging buffers of
+/// its walks.
+pub struct DeviceGraph {
+    layer0: OwnedDevice<u32>,
+    upper: OwnedDevice<u32>,
+    upper_off: OwnedDevice<u32>,
+    m0: usize,
+    m: usize,
+    entry: u32,
+    top: usize,
+    n: usize,
+    device: usize,
+    scratch: Mutex<Option<Scratch>>,
+    // Declared last: the scratch's buffers free with this context current.
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for DeviceGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceGraph")
+            .field("n", &self.n)
+            .field("m0", &self.m0)
+            .field("m", &self.m)
+            .field("entry", &self.entry)
+            .field("top", &self.top)
+            .finish()
+    }
+}
+
+impl DeviceGraph {
+    /// Nodes of the graph (the engine's rows).
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Always false: a graph has at least one node.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+impl Drop for DeviceGraph {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.make_current() {
+            tracing::warn!("topk-cuda: could not make the context current to free: {e}");
+        }
+        self.scratch
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+}
+
+/// Staging of one walk launch, grown to the largest chunk seen.
+struct Scratch {
+    stream: Stream,
+    queries: DeviceBuffer<f32>,
+    q_host: LockedBuffer<f32>,
+    out: DeviceBuffer<DevNeighbor>,
+    out_host: LockedBuffer<DevNeighbor>,
+    status: DeviceBuffer<u32>,
+    status_host: LockedBuffer<u32>,
+    allow: DeviceBuffer<u32>,
+    allow_host: LockedBuffer<u32>,
+}
+
+impl Scratch {
+    fn new(values: usize, results: usize, nq: usize, words: usize) -> Result<Self, CudaError> {
+        Ok(Scratch {
+            stream: Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?,
+            queries: alloc("walk queries", values)?,
+            q_host: pinned(values)?,
+            out: alloc("walk results", results)?,
+            out_host: pinned(results)?,
+            status: alloc("walk status", nq)?,
+            status_host: pinned(nq)?,
+            allow: alloc("walk allow-list", words)?,
+            allow_host: pinned(words)?,
+        })
+    }
+
+    fn fits(&self, values: usize, results: usize, nq: usize, words: usize) -> bool {
+        self.queries.len() >= values
+            && self.out.len() >= results
+            && self.status.len() >= nq
+            && self.allow.len() >= words
+    }
+}
+
+/// Seen-set slots of a walk of beam width `ef`: about 16 per beam node,
+/// between 1,024 and 16,384 (a fuller table only costs second scorings).
+fn table_slots(ef: usize) -> usize {
+    (ef * 16).clamp(1 << 10, 1 << 14).next_power_of_two()
+}
+
+impl Engine {
+    /// Checks `layout` against this engine's rows and uploads it.
+    pub(crate) fn upload_graph(&self, layout: &GraphLayout<'_>) -> Result<DeviceGraph, CudaError> {
+        layout.check(self.len())?;
+        let ctx = self.ctx();
+        Ok(DeviceGraph {
+            layer0: OwnedDevice::from_slice(ctx, layout.layer0)?,
+            // A graph of one layer still passes a valid (unread) pointer.
+            upper: OwnedDevice::from_slice(
+                ctx,
+                if layout.upper.is_empty() {
+                    &[0]
+                } else {
+                    layout.upper
+                },
+            )?,
+            upper_off: OwnedDevice::from_slice(ctx, layout.upper_offset)?,
+            m0: layout.m0,
+            m: layout.m,
+            entry: layout.entry,
+            top: layout.top(),
+            n: self.len(),
+            device: self.config.device,
+            scratch: Mutex::new(None),
+            ctx: Arc::clone(ctx),
+        })
+    }
+
+    /// Walks `graph` for every row-major query: `want` results per query
+    /// (into `hits`, `want` per query, valid where the status is
+    /// [`WalkStatus::Done`]) with beam width `ef`, over the nodes whose bit
+    /// is set in `allow` (`ceil(n / 32)` words) or all of them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn walk_graph(
+        &self,
+        graph: &DeviceGraph,
+        queries: &[f32],
+        ef: usize,
+        want: usize,
+        allow: Option<&[u32]>,
+        hits: &mut Vec<Neighbor>,
+        status: &mut Vec<WalkStatus>,
+    ) -> Result<(), CudaError> {
+        let (n, d) = (self.len(), self.dim());
+        if graph.device != self.config.device || graph.n != n {
+            return Err(CudaError::InvalidOption {
+                name: "graph nodes",
+                value: graph.n,
+                reason: "the graph was uploaded for another engine",
+            });
+        }
+        let nq = validate::queries_rowmajor(queries, d)?;
+        validate::k(want, n)?;
+        if ef < want || ef > u32::MAX as usize {
+            return Err(CudaError::InvalidOption {
+                name: "ef",
+                value: ef,
+                reason: "must be at least the number of results asked for",
+            });
+        }
+        let words = n.div_ceil(32);
+        if let Some(a) = allow {
+            if a.len() != words {
+                return Err(CudaError::InvalidOption {
+                    name: "allow-list words",
+                    value: a.len(),
+                    reason: "must be ceil(n / 32), one bit per node",
+                });
+            }
+        }
+        hits.clear();
+        status.clear();
+        if nq == 0 {
+            return Ok(());
+        }
+        let cap = if allow.is_some() {
+            ef.saturating_mul(FILTERED_CAP_FACTOR)
+        } else {
+            ef
+        };
+        let chunk = nq.min(WALK_CHUNK);
+        let mut guard = graph.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        graph.ctx.make_current()?;
+        let need = (
+            chunk * d,
+            chunk * want,
+            chunk,
+            if allow.is_some() { words } else { 1 },
+        );
+        if !guard
+            .as_ref()
+            .is_some_and(|s| s.fits(need.0, need.1, need.2, need.3))
+        {
+            *guard = None;
+            *guard = Some(Scratch::new(need.0, need.1, need.2, need.3)?);
+        }
+        let sc = guard.as_mut().ok_or(CudaError::InvalidOption {
+            name: "walk scratch",
+            value: 0,
+            reason: "not allocated",
+        })?;
+        let s = Queue::Stream(sc.stream.as_inner());
+        if let Some(a) = allow {
+            sc.allow_host.as_mut_slice()[..words].copy_from_slice(a);
+            let dst = DevSlice::of(&sc.allow).range("walk allow-list", 0, words)?;
+            launch::h2d(s, dst, &sc.allow_host, 0, words)?;
+        }
+        hits.reserve(nq * want);
+        status.reserve(nq);
+        for (c, part) in queries.chunks(chunk * d).enumerate() {
+            let cq = part.len() / d;
+            sc.q_host.as_mut_slice()[..part.len()].copy_from_slice(part);
+            let qdev = DevSlice::of(&sc.queries).range("walk queries", 0, part.len())?;
+            launch::h2d(s, qdev, &sc.q_host, 0, part.len())?;
+            let out = DevSlice::of(&sc.out).range("walk results", 0, cq * want)?;
+            let st = DevSlice::of(&sc.status).range("walk status", 0, cq)?;
+            let args = WalkArgs {
+                corpus: DevSlice::of(&self.corpus),
+                rnorm: DevSlice::of(&self.rnorm),
+                n: n as u32,
+                d: d as u32,
+                queries: qdev,
+                nq: cq as u32,
+                graph: WalkGraph {
+                    layer0: graph.layer0.view(),
+                    m0: graph.m0 as u32,
+                    upper: graph.upper.view(),
+                    upper_off: graph.upper_off.view(),
+                    m: graph.m as u32,
+                    entry: graph.entry,
+                    top: graph.top as u32,
+                },
+                allow: match allow {
+                    Some(_) => Some(DevSlice::of(&sc.allow).range("walk allow-list", 0, words)?),
+                    None => None,
+                },
+                ef: ef as u32,
+                want: want as u32,
+                cap: cap.min(u32::MAX as usize) as u32,
+                table_slots: table_slots(ef) as u32,
+                out,
+                status: st,
+            };
+            self.kernels.walk(s, self.metric(), &args)?;
+            launch::d2h(s, &mut sc.out_host, out)?;
+            launch::d2h(s, &mut sc.status_host, st)?;
+            sc.stream.synchronize().op("cuStreamSynchronize")?;
+            tracing::trace!(chunk = c, queries = cq, "walk chunk done");
+            hits.extend(
+                sc.out_host.as_slice()[..cq * want]
+                    .iter()
+                    .map(|h| Neighbor::new(h.index, h.score)),
+            );
+            status.extend(
+                sc.status_host.as_slice()[..cq]
+                    .iter()
+                    .map(|&code| WalkStatus::from_code(code)),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seen_tables_are_powers_of_two_in_range() {
+        for ef in [1, 10, 64, 100, 1000, 5000] {
+            let t = table_slots(ef);
+            assert!(
+                t.is_power_of_two() && (1024..=16384).contains(&t),
+                "{ef}: {t}"
+            );
+        }
+        assert_eq!(table_slots(64), 1024);
+        assert_eq!(table_slots(100), 2048);
+    }
+
+    #[test]
+    fn walk_status_codes_mirror_the_kernel() {
+        let src = include_str!("../../../kernels/walk.cu");
+        let code = |name: &str| {
+            src.lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .and_then(|v| v.trim().trim_end_matches('u').parse::<u32>().ok())
+                .unwrap_or_else(|| panic!("{name} not defined in walk.cu"))
+        };
+        assert_eq!(
+            WalkStatus::from_code(code("WALK_STATUS_OK")),
+            WalkStatus::Done
+        );
+        assert_eq!(
+            WalkStatus::from_code(code("WALK_STATUS_OVERFLOW")),
+            WalkStatus::Overflow
+        );
+        assert_eq!(
+            WalkStatus::from_code(code("WALK_STATUS_SHORT")),
+            WalkStatus::Short
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! GPU graph search (`Hnsw::search_graph_gpu`) against the CPU walk, bit for
+//! bit: every metric, beam widths from k to past the corpus, deletions,
+//! allow-lists, forced ties, and any batch composition.
+//!
+//! Without a device (or without the `cuda` feature) the cases print why and
+//! pass, unless `TOPK_REQUIRE_GPU=1`, under which a missing device fails.
+#![cfg(feature = "cuda")]
+
+use ndarray::ArrayView2;
+use proptest::prelude::*;
+use topk_core::{Metric, Neighbor};
+use topk_cuda::{CudaConfig, CudaRetriever};
+use topk_hnsw::{synth, Hnsw, HnswError, HnswParams, SlotFilter};
+use topk_testkit::gpu_or_skip;
+
+fn bits(v: &[Neighbor]) -> Vec<(u32, u32)> {
+    v.iter().map(|n| (n.index, n.score.to_bits())).collect()
+}
+
+fn params(m: usize, seed: u64) -> HnswParams {
+    HnswParams {
+        m,
+        ef_construction: 60,
+        ef_search: 40,
+        seed,
+        parallel: false,
+    }
+}
+
+fn engine(data: &[f32], dim: usize, metric: Metric) -> CudaRetriever {
+    CudaRetriever::from_rowmajor(data.to_vec(), dim, metric, CudaConfig::default()).unwrap()
+}
+
+/// Every query's GPU answer equals the CPU walk's, and the device walked
+/// (did not hand back) every query of an unfiltered search.
+fn assert_same(
+    index: &Hnsw,
+    gpu: &CudaRetriever,
+    queries: &[f32],
+    dim: usize,
+    k: usize,
+    ef: usize,
+) {
+    let nq = queries.len() / dim;
+    let qs = ArrayView2::from_shape((nq, dim), queries).unwrap();
+    let g = index.upload_graph(gpu).unwrap();
+    let (got, counts) = index.search_graph_gpu_counted(&g, qs, k, ef, None).unwrap();
+    let want = index.search_batch_with_ef(qs, k, ef).unwrap();
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(bits(a), bits(b), "query {i}, k {k}, ef {ef}");
+    }
+    assert_eq!(counts.device + counts.host, nq);
+}
+
+#[test]
+fn every_metric_and_beam_width_gives_the_cpu_bits() {
+    let Some(()) = gpu_or_skip() else { return };
+    for (dim, m) in [(48, 12), (7, 4), (100, 16), (384, 32), (33, 64)] {
+        let n = 4_000;
+        let data = synth::gaussian_clusters(n, dim, 24, 0.6, dim as u64);
+        let queries = synth::cluster_queries(200, dim, 24, 0.6, 99);
+        for metric in Metric::ALL {
+            let gpu = engine(&data, dim, metric);
+            let index = Hnsw::build(&data, dim, metric, params(m, 5)).unwrap();
+            for (k, ef) in [(1, 1), (10, 10), (10, 64), (50, 200), (100, 700)] {
+                assert_same(&index, &gpu, &queries, dim, k, ef);
+            }
+            // The device walks every unfiltered query with ef below n.
+            let qs = ArrayView2::from_shape((200, dim), &queries[..]).unwrap();
+            let g = index.upload_graph(&gpu).unwrap();
+            let (_, counts) = index
+                .search_graph_gpu_counted(&g, qs, 10, 64, None)
+                .unwrap();
+            assert_eq!(counts.device, 200, "{metric} d {dim}");
+        }
+    }
+}
+
+#[test]
+fn a_query_answer_does_not_depend_on_its_batch() {
+    let Some(()) = gpu_or_skip() else { return };
+    let dim = 32;
+    let data = synth::gaussian_clusters(3_000, dim, 16, 0.5, 3);
+    let queries = synth::cluster_queries(257, dim, 16, 0.5, 4);
+    let gpu = engine(&data, dim, Metric::L2);
+    let index = Hnsw::build(&data, dim, Metric::L2, params(8, 1)).unwrap();
+    let g = index.upload_graph(&gpu).unwrap();
+    let all = ArrayView2::from_shape((257, dim), &queries[..]).unwrap();
+    let whole = index.search_graph_gpu(&g, all, 10, 48).unwrap();
+    // One at a time, reversed, and in odd-sized slices.
+    for i in 0..257 {
+        let one = ArrayView2::from_shape((1, dim), &queries[i * dim..(i + 1) * dim]).unwrap();
+        assert_eq!(
+            bits(&index.search_graph_gpu(&g, one, 10, 48).unwrap()[0]),
+            bits(&whole[i])
+        );
+    }
+    let reversed: Vec<f32> = queries.chunks(dim).rev().flatten().copied().collect();
+    let rev = ArrayView2::from_shape((257, dim), &reversed[..]).unwrap();
+    for (i, r) in index
+        .search_graph_gpu(&g, rev, 10, 48)
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(bits(r), bits(&whole[256 - i]), "reversed position {i}");
+    }
+    for size in [2, 7, 64, 100] {
+        for (c, part) in queries.chunks(size * dim).enumerate() {
+            let v = ArrayView2::from_shape((part.len() / dim, dim), part).unwrap();
+            for (j, r) in index
+                .search_graph_gpu(&g, v, 10, 48)
+                .unwrap()
+                .iter()
+                .enumerate()
+            {
+                assert_eq!(bits(r), bits(&whole[c * size + j]), "batch {size}");
+            }
+        }
+    }
+    // A strided view gives the same answers as the contiguous batch.
+    let wide: Vec<f32> = queries
+        .chunks(dim)
+        .flat_map(|q| q.iter().chain(q))
+        .copied()
+        .collect();
+    let strided = ArrayView2::from_shape((257, 2 * dim), &wide[..]).unwrap();
+    let left = strided.slice(ndarray::s![.., ..dim]);
+    for (i, r) in index
+        .search_graph_gpu(&g, left, 10, 48)
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(bits(r), bits(&whole[i]), "strided query {i}");
+    }
+}
+
+#[test]
+fn deletions_and_allow_lists_match_the_cpu_walk() {
+    let Some(()) = gpu_or_skip() else { return };
+    let dim = 24;
+    let n = 6_000;
+    let data = synth::gaussian_clusters(n, dim, 20, 0.6, 11);
+    let queries = synth::cluster_queries(150, dim, 20, 0.6, 12);
+    let qs = ArrayView2::from_shape((150, dim), &queries[..]).unwrap();
+    for metric in Metric::ALL {
+        let gpu = engine(&data, dim, metric);
+        let mut index = Hnsw::build(&data, dim, metric, params(10, 2)).unwrap();
+        for s in (0..n as u32).step_by(7) {
+            index.mark_deleted(s).unwrap();
+        }
+        let g = index.upload_graph(&gpu).unwrap();
+        let got = index.search_graph_gpu(&g, qs, 10, 50).unwrap();
+        for (i, (q, r)) in queries.chunks(dim).zip(&got).enumerate() {
+            let mut want = Vec::new();
+            index.search_with_ef(q, 10, 50, &mut want).unwrap();
+            assert_eq!(bits(r), bits(&want), "{metric}: deleted, query {i}");
+            assert!(r.iter().all(|h| h.index % 7 != 0));
+        }
+        for keep in [2u32, 3, 10, 40] {
+            let filter = SlotFilter::from_fn(n, |s| s % keep == 1);
+            let (got, counts) = index
+                .search_graph_gpu_counted(&g, qs, 10, 50, Some(&filter))
+                .unwrap();
+            for (i, (q, r)) in queries.chunks(dim).zip(&got).enumerate() {
+                let mut want = Vec::new();
+                index
+                    .search_filtered_with_ef(q, 10, 50, &filter, &mut want)
+                    .unwrap();
+                assert_eq!(bits(r), bits(&want), "{metric}: 1 in {keep}, query {i}");
+            }
+            assert_eq!(counts.device + counts.host, 150);
+        }
+    }
+}
+
+#[test]
+fn stale_mismatched_and_bad_inputs_are_errors() {
+    let Some(()) = gpu_or_skip() else { return };
+    let dim = 16;
+    let data = synth::gaussian_clusters(1_000, dim, 8, 0.5, 1);
+    let gpu = engine(&data, dim, Metric::Dot);
+    let mut index = Hnsw::build(&data, dim, Metric::Dot, params(8, 1)).unwrap();
+    let g = index.upload_graph(&gpu).unwrap();
+    let q = vec![0.5f32; dim];
+    let one = ArrayView2::from_shape((1, dim), &q[..]).unwrap();
+    assert!(index.search_graph_gpu(&g, one, 0, 10).is_err(), "k = 0");
+    assert!(index.search_graph_gpu(&g, one, 5, 0).is_err(), "ef = 0");
+    let short = ArrayView2::from_shape((1, dim - 1), &q[..dim - 1]).unwrap();
+    assert!(
+        index.search_graph_gpu(&g, short, 5, 10).is_err(),
+        "wrong width"
+    );
+    let mut nan = q.clone();
+    nan[3] = f32::NAN;
+    let bad = ArrayView2::from_shape((1, dim), &nan[..]).unwrap();
+    assert!(index.search_graph_gpu(&g, bad, 5, 10).is_err(), "NaN query");
+    // Another index of the same shape, and the same index after an insert.
+    let other = Hnsw::build(&data, dim, Metric::Dot, params(8, 2)).unwrap();
+    assert!(matches!(
+        other.search_graph_gpu(&g, one, 5, 10),
+        Err(HnswError::GpuGraphStale)
+    ));
+    drop(g);
+    index.insert(&q).unwrap();
+    assert!(matches!(
+        index.upload_graph(&gpu),
+        Err(HnswError::GpuMismatch { .. })
+    ));
+    let other_rows = synth::gaussian_clusters(1_000, dim, 8, 0.5, 9);
+    let wrong = engine(&other_rows, dim, Metric::Dot);
+    assert!(matches!(
+        other.upload_graph(&wrong),
+        Err(HnswError::GpuMismatch { .. })
+    ));
+    // Lists longer than the device walk takes are refused at upload.
+    let wide = Hnsw::build(&data, dim, Metric::Dot, params(65, 1)).unwrap();
+    let e = wide.upload_graph(&gpu).unwrap_err();
+    assert!(e.to_string().contains("m0 = 130"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Corpora of few distinct small-integer rows (so many scores tie
+    /// exactly and rows repeat), any metric, k and ef: the device walk
+    /// breaks every tie as the CPU walk does.
+    #[test]
+    fn forced_ties_give_the_cpu_bits(
+        distinct in 1usize..40,
+        n in 50usize..1500,
+        dim in 1usize..12,
+        metric in prop::sample::select(Metric::ALL.to_vec()),
+        k in 1usize..30,
+        ef in 1usize..120,
+        seed in any::<u64>(),
+    ) {
+        let Some(()) = gpu_or_skip() else { return Ok(()) };
+        let mut rng = topk_hnsw::SplitMix64::new(seed);
+        let pool: Vec<f32> = (0..distinct * dim)
+            .map(|_| (rng.next_u64() % 7) as f32 - 3.0)
+            .collect();
+        let data: Vec<f32> = (0..n)
+            .flat_map(|_| {
+                let r = (rng.next_u64() % distinct as u64) as usize;
+                pool[r * dim..(r + 1) * dim].to_vec()
+            })
+            .collect();
+        let queries: Vec<f32> = (0..20 * dim).map(|_| (rng.next_u64() % 5) as f32 - 2.0).collect();
+        let gpu = engine(&data, dim, metric);
+        let index = Hnsw::build(&data, dim, metric, params(6, seed)).unwrap();
+        assert_same(&index, &gpu, &queries, dim, k.min(n), ef);
+    }
+}

@@ -1,0 +1,420 @@
+// Graph walks on the device: the whole HNSW search of every query of a batch
+// in one launch, one block per query (topk-hnsw's GPU graph search).
+//
+// A block descends the upper layers greedily from the entry node, then runs
+// the ef-wide beam search of layer 0, every score the canonical score of a
+// whole warp (common.cuh). The walk is the CPU walk of
+// crates/topk-hnsw/src/search.rs, restated so that it needs no unbounded
+// heap (docs/CONTRACTS.md §13):
+//
+//   The beam B is a list sorted best first of the nodes still in play, each
+//   flagged expanded or not and allowed or not. It holds at most `ef`
+//   allowed nodes, and a node (allowed or not) stays only while fewer than
+//   `ef` allowed nodes rank above it. Each step expands the best
+//   unexpanded node of B: its neighbours not seen before are scored, those
+//   that could enter are merged into B, and B is cut again. The walk ends
+//   when every node of B is expanded.
+//
+// The CPU walk pops its candidate heap and stops at the first candidate
+// below the ef-th allowed result: a candidate that fell out of B. Both
+// therefore expand the same nodes in the same order, and the result (the
+// allowed nodes of B) is the CPU's, bit for bit. Two things differ only in
+// cost: the set of seen nodes is a small hash table in shared memory that
+// may forget (a forgotten node is scored again and either is found in B by
+// its key, which encodes the id, or ranks below the cut, as it did the first
+// time), and the neighbours of one expansion are merged at once rather than
+// one by one (the cut of the union is the same). A query never reads what
+// another query of the batch does, so its answer does not depend on the
+// batch.
+//
+// Status per query: OK, OVERFLOW (B needed more than `cap` entries, only
+// possible with an allow-list; the walk stops) or SHORT (the walk ended with
+// fewer than `want` allowed nodes). The host finishes the last two on the
+// CPU path, which gives the same answer an OK walk would.
+#include "common.cuh"
+
+#define WALK_THREADS 128
+#define WALK_WARPS (WALK_THREADS / TOPK_WARP)
+// Largest layer-0 degree (m0) and upper-layer degree (m) the kernel takes:
+// one neighbour per thread.
+#define WALK_MAX_DEGREE 128
+#define WALK_EXPANDED 1u
+#define WALK_ALLOWED 2u
+#define WALK_STATUS_OK 0u
+#define WALK_STATUS_OVERFLOW 1u
+#define WALK_STATUS_SHORT 2u
+// An empty slot of the seen-set table (never a node: ids are below n < 2^32 - 1).
+#define WALK_EMPTY 0xffffffffu
+// Slots probed before a node is taken as unseen.
+#define WALK_PROBES 8
+
+// One node of the beam: its ranking key (§3; 0 marks no node, as no id
+// reaches 2^32 - 1), its score as computed, and the WALK_* flags.
+struct WalkEntry {
+    unsigned long long key;
+    float score;
+    unsigned flags;
+};
+
+// Marks `id` seen; true if it was not seen before (or the table is too
+// crowded around it to tell, which costs a second scoring and nothing else).
+__device__ __forceinline__ bool walk_visit(unsigned* table, unsigned mask, unsigned id) {
+    unsigned h = (id * 2654435761u) & mask;
+#pragma unroll 1
+    for (int p = 0; p < WALK_PROBES; ++p) {
+        const unsigned prev = atomicCAS(&table[h], WALK_EMPTY, id);
+        if (prev == WALK_EMPTY) {
+            return true;
+        }
+        if (prev == id) {
+            return false;
+        }
+        h = (h + 1u) & mask;
+    }
+    return true;
+}
+
+// Entries of `a[0..n)` (sorted by key, best first) whose key is above `key`.
+__device__ __forceinline__ unsigned walk_count_above(const WalkEntry* a, unsigned n,
+                                                     unsigned long long key) {
+    unsigned lo = 0, hi = n;
+    while (lo < hi) {
+        const unsigned mid = (lo + hi) >> 1;
+        if (a[mid].key > key) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+__device__ __forceinline__ bool walk_allowed(const unsigned* __restrict__ allow, unsigned id) {
+    return allow == nullptr || ((allow[id >> 5] >> (id & 31u)) & 1u) != 0u;
+}
+
+// Exclusive prefix sum of one value per thread over the block; the block
+// total goes to *total. Every thread must call it (it synchronises).
+__device__ __forceinline__ unsigned walk_block_scan(unsigned v, unsigned* warp_sums,
+                                                    unsigned* total) {
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const unsigned warp = threadIdx.x / TOPK_WARP;
+    const unsigned incl = topk_warp_inclusive_scan(v, lane);
+    if (lane == TOPK_WARP - 1) {
+        warp_sums[warp] = incl;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const unsigned w = lane < WALK_WARPS ? warp_sums[lane] : 0u;
+        const unsigned wi = topk_warp_inclusive_scan(w, lane);
+        __syncwarp();
+        if (lane < WALK_WARPS) {
+            warp_sums[lane] = wi - w;
+        }
+        if (lane == WALK_WARPS - 1) {
+            *total = wi;
+        }
+    }
+    __syncthreads();
+    const unsigned r = warp_sums[warp] + incl - v;
+    __syncthreads();
+    return r;
+}
+
+template <int METRIC>
+__device__ __forceinline__ float walk_score(const float* qs, const float* __restrict__ corpus,
+                                            const float* __restrict__ rnorm, unsigned d,
+                                            float qn, unsigned row, unsigned lane) {
+    const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
+    return topk_warp_score<METRIC>(qs, corpus + (size_t)row * d, d, qn, rn, lane);
+}
+
+// The walk of query blockIdx.x. Dynamic shared memory, in order: the query
+// (d floats, rounded up to 16 bytes), two beam buffers of cap + WALK_MAX_DEGREE
+// entries, the scored and the sorted neighbours (WALK_MAX_DEGREE entries
+// each), their ids, and the seen-set table (mask + 1 slots).
+template <int METRIC>
+__device__ __forceinline__ void walk_query(
+    const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,
+    const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,
+    const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off, unsigned m,
+    unsigned entry, unsigned top, const unsigned* __restrict__ allow, unsigned ef,
+    unsigned want, unsigned cap, unsigned mask, TopkNeighbor* __restrict__ out,
+    unsigned* __restrict__ status) {
+    extern __shared__ __align__(16) unsigned char walk_smem[];
+    const unsigned tid = threadIdx.x;
+    const unsigned lane = tid & (TOPK_WARP - 1);
+    const unsigned warp = tid / TOPK_WARP;
+    const size_t q = blockIdx.x;
+
+    float* qs = reinterpret_cast<float*>(walk_smem);
+    size_t off = ((size_t)d * sizeof(float) + 15u) & ~(size_t)15u;
+    WalkEntry* beam = reinterpret_cast<WalkEntry*>(walk_smem + off);
+    off += (size_t)(cap + WALK_MAX_DEGREE) * sizeof(WalkEntry);
+    WalkEntry* spare = reinterpret_cast<WalkEntry*>(walk_smem + off);
+    off += (size_t)(cap + WALK_MAX_DEGREE) * sizeof(WalkEntry);
+    WalkEntry* fresh = reinterpret_cast<WalkEntry*>(walk_smem + off);
+    off += WALK_MAX_DEGREE * sizeof(WalkEntry);
+    WalkEntry* sorted = reinterpret_cast<WalkEntry*>(walk_smem + off);
+    off += WALK_MAX_DEGREE * sizeof(WalkEntry);
+    unsigned* fresh_ids = reinterpret_cast<unsigned*>(walk_smem + off);
+    off += WALK_MAX_DEGREE * sizeof(unsigned);
+    unsigned* seen = reinterpret_cast<unsigned*>(walk_smem + off);
+
+    __shared__ unsigned s_warp[WALK_WARPS];
+    __shared__ unsigned s_total, s_nb, s_first, s_fresh, s_moved, s_overflow;
+    __shared__ unsigned long long s_worst;
+    __shared__ float s_qn;
+    __shared__ WalkEntry s_cur;
+
+    for (unsigned i = tid; i < d; i += WALK_THREADS) {
+        qs[i] = queries[q * d + i];
+    }
+    for (unsigned i = tid; i <= mask; i += WALK_THREADS) {
+        seen[i] = WALK_EMPTY;
+    }
+    __syncthreads();
+    if (METRIC == TOPK_COSINE && warp == 0) {
+        const float qn = topk_warp_norm(qs, d, lane);
+        if (lane == 0) {
+            s_qn = qn;
+        }
+    }
+    __syncthreads();
+    const float qn = (METRIC == TOPK_COSINE) ? s_qn : 0.0f;
+
+    // Greedy descent through layers top..1 (every node navigates).
+    if (warp == 0) {
+        const float s = walk_score<METRIC>(qs, corpus, rnorm, d, qn, entry, lane);
+        if (lane == 0) {
+            s_cur.key = topk_rank_key(s, entry);
+            s_cur.score = s;
+            s_cur.flags = 0u;
+        }
+    }
+    __syncthreads();
+    for (unsigned level = top; level >= 1u; --level) {
+        for (;;) {
+            const unsigned cur = topk_key_index(s_cur.key);
+            const unsigned* list = upper + upper_off[cur] + (size_t)(level - 1u) * (1u + m);
+            const unsigned cnt = min(list[0], m);
+            for (unsigned j = warp; j < cnt; j += WALK_WARPS) {
+                const unsigned id = list[1 + j];
+                const float s = walk_score<METRIC>(qs, corpus, rnorm, d, qn, id, lane);
+                if (lane == 0) {
+                    fresh[j].key = topk_rank_key(s, id);
+                    fresh[j].score = s;
+                }
+            }
+            __syncthreads();
+            if (tid == 0) {
+                unsigned best = cnt;
+                for (unsigned j = 0; j < cnt; ++j) {
+                    if (best == cnt || fresh[j].key > fresh[best].key) {
+                        best = j;
+                    }
+                }
+                s_moved = (best < cnt && fresh[best].key > s_cur.key) ? 1u : 0u;
+                if (s_moved) {
+                    s_cur.key = fresh[best].key;
+                    s_cur.score = fresh[best].score;
+                }
+            }
+            __syncthreads();
+            if (!s_moved) {
+                break;
+            }
+        }
+    }
+
+    // Beam search of layer 0 from the node the descent ended on.
+    if (tid == 0) {
+        const unsigned start = topk_key_index(s_cur.key);
+        walk_visit(seen, mask, start);
+        const bool ok = walk_allowed(allow, start);
+        beam[0].key = s_cur.key;
+        beam[0].score = s_cur.score;
+        beam[0].flags = ok ? WALK_ALLOWED : 0u;
+        s_nb = 1u;
+        s_first = 0u;
+        s_overflow = 0u;
+        s_worst = (ok && ef == 1u) ? s_cur.key : 0ull;
+    }
+    __syncthreads();
+    for (;;) {
+        const unsigned nb = s_nb;
+        const unsigned first = s_first;
+        if (first >= nb || s_overflow) {
+            break;
+        }
+        const unsigned node = topk_key_index(beam[first].key);
+        __syncthreads();
+        if (tid == 0) {
+            beam[first].flags |= WALK_EXPANDED;
+            s_fresh = 0u;
+        }
+        __syncthreads();
+        const unsigned* list = layer0 + (size_t)node * (1u + m0);
+        const unsigned cnt = min(list[0], m0);
+        if (tid < cnt) {
+            const unsigned id = list[1 + tid];
+            if (walk_visit(seen, mask, id)) {
+                fresh_ids[atomicAdd(&s_fresh, 1u)] = id;
+            }
+        }
+        __syncthreads();
+        const unsigned nf = s_fresh;
+        const unsigned long long worst = s_worst;
+        for (unsigned j = warp; j < nf; j += WALK_WARPS) {
+            const unsigned id = fresh_ids[j];
+            const float s = walk_score<METRIC>(qs, corpus, rnorm, d, qn, id, lane);
+            if (lane == 0) {
+                const unsigned long long key = topk_rank_key(s, id);
+                // Below the ef-th allowed node: it could never enter the beam.
+                fresh[j].key = (worst == 0ull || key > worst) ? key : 0ull;
+                fresh[j].score = s;
+                fresh[j].flags = walk_allowed(allow, id) ? WALK_ALLOWED : 0u;
+            }
+        }
+        __syncthreads();
+        // Drop nodes already in the beam (seen but forgotten) and repeats
+        // within the list, then sort the rest best first by rank.
+        unsigned long long mine = 0ull;
+        if (tid < nf) {
+            mine = fresh[tid].key;
+            if (mine != 0ull) {
+                const unsigned at = walk_count_above(beam, nb, mine);
+                bool repeat = at < nb && beam[at].key == mine;
+                for (unsigned i = 0; i < tid && !repeat; ++i) {
+                    repeat = fresh[i].key == mine;
+                }
+                if (repeat) {
+                    mine = 0ull;
+                }
+            }
+        }
+        __syncthreads();
+        if (tid < nf) {
+            fresh[tid].key = mine;
+        }
+        __syncthreads();
+        const unsigned nv = __syncthreads_count(mine != 0ull);
+        if (mine != 0ull) {
+            unsigned rank = 0;
+            for (unsigned i = 0; i < nf; ++i) {
+                rank += fresh[i].key > mine ? 1u : 0u;
+            }
+            sorted[rank] = fresh[tid];
+        }
+        __syncthreads();
+        // Merge beam and sorted neighbours into the spare buffer.
+        for (unsigned i = tid; i < nb; i += WALK_THREADS) {
+            spare[i + walk_count_above(sorted, nv, beam[i].key)] = beam[i];
+        }
+        for (unsigned j = tid; j < nv; j += WALK_THREADS) {
+            spare[j + walk_count_above(beam, nb, sorted[j].key)] = sorted[j];
+        }
+        const unsigned total = nb + nv;
+        if (tid == 0) {
+            s_first = total;
+        }
+        __syncthreads();
+        // Cut after the ef-th allowed node.
+        unsigned cut = total;
+        unsigned long long new_worst = 0ull;
+        if (allow == nullptr) {
+            if (total >= ef) {
+                cut = ef;
+                new_worst = spare[ef - 1u].key;
+            }
+        } else {
+            const unsigned seg = (total + WALK_THREADS - 1u) / WALK_THREADS;
+            const unsigned lo = min(tid * seg, total);
+            const unsigned hi = min(lo + seg, total);
+            unsigned c = 0;
+            for (unsigned i = lo; i < hi; ++i) {
+                c += (spare[i].flags & WALK_ALLOWED) ? 1u : 0u;
+            }
+            const unsigned before = walk_block_scan(c, s_warp, &s_total);
+            if (before < ef && before + c >= ef) {
+                unsigned a = before;
+                for (unsigned i = lo; i < hi; ++i) {
+                    if (spare[i].flags & WALK_ALLOWED) {
+                        if (++a == ef) {
+                            s_nb = i + 1u;
+                            s_worst = spare[i].key;
+                        }
+                    }
+                }
+            }
+            if (tid == 0 && s_total < ef) {
+                s_nb = total;
+                s_worst = 0ull;
+            }
+            __syncthreads();
+            cut = s_nb;
+            new_worst = s_worst;
+            if (cut > cap) {
+                if (tid == 0) {
+                    s_overflow = 1u;
+                }
+                cut = cap;
+            }
+        }
+        for (unsigned i = tid; i < cut; i += WALK_THREADS) {
+            if ((spare[i].flags & WALK_EXPANDED) == 0u) {
+                atomicMin(&s_first, i);
+            }
+        }
+        WalkEntry* t = beam;
+        beam = spare;
+        spare = t;
+        __syncthreads();
+        if (tid == 0) {
+            s_nb = cut;
+            s_worst = new_worst;
+        }
+        __syncthreads();
+    }
+
+    // The first `want` allowed nodes of the beam, best first.
+    const unsigned nb = s_nb;
+    TopkNeighbor* row = out + q * want;
+    if (allow == nullptr) {
+        for (unsigned i = tid; i < want && i < nb; i += WALK_THREADS) {
+            row[i].index = topk_key_index(beam[i].key);
+            row[i].score = beam[i].score;
+        }
+        if (tid == 0) {
+            status[q] = s_overflow ? WALK_STATUS_OVERFLOW
+                                   : (nb < want ? WALK_STATUS_SHORT : WALK_STATUS_OK);
+        }
+    } else if (tid == 0) {
+        unsigned got = 0;
+        for (unsigned i = 0; i < nb && got < want; ++i) {
+            if (beam[i].flags & WALK_ALLOWED) {
+                row[got].index = topk_key_index(beam[i].key);
+                row[got].score = beam[i].score;
+                ++got;
+            }
+        }
+        status[q] = s_overflow ? WALK_STATUS_OVERFLOW
+                               : (got < want ? WALK_STATUS_SHORT : WALK_STATUS_OK);
+    }
+}
+
+#define TOPK_WALK_KERNEL(NAME, METRIC)                                                        \
+    extern "C" __global__ void __launch_bounds__(WALK_THREADS) topk_walk_##NAME(              \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,        \
+        const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,  \
+        const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off,           \
+        unsigned m, unsigned entry, unsigned top, const unsigned* __restrict__ allow,         \
+        unsigned ef, unsigned want, unsigned cap, unsigned mask,                              \
+        TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {                      \
+        walk_query<METRIC>(corpus, rnorm, d, queries, layer0, m0, upper, upper_off, m, entry, \
+                           top, allow, ef, want, cap, mask, out, status);                     \
+    }
+
+TOPK_WALK_KERNEL(dot, TOPK_DOT)
+TOPK_WALK_KERNEL(cosine, TOPK_COSINE)
+TOPK_WALK_KERNEL(l2, TOPK_L2)
