@@ -33,10 +33,10 @@
 // CPU path, which gives the same answer an OK walk would.
 #include "common.cuh"
 
-#define WALK_THREADS 128
+#define WALK_THREADS 256
 #define WALK_WARPS (WALK_THREADS / TOPK_WARP)
-// Largest layer-0 degree (m0) and upper-layer degree (m) the kernel takes:
-// one neighbour per thread.
+// Largest layer-0 degree (m0) and upper-layer degree (m) the kernel takes
+// (at most one neighbour per thread when a list is read).
 #define WALK_MAX_DEGREE 128
 #define WALK_EXPANDED 1u
 #define WALK_ALLOWED 2u
@@ -47,6 +47,9 @@
 #define WALK_EMPTY 0xffffffffu
 // Slots probed before a node is taken as unseen.
 #define WALK_PROBES 8
+// Rows a warp scores at once, their canonical chains interleaved so that
+// their loads are in flight together.
+#define WALK_ROWS_PER_WARP 4
 
 // One node of the beam: its ranking key (§3; 0 marks no node, as no id
 // reaches 2^32 - 1), its score as computed, and the WALK_* flags.
@@ -129,6 +132,38 @@ __device__ __forceinline__ float walk_score(const float* qs, const float* __rest
     return topk_warp_score<METRIC>(qs, corpus + (size_t)row * d, d, qn, rn, lane);
 }
 
+// The canonical scores of rows ids[0..count) (count <= WALK_ROWS_PER_WARP)
+// by one whole warp: each row's chain is topk_warp_score's (lane j adds
+// d = j, j+32, ... in order, then the butterfly and the finish), the chains
+// of the rows interleaved step by step. Slots past count repeat the last row.
+template <int METRIC>
+__device__ __forceinline__ void walk_score_rows(const float* qs, const float* __restrict__ corpus,
+                                                const float* __restrict__ rnorm, unsigned d,
+                                                float qn, const unsigned* ids, unsigned count,
+                                                unsigned lane,
+                                                float (&out)[WALK_ROWS_PER_WARP]) {
+    const float* rows[WALK_ROWS_PER_WARP];
+    float p[WALK_ROWS_PER_WARP];
+#pragma unroll
+    for (int r = 0; r < WALK_ROWS_PER_WARP; ++r) {
+        rows[r] = corpus + (size_t)ids[min((unsigned)r, count - 1u)] * d;
+        p[r] = 0.0f;
+    }
+    for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
+        const float q = qs[dd];
+#pragma unroll
+        for (int r = 0; r < WALK_ROWS_PER_WARP; ++r) {
+            p[r] = topk_step<METRIC>(q, __ldg(rows[r] + dd), p[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < WALK_ROWS_PER_WARP; ++r) {
+        const unsigned row = ids[min((unsigned)r, count - 1u)];
+        const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
+        out[r] = topk_finish<METRIC>(topk_butterfly(p[r]), qn, rn);
+    }
+}
+
 // The walk of query blockIdx.x. Dynamic shared memory, in order: the query
 // (d floats, rounded up to 16 bytes), two beam buffers of cap + WALK_MAX_DEGREE
 // entries, the scored and the sorted neighbours (WALK_MAX_DEGREE entries
@@ -198,12 +233,20 @@ __device__ __forceinline__ void walk_query(
             const unsigned cur = topk_key_index(s_cur.key);
             const unsigned* list = upper + upper_off[cur] + (size_t)(level - 1u) * (1u + m);
             const unsigned cnt = min(list[0], m);
-            for (unsigned j = warp; j < cnt; j += WALK_WARPS) {
-                const unsigned id = list[1 + j];
-                const float s = walk_score<METRIC>(qs, corpus, rnorm, d, qn, id, lane);
+            if (tid < cnt) {
+                fresh_ids[tid] = list[1 + tid];
+            }
+            __syncthreads();
+            for (unsigned base = warp * WALK_ROWS_PER_WARP; base < cnt;
+                 base += WALK_WARPS * WALK_ROWS_PER_WARP) {
+                const unsigned c = min(cnt - base, (unsigned)WALK_ROWS_PER_WARP);
+                float s[WALK_ROWS_PER_WARP];
+                walk_score_rows<METRIC>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
                 if (lane == 0) {
-                    fresh[j].key = topk_rank_key(s, id);
-                    fresh[j].score = s;
+                    for (unsigned r = 0; r < c; ++r) {
+                        fresh[base + r].key = topk_rank_key(s[r], fresh_ids[base + r]);
+                        fresh[base + r].score = s[r];
+                    }
                 }
             }
             __syncthreads();
@@ -265,14 +308,23 @@ __device__ __forceinline__ void walk_query(
         __syncthreads();
         const unsigned nf = s_fresh;
         const unsigned long long worst = s_worst;
-        for (unsigned j = warp; j < nf; j += WALK_WARPS) {
-            const unsigned id = fresh_ids[j];
-            const float s = walk_score<METRIC>(qs, corpus, rnorm, d, qn, id, lane);
-            if (lane == 0) {
-                const unsigned long long key = topk_rank_key(s, id);
+        for (unsigned base = warp * WALK_ROWS_PER_WARP; base < nf;
+             base += WALK_WARPS * WALK_ROWS_PER_WARP) {
+            const unsigned c = min(nf - base, (unsigned)WALK_ROWS_PER_WARP);
+            float s[WALK_ROWS_PER_WARP];
+            walk_score_rows<METRIC>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
+            if (lane < c) {
+                const unsigned j = base + lane;
+                const unsigned id = fresh_ids[j];
+                float sj = s[0];
+#pragma unroll
+                for (int r = 1; r < WALK_ROWS_PER_WARP; ++r) {
+                    sj = (lane == (unsigned)r) ? s[r] : sj;
+                }
+                const unsigned long long key = topk_rank_key(sj, id);
                 // Below the ef-th allowed node: it could never enter the beam.
                 fresh[j].key = (worst == 0ull || key > worst) ? key : 0ull;
-                fresh[j].score = s;
+                fresh[j].score = sj;
                 fresh[j].flags = walk_allowed(allow, id) ? WALK_ALLOWED : 0u;
             }
         }

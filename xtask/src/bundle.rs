@@ -382,8 +382,15 @@ if only demo && [ -x "$B/bin/topk_demo" ]; then
 fi
 
 # ---- HNSW: CPU vs GPU-batched distances, 1/10/100 queries in flight -------------
-if only hnsw && [ -x "$B/bin/hnsw_gpu_probe" ]; then
-  step "hnsw_gpu_probe" "$O/hnsw-probe.log" sh -c "\"$B/bin/hnsw_gpu_probe\" ${{HNSW_PROBE_ARGS:-}} > \"$O/hnsw-probe.jsonl\""
+
+# ---- GPU graph search sweep (about 8 minutes): only when SECTIONS names graph-sweep
+# GPU graph search, CPU HNSW and the exact engine side by side; the MiniLM set
+# too when MINILM_DIR names its folder. Writes raw.jsonl, table.md, plots.
+if [[ ",${{SECTIONS:-}}," == *",graph-sweep,"* ]] && [ -x "$B/bin/graph_sweep" ]; then
+  mkdir -p "$O/graph-sweep"
+  GS_MINILM=""
+  if [ -n "${{MINILM_DIR:-}}" ] && [ -d "$MINILM_DIR" ]; then GS_MINILM="--minilm \"$MINILM_DIR\""; fi
+  step "graph_sweep" "$O/graph-sweep/graph-sweep.log" sh -c "\"$B/bin/graph_sweep\" --out \"$O/graph-sweep\" $GS_MINILM ${{GRAPH_SWEEP_ARGS:-}}"
 fi
 
 # ---- benchmark campaign (filled in by bench/gpu/campaign.sh when present) -------

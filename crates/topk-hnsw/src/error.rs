@@ -124,6 +124,13 @@ pub enum HnswError {
     },
 
     // ---- distance backends ------------------------------------------------
+    /// An exact kNN source ([`crate::KnnSource`]) returned an answer that
+    /// cannot be the exact top-k of this corpus.
+    #[error("exact kNN source: {what}")]
+    KnnSource {
+        /// What was wrong, with the offending values.
+        what: String,
+    },
     /// A graph uploaded with `Hnsw::upload_graph` was searched through an
     /// index it was not uploaded from, or after the index changed.
     #[error("the GPU graph was uploaded from another index or before an insertion: upload it again (and rebuild the engine if rows changed)")]
@@ -136,14 +143,8 @@ pub enum HnswError {
         /// What the index expects.
         index: String,
     },
-    /// The batched GPU search lost a query's walk.
-    #[error("batched GPU search: {what}")]
-    GpuBatch {
-        /// What went wrong.
-        what: String,
-    },
-    /// The GPU distance path failed.
-    #[error("GPU distance path: {source}")]
+    /// The GPU engine failed (device, driver, memory or input errors).
+    #[error("GPU: {source}")]
     Gpu {
         /// The GPU backend's error.
         #[source]

@@ -79,7 +79,9 @@ impl Layout {
         self.upper_len
     }
 
-    /// Per node, the start of its first upper-layer block.
+    /// Per node, the start of its first upper-layer block (what the GPU
+    /// walk's upload sends).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn upper_offsets(&self) -> &[usize] {
         &self.upper_offset
     }

@@ -334,7 +334,7 @@ impl Hnsw {
             .collect()
     }
 
-    /// The search proper, for any scorer (CPU or GPU-batched), over the live
+    /// The search proper, for any scorer, over the live
     /// rows: [`Hnsw::walk`] with deleted slots disallowed.
     pub(crate) fn search_scored<F: Scorer>(
         &self,

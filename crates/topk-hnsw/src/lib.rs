@@ -50,25 +50,27 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! With the `cuda` feature, `Hnsw::build_gpu`, `Hnsw::search_gpu` and
-//! `Hnsw::search_batch_gpu` score each expansion's neighbours on the GPU
-//! (topk-cuda's resident corpus) with the same results as the CPU path.
+//! With the `cuda` feature, `Hnsw::upload_graph` + `Hnsw::search_graph_gpu`
+//! run every query's whole walk on the GPU, one block per query and one
+//! launch per batch, with the CPU walk's answers bit for bit
+//! (docs/CONTRACTS.md §13); `Hnsw::build_knn_gpu` builds a graph from the
+//! exact GPU engine's kNN graph.
 //!
 //! `ef` below `k` is raised to `k`; `ef = 0`, `m < 2` and
 //! `ef_construction = 0` are [`HnswError::InvalidParameter`].
 
-// Without the GPU engine only the tests drive the in-flight machinery.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-mod batched;
 mod build;
 mod error;
 mod filter;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
+mod gpu_build;
+#[cfg(feature = "cuda")]
 mod gpu_walk;
 mod graph;
 mod index;
+mod knn_build;
 mod lifecycle;
 mod params;
 mod persist;
@@ -82,6 +84,9 @@ pub use filter::SlotFilter;
 #[cfg(feature = "cuda")]
 pub use gpu_walk::{GpuGraph, GpuWalkCounts};
 pub use index::{GraphStats, Hnsw, DEFAULT_FILTER_WALK_COST};
+pub use knn_build::{KnnSource, EARLY_NODES, KNN_BATCH_ROWS, MAX_KNN_CANDIDATES};
+#[cfg(feature = "cuda")]
+pub use gpu_build::GPU_LAYER_MIN_ROWS;
 pub use params::{HnswParams, SplitMix64, MAX_LEVEL, MAX_M};
 pub use persist::{FORMAT_VERSION, MAGIC};
 pub use recall::recall_at_k;

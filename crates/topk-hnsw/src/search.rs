@@ -2,12 +2,13 @@
 //! `ef`-wide beam search of one layer (Malkov & Yashunin, Algorithms 2 and 5).
 //!
 //! Both walks expand a node by first collecting its unvisited neighbours and
-//! then scoring them in one call to a [`Scorer`]. The CPU scorer loops over
-//! the batch with prefetching; the GPU scorer sends the whole batch in one
-//! launch. Everything that decides the walk (visited set, candidate order,
-//! admission to the beam) happens here on the host, on canonical scores and
-//! the §3 ranking key, so any two scorers that return the same bits walk the
-//! same path and build the same graph.
+//! then scoring them in one call to a [`Scorer`] (the CPU scorer loops over
+//! the batch with prefetching). Everything that decides the walk (visited
+//! set, candidate order, admission to the beam) is decided on canonical
+//! scores and the §3 ranking key, so any two scorers that return the same
+//! bits walk the same path and build the same graph. The GPU graph search
+//! (`kernels/walk.cu`) restates `search_layer` without an unbounded heap
+//! and expands the same nodes in the same order (docs/CONTRACTS.md §13).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

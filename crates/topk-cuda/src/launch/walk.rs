@@ -12,7 +12,7 @@ use crate::error::CudaError;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
 
 /// Threads per block of the walk (`WALK_THREADS`).
-pub(crate) const WALK_THREADS: u32 = 128;
+pub(crate) const WALK_THREADS: u32 = 256;
 /// Bytes of one beam entry (`WalkEntry`).
 const ENTRY_BYTES: usize = 16;
 
