@@ -82,11 +82,11 @@ mod vectors;
 pub use error::{HnswError, Result};
 pub use filter::SlotFilter;
 #[cfg(feature = "cuda")]
+pub use gpu_build::GPU_LAYER_MIN_ROWS;
+#[cfg(feature = "cuda")]
 pub use gpu_walk::{GpuGraph, GpuWalkCounts};
 pub use index::{GraphStats, Hnsw, DEFAULT_FILTER_WALK_COST};
 pub use knn_build::{KnnSource, EARLY_NODES, KNN_BATCH_ROWS, MAX_KNN_CANDIDATES};
-#[cfg(feature = "cuda")]
-pub use gpu_build::GPU_LAYER_MIN_ROWS;
 pub use params::{HnswParams, SplitMix64, MAX_LEVEL, MAX_M};
 pub use persist::{FORMAT_VERSION, MAGIC};
 pub use recall::recall_at_k;
