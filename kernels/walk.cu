@@ -50,6 +50,8 @@
 // Rows a warp scores at once, their canonical chains interleaved so that
 // their loads are in flight together.
 #define WALK_ROWS_PER_WARP 4
+// Steps of 32 values per lane whose loads are issued before their additions.
+#define WALK_LOAD_STEPS 8
 
 // One node of the beam: its ranking key (§3; 0 marks no node, as no id
 // reaches 2^32 - 1), its score as computed, and the WALK_* flags.
@@ -149,11 +151,29 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
         rows[r] = corpus + (size_t)ids[min((unsigned)r, count - 1u)] * d;
         p[r] = 0.0f;
     }
-    for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
-        const float q = qs[dd];
+    // Loads run WALK_LOAD_STEPS steps ahead of the arithmetic, so that a
+    // row costs a round trip to memory per WALK_LOAD_STEPS * 32 values
+    // rather than per 32; each row's additions keep the canonical order.
+    for (unsigned base = lane; base < d; base += WALK_LOAD_STEPS * TOPK_WARP) {
+        float v[WALK_LOAD_STEPS][WALK_ROWS_PER_WARP];
 #pragma unroll
-        for (int r = 0; r < WALK_ROWS_PER_WARP; ++r) {
-            p[r] = topk_step<METRIC>(q, __ldg(rows[r] + dd), p[r]);
+        for (int u = 0; u < WALK_LOAD_STEPS; ++u) {
+            const unsigned dd = base + u * TOPK_WARP;
+#pragma unroll
+            for (int r = 0; r < WALK_ROWS_PER_WARP; ++r) {
+                v[u][r] = dd < d ? __ldg(rows[r] + dd) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < WALK_LOAD_STEPS; ++u) {
+            const unsigned dd = base + u * TOPK_WARP;
+            if (dd < d) {
+                const float q = qs[dd];
+#pragma unroll
+                for (int r = 0; r < WALK_ROWS_PER_WARP; ++r) {
+                    p[r] = topk_step<METRIC>(q, v[u][r], p[r]);
+                }
+            }
         }
     }
 #pragma unroll
@@ -232,9 +252,10 @@ __device__ __forceinline__ void walk_query(
         for (;;) {
             const unsigned cur = topk_key_index(s_cur.key);
             const unsigned* list = upper + upper_off[cur] + (size_t)(level - 1u) * (1u + m);
+            const unsigned slot = tid < m ? list[1 + tid] : 0u;
             const unsigned cnt = min(list[0], m);
             if (tid < cnt) {
-                fresh_ids[tid] = list[1 + tid];
+                fresh_ids[tid] = slot;
             }
             __syncthreads();
             for (unsigned base = warp * WALK_ROWS_PER_WARP; base < cnt;
@@ -298,11 +319,13 @@ __device__ __forceinline__ void walk_query(
         }
         __syncthreads();
         const unsigned* list = layer0 + (size_t)node * (1u + m0);
+        // The count and the slots are read together (every slot of the
+        // block is in the graph), saving a round trip per expansion.
+        const unsigned slot = tid < m0 ? list[1 + tid] : 0u;
         const unsigned cnt = min(list[0], m0);
         if (tid < cnt) {
-            const unsigned id = list[1 + tid];
-            if (walk_visit(seen, mask, id)) {
-                fresh_ids[atomicAdd(&s_fresh, 1u)] = id;
+            if (walk_visit(seen, mask, slot)) {
+                fresh_ids[atomicAdd(&s_fresh, 1u)] = slot;
             }
         }
         __syncthreads();

@@ -253,3 +253,32 @@ proptest! {
         assert_same(&index, &gpu, &queries, dim, k.min(n), ef);
     }
 }
+
+/// A small case for the sanitizers (memcheck, racecheck): every metric,
+/// unfiltered and filtered walks over a few hundred rows.
+#[test]
+fn small_walks_match_the_cpu() {
+    let Some(()) = gpu_or_skip() else { return };
+    let dim = 20;
+    let n = 600;
+    let data = synth::gaussian_clusters(n, dim, 6, 0.5, 21);
+    let queries = synth::cluster_queries(24, dim, 6, 0.5, 22);
+    let qs = ArrayView2::from_shape((24, dim), &queries[..]).unwrap();
+    let filter = SlotFilter::from_fn(n, |s| s % 3 != 0);
+    for metric in Metric::ALL {
+        let gpu = engine(&data, dim, metric);
+        let index = Hnsw::build(&data, dim, metric, params(8, 4)).unwrap();
+        assert_same(&index, &gpu, &queries, dim, 10, 40);
+        let g = index.upload_graph(&gpu).unwrap();
+        let got = index
+            .search_graph_gpu_filtered(&g, qs, 10, 40, &filter)
+            .unwrap();
+        for (i, (q, r)) in queries.chunks(dim).zip(&got).enumerate() {
+            let mut want = Vec::new();
+            index
+                .search_filtered_with_ef(q, 10, 40, &filter, &mut want)
+                .unwrap();
+            assert_eq!(bits(r), bits(&want), "{metric}: filtered query {i}");
+        }
+    }
+}
