@@ -381,7 +381,6 @@ if only demo && [ -x "$B/bin/topk_demo" ]; then
   step "topk_demo cuda = cpu" "$O/gpu-tests.log" sh -c "\"$B/bin/topk_demo\" --backend cpu --out \"$D/cpu.jsonl\" && \"$B/bin/topk_demo\" --backend cuda --out \"$D/cuda.jsonl\" && cmp \"$D/cpu.jsonl\" \"$D/cuda.jsonl\""
 fi
 
-# ---- HNSW: CPU vs GPU-batched distances, 1/10/100 queries in flight -------------
 
 # ---- GPU graph search sweep (about 8 minutes): only when SECTIONS names graph-sweep
 # GPU graph search, CPU HNSW and the exact engine side by side; the MiniLM set
