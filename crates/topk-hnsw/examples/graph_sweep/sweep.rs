@@ -12,7 +12,7 @@ use topk_hnsw::{recall_at_k, Hnsw, HnswParams};
 
 use crate::args::Args;
 use crate::data::Dataset;
-use crate::graph::{gpu_build, upload_graph};
+use crate::graph::{gpu_build, upload_graph, GraphSearcher};
 use crate::report::{failed, BuildRow, Sink, Summary};
 use crate::timing::{differ, ids, Ctx};
 use crate::{bar, spinner, AnyResult, CPU_HNSW, EXACT_GPU, GPU_GRAPH, GPU_GRAPH_GPU_BUILT, LOG};
@@ -198,47 +198,11 @@ pub(crate) fn run_dataset(
     let mut gpu_full: BTreeMap<usize, Vec<Vec<Neighbor>>> = BTreeMap::new();
     let mut gpu_built_full: BTreeMap<usize, Vec<Vec<Neighbor>>> = BTreeMap::new();
     let mut searcher = match &gpu {
-        Some(g) => {
-            let t = Instant::now();
-            match upload_graph(&index, g) {
-                Ok(s) => {
-                    sink.emit(&json!({"what": "graph_upload", "dataset": ds.name, "graph": "cpu-built", "seconds": t.elapsed().as_secs_f64()}))?;
-                    Some(s)
-                }
-                Err(e) => {
-                    failed(
-                        sink,
-                        &mut sum,
-                        &ds.name,
-                        "graph upload (CPU-built graph)",
-                        &e,
-                    )?;
-                    None
-                }
-            }
-        }
+        Some(g) => timed_upload(&index, g, "CPU-built", ds, sink, &mut sum)?,
         None => None,
     };
     let mut searcher_gpu_built = match (&gpu, &gpu_index) {
-        (Some(g), Some((gi, _))) => {
-            let t = Instant::now();
-            match upload_graph(gi, g) {
-                Ok(s) => {
-                    sink.emit(&json!({"what": "graph_upload", "dataset": ds.name, "graph": "gpu-built", "seconds": t.elapsed().as_secs_f64()}))?;
-                    Some(s)
-                }
-                Err(e) => {
-                    failed(
-                        sink,
-                        &mut sum,
-                        &ds.name,
-                        "graph upload (GPU-built graph)",
-                        &e,
-                    )?;
-                    None
-                }
-            }
-        }
+        (Some(g), Some((gi, _))) => timed_upload(gi, g, "GPU-built", ds, sink, &mut sum)?,
         _ => None,
     };
     if let Some(s) = &searcher {
@@ -382,4 +346,34 @@ pub(crate) fn run_dataset(
     }
     pb.finish_and_clear();
     Ok(sum)
+}
+
+/// Uploads `index`'s graph (`label`: which build made it) next to `gpu`'s
+/// corpus, recording the time, or the failure, after which the sweep goes
+/// on without that searcher.
+fn timed_upload<'a>(
+    index: &'a Hnsw,
+    gpu: &'a CudaRetriever,
+    label: &str,
+    ds: &Dataset,
+    sink: &mut Sink,
+    sum: &mut Summary,
+) -> AnyResult<Option<GraphSearcher<'a>>> {
+    let t = Instant::now();
+    match upload_graph(index, gpu) {
+        Ok(s) => {
+            sink.emit(&json!({"what": "graph_upload", "dataset": ds.name, "graph": label.to_lowercase(), "seconds": t.elapsed().as_secs_f64()}))?;
+            Ok(Some(s))
+        }
+        Err(e) => {
+            failed(
+                sink,
+                sum,
+                &ds.name,
+                &format!("graph upload ({label} graph)"),
+                &e,
+            )?;
+            Ok(None)
+        }
+    }
 }
