@@ -282,3 +282,27 @@ fn small_walks_match_the_cpu() {
         }
     }
 }
+
+/// More queries than one launch takes (65,536): the batch is walked in
+/// launches of that size and every answer is still the CPU walk's.
+#[test]
+fn batches_past_one_launch_match_the_cpu() {
+    let Some(()) = gpu_or_skip() else { return };
+    let dim = 8;
+    let data = synth::gaussian_clusters(2_000, dim, 10, 0.5, 31);
+    let nq = 70_001;
+    let queries = synth::cluster_queries(nq, dim, 10, 0.5, 32);
+    let gpu = engine(&data, dim, Metric::Cosine);
+    let index = Hnsw::build(&data, dim, Metric::Cosine, params(6, 3)).unwrap();
+    let qs = ArrayView2::from_shape((nq, dim), &queries[..]).unwrap();
+    let g = index.upload_graph(&gpu).unwrap();
+    let (got, counts) = index.search_graph_gpu_counted(&g, qs, 5, 24, None).unwrap();
+    assert_eq!(counts.device, nq);
+    let want = index.search_batch_with_ef(qs, 5, 24).unwrap();
+    let differ = got
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| bits(a) != bits(b))
+        .count();
+    assert_eq!(differ, 0, "{differ} of {nq} queries differ");
+}
