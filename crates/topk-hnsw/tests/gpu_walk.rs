@@ -306,3 +306,32 @@ fn batches_past_one_launch_match_the_cpu() {
         .count();
     assert_eq!(differ, 0, "{differ} of {nq} queries differ");
 }
+
+/// Index files are interchangeable: a graph built on the GPU (`build_knn_gpu`)
+/// or on the CPU, saved and loaded, is walked on the device with the answers
+/// the CPU walk gives on the original index.
+#[test]
+fn saved_and_loaded_graphs_walk_the_same() {
+    let Some(()) = gpu_or_skip() else { return };
+    let dim = 24;
+    let data = synth::gaussian_clusters(3_000, dim, 12, 0.5, 41);
+    let queries = synth::cluster_queries(100, dim, 12, 0.5, 42);
+    let qs = ArrayView2::from_shape((100, dim), &queries[..]).unwrap();
+    let gpu = engine(&data, dim, Metric::Dot);
+    let dir = tempfile::tempdir().unwrap();
+    let built = [
+        Hnsw::build(&data, dim, Metric::Dot, params(8, 6)).unwrap(),
+        Hnsw::build_knn_gpu(&data, dim, Metric::Dot, params(8, 6), &gpu).unwrap(),
+    ];
+    for (i, index) in built.iter().enumerate() {
+        let path = dir.path().join(format!("g{i}.hnsw"));
+        index.save(&path).unwrap();
+        let loaded = Hnsw::load(&path).unwrap();
+        let g = loaded.upload_graph(&gpu).unwrap();
+        let got = loaded.search_graph_gpu(&g, qs, 10, 40).unwrap();
+        let want = index.search_batch_with_ef(qs, 10, 40).unwrap();
+        for (q, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(bits(a), bits(b), "graph {i}, query {q}");
+        }
+    }
+}
