@@ -200,24 +200,16 @@ impl Engine {
         let chunk = nq.min(WALK_CHUNK);
         let mut guard = graph.scratch.lock().unwrap_or_else(|p| p.into_inner());
         graph.ctx.make_current()?;
-        let need = (
-            chunk * d,
-            chunk * want,
-            chunk,
-            if allow.is_some() { words } else { 1 },
-        );
-        if !guard
-            .as_ref()
-            .is_some_and(|s| s.fits(need.0, need.1, need.2, need.3))
-        {
-            *guard = None;
-            *guard = Some(Scratch::new(need.0, need.1, need.2, need.3)?);
-        }
-        let sc = guard.as_mut().ok_or(CudaError::InvalidOption {
-            name: "walk scratch",
-            value: 0,
-            reason: "not allocated",
-        })?;
+        let (values, results) = (chunk * d, chunk * want);
+        let allow_words = if allow.is_some() { words } else { 1 };
+        let sc = match &mut *guard {
+            Some(s) if s.fits(values, results, chunk, allow_words) => s,
+            slot => {
+                // The old buffers go before the larger ones are allocated.
+                *slot = None;
+                slot.insert(Scratch::new(values, results, chunk, allow_words)?)
+            }
+        };
         let s = Queue::Stream(sc.stream.as_inner());
         if let Some(a) = allow {
             sc.allow_host.as_mut_slice()[..words].copy_from_slice(a);

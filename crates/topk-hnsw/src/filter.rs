@@ -105,6 +105,24 @@ impl SlotFilter {
         })
     }
 
+    /// The device walk's allow-list: one bit per slot below `n` (bit
+    /// `s % 32` of word `s / 32`), set for the slots of `keep` (every slot
+    /// when `None`) that are not in `minus`; word by word, not slot by slot.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn allow_bits(n: usize, keep: Option<&SlotFilter>, minus: &SlotFilter) -> Vec<u32> {
+        let word = |f: &SlotFilter, i: usize| f.words.get(i).copied().unwrap_or(0);
+        let mut bits = Vec::with_capacity(n.div_ceil(64) * 2);
+        for i in 0..n.div_ceil(64) {
+            let mut w = keep.map_or(u64::MAX, |f| word(f, i)) & !word(minus, i);
+            if i == n / 64 {
+                w &= (1u64 << (n % 64)) - 1;
+            }
+            bits.extend([w as u32, (w >> 32) as u32]);
+        }
+        bits.truncate(n.div_ceil(32));
+        bits
+    }
+
     /// Number of slots below `n` in `self` and not in `minus`.
     pub(crate) fn count_below_minus(&self, n: usize, minus: &SlotFilter) -> usize {
         let full = n / 64;
@@ -147,6 +165,24 @@ mod tests {
             let even = SlotFilter::from_fn(n, |s| s % 2 == 0);
             assert_eq!(even.count(), n.div_ceil(2));
             assert_eq!(even, (0..n as u32).step_by(2).collect());
+        }
+    }
+
+    #[test]
+    fn allow_bits_are_the_kept_slots_minus_the_removed_ones() {
+        for n in [1usize, 31, 32, 33, 63, 64, 65, 130, 200] {
+            let keep = SlotFilter::from_fn(n + 70, |s| s % 3 != 1);
+            let minus = SlotFilter::from_fn(n + 5, |s| s % 5 == 0);
+            for k in [None, Some(&keep)] {
+                let bits = SlotFilter::allow_bits(n, k, &minus);
+                assert_eq!(bits.len(), n.div_ceil(32), "n {n}");
+                for s in 0..bits.len() as u32 * 32 {
+                    let want =
+                        (s as usize) < n && k.is_none_or(|f| f.contains(s)) && !minus.contains(s);
+                    let got = bits[(s / 32) as usize] >> (s % 32) & 1 == 1;
+                    assert_eq!(got, want, "n {n}, slot {s}, filter {}", k.is_some());
+                }
+            }
         }
     }
 

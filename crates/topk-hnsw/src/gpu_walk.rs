@@ -146,13 +146,11 @@ impl Hnsw {
         let (allowed, allow) = match filter {
             Some(f) => (
                 f.count_below_minus(n, &self.deleted),
-                Some(allow_words(n, |s| {
-                    f.contains(s) && !self.deleted.contains(s)
-                })),
+                Some(SlotFilter::allow_bits(n, Some(f), &self.deleted)),
             ),
             None if self.deleted_count > 0 => (
                 self.live_len(),
-                Some(allow_words(n, |s| !self.deleted.contains(s))),
+                Some(SlotFilter::allow_bits(n, None, &self.deleted)),
             ),
             None => (n, None),
         };
@@ -167,7 +165,7 @@ impl Hnsw {
             }
             Ok(out)
         };
-        if want == 0 || self.walks_on_host(allowed, ef) {
+        if want == 0 || self.scores_directly(allowed, ef) {
             let hits = (0..nq)
                 .into_par_iter()
                 .map(host_one)
@@ -215,25 +213,4 @@ impl Hnsw {
         };
         Ok((results, counts))
     }
-
-    /// Whether the CPU path would score rows directly instead of walking
-    /// (the first rule of `Hnsw::walk`).
-    fn walks_on_host(&self, allowed: usize, ef: usize) -> bool {
-        let n = self.vectors.len();
-        let (a, e, nodes) = (allowed as f64, ef as f64, n as f64);
-        let switches = allowed < n || self.walk_cost == f64::INFINITY;
-        ef >= n || (switches && a * a <= self.walk_cost * e * nodes)
-    }
-}
-
-/// One bit per slot below `n` (bit `s % 32` of word `s / 32`), set where
-/// `allow` holds.
-fn allow_words(n: usize, allow: impl Fn(u32) -> bool) -> Vec<u32> {
-    let mut words = vec![0u32; n.div_ceil(32)];
-    for s in 0..n as u32 {
-        if allow(s) {
-            words[(s / 32) as usize] |= 1 << (s % 32);
-        }
-    }
-    words
 }

@@ -383,12 +383,7 @@ impl Hnsw {
         if want == 0 {
             return Ok(());
         }
-        let (a, e, nodes) = (allowed as f64, ef as f64, n as f64);
-        // Only a search that excludes rows switches: an unfiltered search of
-        // an index without deletions walks whatever its size, as it always
-        // has, unless the walk cost is infinite ("always exact").
-        let switches = allowed < n || self.walk_cost == f64::INFINITY;
-        if ef >= n || (switches && a * a <= self.walk_cost * e * nodes) {
+        if self.scores_directly(allowed, ef) {
             sc.sorted.clear();
             let ids = allow.slots(n);
             return score_all_into(scorer, &ids, &mut sc.sorted, want, out);
@@ -417,6 +412,20 @@ impl Hnsw {
         sc.sort_results();
         out.extend(sc.sorted.iter().take(want).map(|c| c.neighbor()));
         Ok(())
+    }
+
+    /// Whether a search of beam width `ef` (already raised to `k`) over
+    /// `allowed` rows scores the allowed rows instead of walking: a beam at
+    /// least as wide as the graph, or an allowed set small enough that
+    /// scoring it is cheaper ([`DEFAULT_FILTER_WALK_COST`]).
+    pub(crate) fn scores_directly(&self, allowed: usize, ef: usize) -> bool {
+        let n = self.vectors.len();
+        let (a, e, nodes) = (allowed as f64, ef as f64, n as f64);
+        // Only a search that excludes rows switches: an unfiltered search of
+        // an index without deletions walks whatever its size, as it always
+        // has, unless the walk cost is infinite ("always exact").
+        let switches = allowed < n || self.walk_cost == f64::INFINITY;
+        ef >= n || (switches && a * a <= self.walk_cost * e * nodes)
     }
 }
 
