@@ -269,39 +269,25 @@ pub(crate) fn run_dataset(
     );
     for &b in &batches {
         for &ef in &a.ef {
-            if let Some(s) = &searcher {
-                pb.set_message(format!("{GPU_GRAPH} b={b} ef={ef}"));
-                let full = gpu_full.get(&ef).map_or(&[][..], |v| v.as_slice());
-                let mut f = |lo: usize, hi: usize| s.search(qv.slice(s![lo..hi, ..]), k, ef);
-                cx.point(
-                    sink,
-                    &mut sum,
-                    GPU_GRAPH,
-                    b,
-                    Some(ef),
-                    full,
-                    Some(s),
-                    &mut f,
-                )?;
-                pb.inc(1);
-            }
-            if let Some(s) = searcher_gpu_built
-                .as_ref()
-                .filter(|_| b == b_max || b == b_min)
-            {
-                pb.set_message(format!("{GPU_GRAPH_GPU_BUILT} b={b} ef={ef}"));
-                let full = gpu_built_full.get(&ef).map_or(&[][..], |v| v.as_slice());
-                let mut f = |lo: usize, hi: usize| s.search(qv.slice(s![lo..hi, ..]), k, ef);
-                cx.point(
-                    sink,
-                    &mut sum,
+            // The GPU walk of the CPU-built graph at every batch size, of the
+            // GPU-built graph at the smallest and largest.
+            let walks = [
+                (GPU_GRAPH, searcher.as_ref(), &gpu_full, true),
+                (
                     GPU_GRAPH_GPU_BUILT,
-                    b,
-                    Some(ef),
-                    full,
-                    Some(s),
-                    &mut f,
-                )?;
+                    searcher_gpu_built.as_ref(),
+                    &gpu_built_full,
+                    b == b_max || b == b_min,
+                ),
+            ];
+            for (name, searcher, full, here) in walks {
+                let Some(s) = searcher.filter(|_| here) else {
+                    continue;
+                };
+                pb.set_message(format!("{name} b={b} ef={ef}"));
+                let full = full.get(&ef).map_or(&[][..], |v| v.as_slice());
+                let mut f = |lo: usize, hi: usize| s.search(qv.slice(s![lo..hi, ..]), k, ef);
+                cx.point(sink, &mut sum, name, b, Some(ef), full, Some(s), &mut f)?;
                 pb.inc(1);
             }
             pb.set_message(format!("{CPU_HNSW} b={b} ef={ef}"));
