@@ -99,6 +99,25 @@ pub enum Error {
         max: usize,
     },
 
+    /// A finite value too large for the corpus's storage type: it would be
+    /// stored as an infinity (docs/CONTRACTS.md §14).
+    #[error(
+        "value {value:e} at {at}, column {column} does not fit {dtype} storage \
+         (largest finite {dtype} is {max:e}): scale the vectors down or store f32"
+    )]
+    NotRepresentable {
+        /// Row holding the value.
+        at: Located,
+        /// Column of the value.
+        column: usize,
+        /// The value given.
+        value: f32,
+        /// The storage type ("f16", "bf16").
+        dtype: crate::Dtype,
+        /// The largest finite value of that type.
+        max: f32,
+    },
+
     // ---- search parameters ---------------------------------------------
     /// K = 0 was asked for.
     #[error("invalid K = 0: ask for at least one neighbour")]

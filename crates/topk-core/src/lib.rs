@@ -11,6 +11,7 @@
 //! | [`order`] | the one ordering of results (score, then smaller index) and its 64-bit key |
 //! | [`TopK`] | a bounded selector built on that key, shared by CPU, HNSW and merges |
 //! | [`hit`] | results named by external ids ([`Hit`]), their 128-bit key, [`HitTopK`] and [`merge_hits`] (shards) |
+//! | [`storage`] | how a corpus stores its values ([`Dtype`]: f32, f16, bf16) and [`RowStore`], rows checked as stored |
 //! | [`validate`] | the input rules: shapes, finiteness, the overflow rule (norms), K, empty corpus |
 //! | [`Retriever`] | the trait generic code is written against |
 //! | [`Error`] | every way an input or a backend can fail, with the offending value |
@@ -38,6 +39,7 @@ pub mod order;
 mod retriever;
 pub mod score;
 mod select;
+pub mod storage;
 pub mod validate;
 
 pub use error::{Error, Located, Result};
@@ -47,3 +49,4 @@ pub use order::{cmp_rank, rank_key, Neighbor};
 pub use retriever::Retriever;
 pub use score::{canon_dot, canon_norm, canon_sqdist, cosine_from_parts, LANES};
 pub use select::{TopK, TopKBy};
+pub use storage::{Dtype, RowStore};

@@ -63,6 +63,13 @@ pub fn corpus_values(data: &[f32], dim: usize) -> Result<()> {
     bounded(data, dim, Located::Row)
 }
 
+/// The value rules of [`corpus`] for whole `dim`-value rows whose first row
+/// is corpus row `first_row`, so that errors name the row in the whole corpus.
+pub fn corpus_values_from(data: &[f32], dim: usize, first_row: usize) -> Result<()> {
+    check_dim(dim)?;
+    bounded(data, dim, |i| Located::Row(first_row + i))
+}
+
 /// Checks an `N × D` corpus view (any layout) by the rules of [`corpus`] and
 /// returns `(n, d)`.
 pub fn corpus_view(rows: ArrayView2<'_, f32>) -> Result<(usize, usize)> {

@@ -62,6 +62,22 @@ impl Batch<'_> {
     }
 }
 
+/// A block of corpus rows as `f32`, named by their corpus row numbers.
+struct Block<'a> {
+    rows: &'a [f32],
+    first: usize,
+    dim: usize,
+}
+
+impl Block<'_> {
+    /// Corpus row `i` (inside the block).
+    #[inline]
+    fn row(&self, i: usize) -> &[f32] {
+        let j = i - self.first;
+        &self.rows[j * self.dim..(j + 1) * self.dim]
+    }
+}
+
 impl CpuRetriever {
     /// Searches every row of a `Q × D` batch (any layout) and writes result `i`
     /// into `out[i]`; `out` ends with exactly Q entries, each holding
@@ -162,13 +178,20 @@ impl CpuRetriever {
         } else {
             (range.len(), batch.len())
         };
+        // A half-width block is widened once for all of its query blocks.
+        let mut wide = Vec::new();
+        let block = Block {
+            rows: self.corpus.rows(range.clone(), &mut wide),
+            first: range.start,
+            dim: self.dim(),
+        };
         let mut q0 = 0;
         while q0 < batch.len() {
             let q1 = (q0 + query_block).min(batch.len());
             let mut g0 = range.start;
             while g0 < range.end {
                 let g1 = (g0 + group_rows).min(range.end);
-                self.scan_group(batch, q0..q1, g0..g1, tile_rows, sels);
+                self.scan_group(batch, &block, q0..q1, g0..g1, tile_rows, sels);
                 g0 = g1;
             }
             q0 = q1;
@@ -179,6 +202,7 @@ impl CpuRetriever {
     fn scan_group(
         &self,
         batch: &Batch<'_>,
+        block: &Block<'_>,
         queries: Range<usize>,
         rows: Range<usize>,
         tile_rows: usize,
@@ -207,9 +231,9 @@ impl CpuRetriever {
             while r0 < rows.end {
                 let nr = tile_rows.min(rows.end - r0);
                 // A short tile repeats its last row; those results are ignored.
-                let mut tile: [&[f32]; MAX_TILE_ROWS] = [self.corpus.row(r0); MAX_TILE_ROWS];
+                let mut tile: [&[f32]; MAX_TILE_ROWS] = [block.row(r0); MAX_TILE_ROWS];
                 for (j, r) in tile.iter_mut().enumerate().take(tile_rows) {
-                    *r = self.corpus.row(r0 + j.min(nr - 1));
+                    *r = block.row(r0 + j.min(nr - 1));
                 }
                 self.kernels
                     .tile(sq, &tile[..tile_rows], &qs[..nq], &mut raw);

@@ -149,6 +149,12 @@ pub(crate) struct BoundNorms {
 }
 
 impl BoundNorms {
+    /// Appends the norms of `more` (the next rows).
+    pub(crate) fn extend(&mut self, more: BoundNorms) {
+        self.norm.extend(more.norm);
+        self.sq.extend(more.sq);
+    }
+
     /// The norms of every `dim`-long vector of `data`.
     pub(crate) fn of(data: &[f32], dim: usize) -> BoundNorms {
         let (norm, sq) = data
@@ -329,10 +335,12 @@ impl QueryState {
     }
 }
 
-/// One parallel piece: a state per query and its GEMM buffer.
+/// One parallel piece: a state per query, its GEMM buffer and the block of
+/// rows widened from half-width storage.
 struct Piece {
     states: Vec<QueryState>,
     buf: Vec<f32>,
+    wide: Vec<f32>,
 }
 
 /// What a certified batch did (tests read it; searches log it).
@@ -372,6 +380,7 @@ impl CpuRetriever {
             let fresh = || Piece {
                 states: vec![QueryState::new(k, cap); batch.len()],
                 buf: Vec::new(),
+                wide: Vec::new(),
             };
             (0..blocks)
                 .into_par_iter()
@@ -440,7 +449,7 @@ impl CpuRetriever {
     ) {
         let dim = self.dim();
         let nr = range.len();
-        let block = self.corpus.rows(range.clone());
+        let block = self.corpus.rows(range.clone(), &mut piece.wide);
         let mut q0 = 0;
         while q0 < batch.len() {
             let q1 = (q0 + QUERY_BLOCK).min(batch.len());

@@ -1,13 +1,24 @@
-//! The corpus as both backends hold it: one contiguous row-major buffer,
-//! validated at ingest, with cosine row norms computed once.
+//! The corpus as both backends hold it: one contiguous row-major store at
+//! its storage type (docs/CONTRACTS.md §14), validated at ingest, with cosine
+//! row norms computed once from the stored (widened) values.
+
+use std::borrow::Cow;
+use std::ops::Range;
 
 use ndarray::ArrayView2;
-use topk_core::{validate, Metric, Result};
+use topk_core::{validate, Dtype, Metric, Result, RowStore};
+
+/// Values widened per step when a pass over a half-width corpus needs it
+/// as `f32` (norms at ingest, the certified path's bound norms).
+const WIDEN_VALUES: usize = 1 << 20;
+
+/// Rows gathered per step from a strided view into a half-width store.
+const GATHER_ROWS: usize = 1024;
 
 /// An owned, validated `N × D` corpus under one metric.
 #[derive(Debug, Clone)]
 pub(crate) struct Corpus {
-    data: Vec<f32>,
+    store: RowStore,
     n: usize,
     dim: usize,
     metric: Metric,
@@ -16,52 +27,78 @@ pub(crate) struct Corpus {
 }
 
 impl Corpus {
-    /// Copies a view of any layout into row-major order.
+    /// Copies a view of any layout into row-major order, stored as `dtype`.
     pub(crate) fn from_view(
         rows: ArrayView2<'_, f32>,
         metric: Metric,
-        norms: impl FnOnce(&[f32], usize) -> Vec<f32>,
+        dtype: Dtype,
+        norms: impl Fn(&[f32], usize) -> Vec<f32>,
     ) -> Result<Self> {
-        let (n, dim) = validate::corpus_view(rows)?;
-        // `iter` walks in logical (row-major) order whatever the strides.
-        let data = match rows.as_slice() {
-            Some(s) => s.to_vec(),
-            None => rows.iter().copied().collect(),
+        let (n, dim) = rows.dim();
+        let store = if dtype == Dtype::F32 {
+            validate::corpus_view(rows)?;
+            // `iter` walks in logical (row-major) order whatever the strides.
+            let data = match rows.as_slice() {
+                Some(s) => s.to_vec(),
+                None => rows.iter().copied().collect(),
+            };
+            RowStore::from_f32(data, dim, Dtype::F32)?
+        } else {
+            // The value rules run on the values as stored (push_rows).
+            validate::corpus_shape(n.saturating_mul(dim), dim)?;
+            let mut store = RowStore::empty(dim, dtype)?;
+            store.reserve(n);
+            match rows.as_slice() {
+                Some(s) => store.push_rows(s)?,
+                None => {
+                    let mut buf = Vec::with_capacity(GATHER_ROWS * dim);
+                    for r0 in (0..n).step_by(GATHER_ROWS) {
+                        let r1 = (r0 + GATHER_ROWS).min(n);
+                        buf.clear();
+                        buf.extend(rows.slice(ndarray::s![r0..r1, ..]).iter().copied());
+                        store.push_rows(&buf)?;
+                    }
+                }
+            }
+            store
         };
-        Ok(Self::assemble(data, n, dim, metric, norms))
+        Self::from_store(store, metric, norms)
     }
 
-    /// Takes a row-major buffer of `len / dim` rows.
+    /// Takes a row-major buffer of `len / dim` rows, stored as `dtype`
+    /// (without a copy for `f32`).
     pub(crate) fn from_rowmajor(
         data: Vec<f32>,
         dim: usize,
         metric: Metric,
-        norms: impl FnOnce(&[f32], usize) -> Vec<f32>,
+        dtype: Dtype,
+        norms: impl Fn(&[f32], usize) -> Vec<f32>,
     ) -> Result<Self> {
-        let n = validate::corpus(&data, dim)?;
-        Ok(Self::assemble(data, n, dim, metric, norms))
+        Self::from_store(RowStore::from_f32(data, dim, dtype)?, metric, norms)
     }
 
-    fn assemble(
-        data: Vec<f32>,
-        n: usize,
-        dim: usize,
+    /// Takes a store whose rows were checked on the way in.
+    pub(crate) fn from_store(
+        store: RowStore,
         metric: Metric,
-        norms: impl FnOnce(&[f32], usize) -> Vec<f32>,
-    ) -> Self {
-        let norms = if metric == Metric::Cosine {
-            norms(&data, dim)
-        } else {
-            Vec::new()
-        };
-        debug_assert!(metric != Metric::Cosine || norms.len() == n);
-        Corpus {
-            data,
+        norms: impl Fn(&[f32], usize) -> Vec<f32>,
+    ) -> Result<Self> {
+        let (n, dim) = (store.len(), store.dim());
+        validate::corpus_shape(store.values(), dim)?;
+        let mut corpus = Corpus {
+            store,
             n,
             dim,
             metric,
-            norms,
+            norms: Vec::new(),
+        };
+        if metric == Metric::Cosine {
+            let mut all = Vec::with_capacity(n);
+            corpus.for_each_chunk(|_, rows| all.extend(norms(rows, dim)));
+            corpus.norms = all;
         }
+        debug_assert!(metric != Metric::Cosine || corpus.norms.len() == n);
+        Ok(corpus)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -76,21 +113,38 @@ impl Corpus {
         self.metric
     }
 
-    /// The whole row-major buffer.
-    pub(crate) fn data(&self) -> &[f32] {
-        &self.data
+    /// The stored rows.
+    pub(crate) fn store(&self) -> &RowStore {
+        &self.store
     }
 
-    /// Row `i`.
-    #[inline]
-    pub(crate) fn row(&self, i: usize) -> &[f32] {
-        &self.data[i * self.dim..(i + 1) * self.dim]
+    /// Calls `f(first_row, rows)` over the whole corpus as `f32`, in order:
+    /// one call for `f32` storage, widened chunks of about a million values
+    /// otherwise.
+    pub(crate) fn for_each_chunk(&self, mut f: impl FnMut(usize, &[f32])) {
+        if let Some(all) = self.store.as_f32() {
+            f(0, all);
+            return;
+        }
+        let step = (WIDEN_VALUES / self.dim).max(1);
+        let mut buf = Vec::new();
+        for r0 in (0..self.n).step_by(step) {
+            let r1 = (r0 + step).min(self.n);
+            f(r0, self.store.rows_f32(r0..r1, &mut buf));
+        }
     }
 
-    /// Rows `range` as one block.
+    /// Row `i` as `f32` (borrowed for `f32` storage).
     #[inline]
-    pub(crate) fn rows(&self, range: std::ops::Range<usize>) -> &[f32] {
-        &self.data[range.start * self.dim..range.end * self.dim]
+    pub(crate) fn row(&self, i: usize) -> Cow<'_, [f32]> {
+        self.store.row(i)
+    }
+
+    /// Rows `range` as one `f32` block: the stored values for `f32`,
+    /// otherwise widened into `scratch`.
+    #[inline]
+    pub(crate) fn rows<'a>(&'a self, range: Range<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+        self.store.rows_f32(range, scratch)
     }
 
     /// Norm of row `i` (0 for metrics without norms; never read there).
@@ -101,7 +155,7 @@ impl Corpus {
 
     /// Norms of rows `range` for cosine, `&[]` otherwise.
     #[inline]
-    pub(crate) fn norms(&self, range: std::ops::Range<usize>) -> &[f32] {
+    pub(crate) fn norms(&self, range: Range<usize>) -> &[f32] {
         if self.norms.is_empty() {
             &[]
         } else {

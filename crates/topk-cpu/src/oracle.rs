@@ -4,8 +4,8 @@
 
 use ndarray::ArrayView2;
 use topk_core::{
-    canon_dot, canon_norm, canon_sqdist, cmp_rank, cosine_from_parts, validate, Metric, Neighbor,
-    Result, Retriever,
+    canon_dot, canon_norm, canon_sqdist, cmp_rank, cosine_from_parts, validate, Dtype, Metric,
+    Neighbor, Result, Retriever, RowStore,
 };
 
 use crate::corpus::Corpus;
@@ -23,16 +23,34 @@ fn scalar_norms(data: &[f32], dim: usize) -> Vec<f32> {
 impl Oracle {
     /// Copies an `N × D` corpus (any layout) and validates it (docs/CONTRACTS.md §4).
     pub fn new(corpus: ArrayView2<'_, f32>, metric: Metric) -> Result<Oracle> {
+        Oracle::with_dtype(corpus, metric, Dtype::F32)
+    }
+
+    /// Copies an `N × D` corpus (any layout), stored as `dtype`
+    /// (docs/CONTRACTS.md §14).
+    pub fn with_dtype(corpus: ArrayView2<'_, f32>, metric: Metric, dtype: Dtype) -> Result<Oracle> {
         Ok(Oracle {
-            corpus: Corpus::from_view(corpus, metric, scalar_norms)?,
+            corpus: Corpus::from_view(corpus, metric, dtype, scalar_norms)?,
         })
     }
 
     /// Takes a row-major buffer of `data.len() / dim` rows.
     pub fn from_rowmajor(data: Vec<f32>, dim: usize, metric: Metric) -> Result<Oracle> {
         Ok(Oracle {
-            corpus: Corpus::from_rowmajor(data, dim, metric, scalar_norms)?,
+            corpus: Corpus::from_rowmajor(data, dim, metric, Dtype::F32, scalar_norms)?,
         })
+    }
+
+    /// Takes stored rows of any type (checked as they were stored).
+    pub fn from_store(store: RowStore, metric: Metric) -> Result<Oracle> {
+        Ok(Oracle {
+            corpus: Corpus::from_store(store, metric, scalar_norms)?,
+        })
+    }
+
+    /// How the corpus stores its values.
+    pub fn dtype(&self) -> Dtype {
+        self.corpus.store().dtype()
     }
 
     /// The score of row `i`, exactly [`Metric::score_scalar`] with the row's
@@ -40,11 +58,11 @@ impl Oracle {
     fn score(&self, query: &[f32], query_norm: f32, i: usize) -> f32 {
         let row = self.corpus.row(i);
         match self.corpus.metric() {
-            Metric::Dot => canon_dot(query, row),
+            Metric::Dot => canon_dot(query, &row),
             Metric::Cosine => {
-                cosine_from_parts(canon_dot(query, row), query_norm, self.corpus.norm(i))
+                cosine_from_parts(canon_dot(query, &row), query_norm, self.corpus.norm(i))
             }
-            Metric::L2 => -canon_sqdist(query, row),
+            Metric::L2 => -canon_sqdist(query, &row),
         }
     }
 }

@@ -2,11 +2,12 @@
 //! canonical scores, per-block bounded selection merged with the one
 //! comparator. The batch path lives in [`crate::batch`].
 
+use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use ndarray::ArrayView2;
 use rayon::prelude::*;
-use topk_core::{validate, Metric, Neighbor, Result, Retriever};
+use topk_core::{validate, Dtype, Metric, Neighbor, Result, Retriever, RowStore};
 
 use crate::certified::BoundNorms;
 use crate::corpus::Corpus;
@@ -32,7 +33,12 @@ pub struct CpuRetriever {
     bound_norms: OnceLock<BoundNorms>,
 }
 
-fn norms_with(kernels: Kernels) -> impl FnOnce(&[f32], usize) -> Vec<f32> {
+thread_local! {
+    /// One widened row of a half-width corpus, for [`CpuRetriever::score_one`].
+    static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn norms_with(kernels: Kernels) -> impl Fn(&[f32], usize) -> Vec<f32> {
     move |data, dim| {
         data.par_chunks(dim * SCORE_BLOCK)
             .flat_map_iter(|block| block.chunks_exact(dim).map(move |r| kernels.norm(r)))
@@ -43,24 +49,49 @@ fn norms_with(kernels: Kernels) -> impl FnOnce(&[f32], usize) -> Vec<f32> {
 impl CpuRetriever {
     /// Copies an `N × D` corpus (any layout) and validates it (docs/CONTRACTS.md §4).
     pub fn new(corpus: ArrayView2<'_, f32>, metric: Metric) -> Result<CpuRetriever> {
+        CpuRetriever::with_dtype(corpus, metric, Dtype::F32)
+    }
+
+    /// Copies an `N × D` corpus (any layout), stored as `dtype`
+    /// (docs/CONTRACTS.md §14: each value rounded once to the nearest of the
+    /// type; searches are exact over the stored values).
+    pub fn with_dtype(
+        corpus: ArrayView2<'_, f32>,
+        metric: Metric,
+        dtype: Dtype,
+    ) -> Result<CpuRetriever> {
         let kernels = Kernels::best();
-        Ok(CpuRetriever {
-            corpus: Corpus::from_view(corpus, metric, norms_with(kernels))?,
+        Ok(CpuRetriever::assemble(
+            Corpus::from_view(corpus, metric, dtype, norms_with(kernels))?,
             kernels,
-            pool: None,
-            bound_norms: OnceLock::new(),
-        })
+        ))
     }
 
     /// Takes a row-major buffer of `data.len() / dim` rows without copying it.
     pub fn from_rowmajor(data: Vec<f32>, dim: usize, metric: Metric) -> Result<CpuRetriever> {
         let kernels = Kernels::best();
-        Ok(CpuRetriever {
-            corpus: Corpus::from_rowmajor(data, dim, metric, norms_with(kernels))?,
+        Ok(CpuRetriever::assemble(
+            Corpus::from_rowmajor(data, dim, metric, Dtype::F32, norms_with(kernels))?,
+            kernels,
+        ))
+    }
+
+    /// Takes stored rows of any type (checked as they were stored).
+    pub fn from_store(store: RowStore, metric: Metric) -> Result<CpuRetriever> {
+        let kernels = Kernels::best();
+        Ok(CpuRetriever::assemble(
+            Corpus::from_store(store, metric, norms_with(kernels))?,
+            kernels,
+        ))
+    }
+
+    fn assemble(corpus: Corpus, kernels: Kernels) -> CpuRetriever {
+        CpuRetriever {
+            corpus,
             kernels,
             pool: None,
             bound_norms: OnceLock::new(),
-        })
+        }
     }
 
     /// Uses the given kernels instead of the fastest ones (to test or compare
@@ -97,15 +128,27 @@ impl CpuRetriever {
             .map_or_else(rayon::current_num_threads, |p| p.current_num_threads())
     }
 
-    /// The corpus, row-major.
-    pub fn data(&self) -> &[f32] {
-        self.corpus.data()
+    /// The stored rows (their type, their values).
+    pub fn store(&self) -> &RowStore {
+        self.corpus.store()
+    }
+
+    /// How the corpus stores its values.
+    pub fn dtype(&self) -> Dtype {
+        self.corpus.store().dtype()
     }
 
     /// The upward row norms of the certified batch path (computed once).
     pub(crate) fn bound_norms(&self) -> &BoundNorms {
-        self.bound_norms
-            .get_or_init(|| self.install(|| BoundNorms::of(self.corpus.data(), self.corpus.dim())))
+        self.bound_norms.get_or_init(|| {
+            self.install(|| {
+                let mut all = BoundNorms::default();
+                self.corpus.for_each_chunk(|_, rows| {
+                    all.extend(BoundNorms::of(rows, self.corpus.dim()));
+                });
+                all
+            })
+        })
     }
 
     /// Runs `f` on this retriever's pool.
@@ -128,13 +171,19 @@ impl CpuRetriever {
     /// The score of row `i`, for the exact bits of the selected results.
     pub(crate) fn score_one(&self, query: &[f32], query_norm: f32, i: u32) -> f32 {
         let i = i as usize;
-        self.kernels.score_row(
-            self.corpus.metric(),
-            query,
-            query_norm,
-            self.corpus.row(i),
-            self.corpus.norm(i),
-        )
+        let score = |row: &[f32]| {
+            self.kernels.score_row(
+                self.corpus.metric(),
+                query,
+                query_norm,
+                row,
+                self.corpus.norm(i),
+            )
+        };
+        match self.corpus.store().as_f32() {
+            Some(all) => score(&all[i * self.dim()..(i + 1) * self.dim()]),
+            None => ROW.with_borrow_mut(|buf| score(self.corpus.rows(i..i + 1, buf))),
+        }
     }
 
     /// Offers rows `range` to `sel`.
@@ -146,6 +195,7 @@ impl CpuRetriever {
         sel: &mut Selector,
     ) {
         let mut scores = [0.0_f32; SCORE_BLOCK];
+        let mut wide = Vec::new();
         let mut start = range.start;
         while start < range.end {
             let end = (start + SCORE_BLOCK).min(range.end);
@@ -154,7 +204,7 @@ impl CpuRetriever {
                 self.corpus.metric(),
                 query,
                 query_norm,
-                self.corpus.rows(start..end),
+                self.corpus.rows(start..end, &mut wide),
                 self.corpus.norms(start..end),
                 scores,
             );

@@ -18,3 +18,16 @@ fn every_kernel_path_conforms() {
         assert!(covered.answers > 0, "{label}: {covered:?}");
     }
 }
+
+#[test]
+fn half_width_storage_conforms_on_every_path() {
+    let labels = Label::cpu_stored();
+    assert!(labels.len() >= 4, "{labels:?}");
+    for label in labels {
+        let covered = conformance(&label.subject());
+        assert!(
+            covered.answers > 0 && covered.rejections > 0,
+            "{label}: {covered:?}"
+        );
+    }
+}

@@ -9,11 +9,18 @@
 //! their subjects; any other way of opening one (the `topk` facade) wraps
 //! its own constructor in [`Subject::exact`]. [`conformance`] panics with the
 //! label, the case and the first difference.
+//!
+//! A subject that stores its corpus at half width ([`Subject::stored_as`],
+//! docs/CONTRACTS.md §14) is held to the oracle over the rounded values:
+//! every value rounded to the type by the scalar rule ([`Dtype::round`]) and
+//! widened back. Its f16 corpora are first clamped to ±65504, the f16 range
+//! (a larger value is a rejection, checked among the corpus rules); a
+//! corpus whose rounded values break the overflow rule must be rejected.
 
 use std::fmt;
 
 use ndarray::{Array2, ArrayView2};
-use topk_core::{cmp_rank, Error, Located, Metric, Neighbor, Result, Retriever};
+use topk_core::{cmp_rank, Dtype, Error, Located, Metric, Neighbor, Result, Retriever};
 use topk_cpu::Oracle;
 
 use crate::corpora::{bitwise_diff, corpus, palette, queries, shuffled_duplicates, Kind, KINDS};
@@ -25,6 +32,7 @@ pub type OpenFn<'a> = dyn Fn(Vec<f32>, usize, Metric) -> Result<Box<dyn Retrieve
 pub struct Subject<'a> {
     label: String,
     exact: bool,
+    dtype: Dtype,
     open: Box<OpenFn<'a>>,
     after: Option<Box<dyn Fn() -> std::result::Result<(), String> + 'a>>,
 }
@@ -38,6 +46,7 @@ impl<'a> Subject<'a> {
         Subject {
             label: label.into(),
             exact: true,
+            dtype: Dtype::F32,
             open: Box::new(open),
             after: None,
         }
@@ -53,6 +62,35 @@ impl<'a> Subject<'a> {
             exact: false,
             ..Subject::exact(label, open)
         }
+    }
+
+    /// The subject stores its corpus as `dtype`: answers are compared with
+    /// the oracle over the rounded values.
+    pub fn stored_as(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The storage type the subject declared.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// What the agreement suite feeds the subject: `data` itself, clamped to
+    /// the f16 range for an f16 subject.
+    fn input(&self, data: &[f32]) -> Vec<f32> {
+        match self.dtype {
+            Dtype::F16 => {
+                let max = Dtype::F16.max();
+                data.iter().map(|&x| x.clamp(-max, max)).collect()
+            }
+            _ => data.to_vec(),
+        }
+    }
+
+    /// The corpus the oracle is built over: `input` rounded to the type.
+    fn reference(&self, input: &[f32]) -> Vec<f32> {
+        input.iter().map(|&x| self.dtype.round(x)).collect()
     }
 
     /// A final check after every case has run (say, that a forced path ran).
@@ -204,14 +242,58 @@ fn corpus_rules(s: &Subject<'_>, metric: Metric, cov: &mut Coverage) {
         )
     };
     let what = "a row of squared norm 2^102";
-    rejects(
-        &l,
-        what,
-        s.open(data, 4, metric),
-        norm,
-        &["corpus row 1", "2^100"],
-        cov,
-    );
+    if s.dtype == Dtype::F16 {
+        // 2^50 is beyond the f16 range: rejected before the norm is taken.
+        let wide = |e: &Error| {
+            matches!(
+                e,
+                Error::NotRepresentable {
+                    at: Located::Row(1),
+                    column: 0,
+                    dtype: Dtype::F16,
+                    ..
+                }
+            )
+        };
+        rejects(
+            &l,
+            what,
+            s.open(data, 4, metric),
+            wide,
+            &["corpus row 1", "f16"],
+            cov,
+        );
+    } else {
+        rejects(
+            &l,
+            what,
+            s.open(data, 4, metric),
+            norm,
+            &["corpus row 1", "2^100"],
+            cov,
+        );
+    }
+    // A finite value the storage type cannot hold.
+    let too_wide = match s.dtype {
+        Dtype::F32 => None,
+        Dtype::F16 => Some(65520.0_f32),
+        Dtype::Bf16 => Some(f32::MAX),
+    };
+    if let Some(v) = too_wide {
+        let mut data = vec![0.5_f32; 12];
+        data[2 * 4 + 3] = -v;
+        let dtype = s.dtype;
+        let at = |e: &Error| matches!(e, Error::NotRepresentable { at: Located::Row(2), column: 3, dtype: t, .. } if *t == dtype);
+        let what = format!("a value of {:e} stored as {dtype}", -v);
+        rejects(
+            &l,
+            &what,
+            s.open(data, 4, metric),
+            at,
+            &["corpus row 2", "column 3", dtype.as_str()],
+            cov,
+        );
+    }
 }
 
 /// The query and K rules on a valid index, which must keep answering after them.
@@ -342,7 +424,8 @@ fn search_rules(s: &Subject<'_>, metric: Metric, cov: &mut Coverage) {
 
     // After every rejection the index still answers, K > N returns all N rows,
     // a reused buffer is replaced, and an empty batch has no answers.
-    let oracle = Oracle::from_rowmajor(data, d, metric).unwrap_or_else(|e| panic!("{l}: {e}"));
+    let oracle =
+        Oracle::from_rowmajor(s.reference(&data), d, metric).unwrap_or_else(|e| panic!("{l}: {e}"));
     let got = ok(&l, "K = N + 3", r.search(&q, n + 3));
     assert_eq!(got.len(), n, "{l}: K > N must return all N rows");
     if s.exact {
@@ -450,12 +533,23 @@ fn cases() -> Vec<Case> {
 fn agreement(s: &Subject<'_>, case: &Case, metric: Metric, cov: &mut Coverage) {
     let l = format!("{} ({metric}, {})", s.label, case.name);
     let (d, n) = (case.dim, case.data.len() / case.dim);
-    let r = ok(&l, "open", s.open(case.data.clone(), d, metric));
-    let oracle = ok(
-        &l,
-        "oracle",
-        Oracle::from_rowmajor(case.data.clone(), d, metric),
-    );
+    let input = s.input(&case.data);
+    let oracle = match Oracle::from_rowmajor(s.reference(&input), d, metric) {
+        Ok(o) => o,
+        Err(want) => {
+            // Rounding pushed a row over the overflow rule: the subject, which
+            // checks its stored values, must refuse the corpus too.
+            match s.open(input, d, metric) {
+                Err(got) if std::mem::discriminant(&got) == std::mem::discriminant(&want) => {
+                    cov.rejections += 1;
+                    return;
+                }
+                Err(got) => panic!("{l}: expected {want}, got {got}"),
+                Ok(_) => panic!("{l}: accepted a corpus whose stored values break a rule: {want}"),
+            }
+        }
+    };
+    let r = ok(&l, "open", s.open(input, d, metric));
     let kinds = palette(0x7f);
     let qdata = queries(n as u64 ^ d as u64, case.queries, d, &kinds, &case.data);
     let qs = ArrayView2::from_shape((case.queries, d), &qdata[..])

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use topk_core::Error;
+use topk_core::{Dtype, Error, RowStore};
 use topk_cpu::{CpuRetriever, Kernels, Oracle, Path};
 use topk_cuda::{CudaConfig, CudaError, CudaRetriever, PlanPath};
 use topk_hnsw::{Hnsw, HnswError, HnswParams};
@@ -20,6 +20,11 @@ pub enum Label {
     Cpu(Path),
     /// The scalar reference itself.
     Oracle,
+    /// [`CpuRetriever`] on one kernel path over a corpus stored at a half
+    /// width (docs/CONTRACTS.md §14).
+    CpuStored(Path, Dtype),
+    /// The oracle over a corpus stored at a half width.
+    OracleStored(Dtype),
     /// [`CudaRetriever`] tuned so that `PlanPath` serves every shape it can;
     /// the tester fails when that path served no query.
     Cuda(PlanPath),
@@ -32,6 +37,21 @@ impl Label {
     /// The CPU kernel paths this machine runs.
     pub fn cpu_paths() -> Vec<Label> {
         Path::available().into_iter().map(Label::Cpu).collect()
+    }
+
+    /// Every CPU kernel path this machine runs, and the oracle, over each
+    /// half-width storage type.
+    pub fn cpu_stored() -> Vec<Label> {
+        let mut out = Vec::new();
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            out.push(Label::OracleStored(dtype));
+            out.extend(
+                Path::available()
+                    .into_iter()
+                    .map(|p| Label::CpuStored(p, dtype)),
+            );
+        }
+        out
     }
 
     /// Every plan path of the GPU engine.
@@ -52,6 +72,21 @@ impl Label {
             Label::Oracle => Subject::exact(label, |data, dim, metric| {
                 Ok(Box::new(Oracle::from_rowmajor(data, dim, metric)?))
             }),
+            Label::CpuStored(path, dtype) => Subject::exact(label, move |data, dim, metric| {
+                let kernels = Kernels::new(path)?;
+                let store = RowStore::from_f32(data, dim, dtype)?;
+                Ok(Box::new(
+                    CpuRetriever::from_store(store, metric)?.with_kernels(kernels),
+                ))
+            })
+            .stored_as(dtype),
+            Label::OracleStored(dtype) => Subject::exact(label, move |data, dim, metric| {
+                Ok(Box::new(Oracle::from_store(
+                    RowStore::from_f32(data, dim, dtype)?,
+                    metric,
+                )?))
+            })
+            .stored_as(dtype),
             Label::Hnsw => Subject::approximate(label, |data, dim, metric| {
                 let params = HnswParams {
                     parallel: false,
@@ -71,6 +106,8 @@ impl fmt::Display for Label {
         match self {
             Label::Cpu(path) => write!(f, "cpu/{path}"),
             Label::Oracle => f.write_str("oracle"),
+            Label::CpuStored(path, dtype) => write!(f, "cpu/{path}/{dtype}"),
+            Label::OracleStored(dtype) => write!(f, "oracle/{dtype}"),
             Label::Cuda(path) => write!(f, "cuda/{path}"),
             Label::Hnsw => f.write_str("hnsw"),
         }
