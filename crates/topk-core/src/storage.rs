@@ -356,6 +356,38 @@ impl RowStore {
         Ok(())
     }
 
+    /// Appends rows that already hold values of this type, widened: values
+    /// a [`RowStore::push_rows`] of this type accepted and widened back (or,
+    /// for `f32`, values that passed the input rules). Narrowing them again
+    /// is exact, so nothing is checked and nothing can fail.
+    pub fn push_checked(&mut self, rows: &[f32]) {
+        debug_assert_eq!(rows.len() % self.dim, 0);
+        match &mut self.values {
+            Values::F32(v) => v.extend_from_slice(rows),
+            Values::F16(v) => {
+                let start = v.len();
+                v.resize(start + rows.len(), f16::ZERO);
+                v[start..].convert_from_f32_slice(rows);
+            }
+            Values::Bf16(v) => v.extend(rows.iter().map(|&x| bf16::from_f32(x))),
+        }
+    }
+
+    /// Overwrites row `r` with a row of this type's values, widened (see
+    /// [`RowStore::push_checked`]).
+    pub fn set_row_checked(&mut self, r: usize, row: &[f32]) {
+        debug_assert_eq!(row.len(), self.dim);
+        let vals = r * self.dim..(r + 1) * self.dim;
+        match &mut self.values {
+            Values::F32(v) => v[vals].copy_from_slice(row),
+            Values::F16(v) => v[vals].convert_from_f32_slice(row),
+            Values::Bf16(v) => v[vals]
+                .iter_mut()
+                .zip(row)
+                .for_each(|(o, &x)| *o = bf16::from_f32(x)),
+        }
+    }
+
     /// Copies stored row `from` over row `to` (no conversion).
     pub fn copy_row(&mut self, from: usize, to: usize) {
         let d = self.dim;

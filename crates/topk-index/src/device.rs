@@ -93,7 +93,7 @@ impl Index {
             values.clear();
             let ids: Vec<u64> = part.iter().map(|&row| self.ids[row]).collect();
             for &row in part {
-                values.extend_from_slice(self.row(row));
+                values.extend_from_slice(&self.row(row));
             }
             r.add(&ids, &values).map_err(|e| e.to_string())?;
         }

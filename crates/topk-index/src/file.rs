@@ -1,22 +1,26 @@
 //! The index file (docs/CONTRACTS.md §10): a compacted snapshot of the live
 //! rows, versioned, checksummed per 1 MiB block, written atomically and
 //! streamed back block by block into its final buffers; an `hnsw` index adds
-//! its graph in a checksummed section after them (version 2).
+//! its graph in a checksummed section after them (version 2); rows stored
+//! at half width (docs/CONTRACTS.md §14) are written as they are stored,
+//! with the type in the header (version 3).
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use topk_core::{validate, Error as CoreError, Located, Metric, MAX_ID};
+use topk_core::{validate, Dtype, Error as CoreError, Located, Metric, RowStore, MAX_ID};
 
 use crate::error::IndexError;
 use crate::index::{full_bitset, Index, IndexBackend, IndexOptions};
 
 /// The first eight bytes of every index file.
 pub const MAGIC: [u8; 8] = *b"TOPKIDX1";
-/// The format version this build writes; it reads every version from 1 (a
-/// version 1 file is a version 2 file without a graph section).
-pub const VERSION: u32 = 2;
+/// The newest format version this build writes; it reads every version from
+/// 1 (a version 1 file is a version 2 file without a graph section). An
+/// index of `f32` rows is written as version 2, so older builds read it; a
+/// half-width index is version 3, whose header adds the storage type.
+pub const VERSION: u32 = 3;
 /// The first eight bytes of the graph section.
 const GRAPH_MAGIC: [u8; 8] = *b"TOPKGRPH";
 /// Bytes of the graph section before its body: the magic and the body length.
@@ -122,11 +126,17 @@ impl Index {
         let file = File::create(tmp).map_err(io("create"))?;
         let live: Vec<usize> = (0..self.ids.len()).filter(|&r| self.is_live(r)).collect();
         let (n, d) = (live.len() as u64, self.dim as u64);
-        let payload = 8 * n + 4 * n * d;
+        let dtype = self.data.dtype();
+        let payload = 8 * n + dtype.bytes() as u64 * n * d;
+        // The metric field's second byte holds the storage type (version 3).
+        let (version, kind) = match dtype {
+            Dtype::F32 => (2u32, metric_code(self.metric)),
+            _ => (3, metric_code(self.metric) | u32::from(dtype.code()) << 8),
+        };
         let mut header = Vec::with_capacity(HEADER as usize);
         header.extend_from_slice(&MAGIC);
-        header.extend_from_slice(&VERSION.to_le_bytes());
-        header.extend_from_slice(&metric_code(self.metric).to_le_bytes());
+        header.extend_from_slice(&version.to_le_bytes());
+        header.extend_from_slice(&kind.to_le_bytes());
         header.extend_from_slice(&d.to_le_bytes());
         header.extend_from_slice(&n.to_le_bytes());
         header.extend_from_slice(&payload.to_le_bytes());
@@ -150,12 +160,10 @@ impl Index {
             }
         }
         for &r in &live {
-            for v in self.row(r) {
-                buf.extend_from_slice(&v.to_le_bytes());
-                if buf.len() >= BLOCK - 4 {
-                    w.put(&buf).map_err(io("write"))?;
-                    buf.clear();
-                }
+            self.data.row_le_bytes(r, &mut buf);
+            if buf.len() >= BLOCK {
+                w.put(&buf).map_err(io("write"))?;
+                buf.clear();
             }
         }
         w.put(&buf).map_err(io("write"))?;
@@ -256,12 +264,15 @@ impl Index {
                 end: HEADER_SUMMED as u64,
             });
         }
-        let metric = match u32_at(12) {
+        let kind = u32_at(12);
+        let metric = match kind & 0xff {
             0 => Metric::Dot,
             1 => Metric::Cosine,
             2 => Metric::L2,
             m => return Err(corrupt(12, format!("metric code {m}, expected 0, 1 or 2"))),
         };
+        let dtype = file_dtype(version, kind).map_err(|reason| corrupt(12, reason))?;
+        let width = dtype.bytes() as u64;
         let (d, n, payload) = (u64_at(16), u64_at(24), u64_at(32));
         if d == 0 || d > validate::MAX_DIM as u64 {
             return Err(corrupt(
@@ -271,12 +282,14 @@ impl Index {
         }
         let want = n
             .checked_mul(d)
-            .and_then(|nd| nd.checked_mul(4))
+            .and_then(|nd| nd.checked_mul(width))
             .and_then(|v| v.checked_add(n.checked_mul(8)?));
         if want != Some(payload) {
             return Err(corrupt(
                 32,
-                format!("payload length {payload} is not 8 N + 4 N D for N = {n}, D = {d}"),
+                format!(
+                    "payload length {payload} is not 8 N + {width} N D for N = {n}, D = {d} ({dtype} rows)"
+                ),
             ));
         }
         let blocks = payload.div_ceil(BLOCK as u64);
@@ -339,7 +352,8 @@ impl Index {
         // The lengths now match the file, so these allocations are bounded by it.
         let (n, d) = (n as usize, d as usize);
         let mut ids: Vec<u64> = Vec::with_capacity(n);
-        let mut data: Vec<f32> = Vec::with_capacity(n * d);
+        let mut data = RowStore::empty(d, dtype)?;
+        data.reserve(n);
         file.seek(SeekFrom::Start(HEADER)).map_err(io("seek in"))?;
         let ids_bytes = 8 * n as u64;
         let mut block = vec![0u8; BLOCK];
@@ -362,11 +376,7 @@ impl Index {
                 v.copy_from_slice(c);
                 u64::from_le_bytes(v)
             }));
-            data.extend(
-                row_part
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
+            data.extend_le_bytes(row_part);
         }
         let rows_at = HEADER + ids_bytes;
         let mut seen: std::collections::HashMap<u64, u64> =
@@ -387,8 +397,8 @@ impl Index {
             }
         }
         if n > 0 {
-            if let Err(e) = validate::corpus(&data, d) {
-                let value_at = |r: usize, c: usize| rows_at + 4 * (r * d + c) as u64;
+            if let Err(e) = data.check() {
+                let value_at = |r: usize, c: usize| rows_at + width * (r * d + c) as u64;
                 let offset = match &e {
                     CoreError::NonFinite {
                         at: Located::Row(r),
@@ -407,7 +417,11 @@ impl Index {
         let mut index = Index::new(d, metric, backend)?;
         if metric == Metric::Cosine {
             let k = index.kernels;
-            index.norms = data.chunks_exact(d).map(|r| k.norm(r)).collect();
+            let mut wide = Vec::new();
+            for r0 in (0..n).step_by(NORM_ROWS) {
+                let rows = data.rows_f32(r0..(r0 + NORM_ROWS).min(n), &mut wide);
+                index.norms.extend(rows.chunks_exact(d).map(|r| k.norm(r)));
+            }
         }
         index.rows_of = ids.iter().enumerate().map(|(r, &id)| (id, r)).collect();
         index.live = full_bitset(n);
@@ -420,7 +434,7 @@ impl Index {
                 crate::graph::check_walk_cost(c)?;
             }
         }
-        index.options = options.clone();
+        index.options = options.clone().dtype(dtype);
         if backend == IndexBackend::Hnsw {
             match graph {
                 Some((at, body_len)) => {
@@ -461,6 +475,8 @@ pub struct FileInfo {
     pub dim: u64,
     /// Whether an `hnsw` graph section follows the rows.
     pub graph: bool,
+    /// How the rows are stored.
+    pub dtype: Dtype,
 }
 
 impl Index {
@@ -501,6 +517,12 @@ impl Index {
                 supported: VERSION,
             });
         }
+        let kind = u32::from_le_bytes([header[12], header[13], header[14], header[15]]);
+        let dtype = file_dtype(version, kind).map_err(|reason| IndexError::Corrupt {
+            path: path.to_owned(),
+            offset: 12,
+            reason,
+        })?;
         let payload = u64_at(32);
         let end = payload
             .checked_add(HEADER + 4)
@@ -517,8 +539,33 @@ impl Index {
             rows: u64_at(24),
             dim: u64_at(16),
             graph,
+            dtype,
         })
     }
+}
+
+/// Rows whose cosine norms are computed per step as a half-width file opens.
+const NORM_ROWS: usize = 4096;
+
+/// The storage type of a file: `f32` before version 3; in version 3 the
+/// second byte of the metric field (the upper two bytes are zero).
+fn file_dtype(version: u32, kind: u32) -> Result<Dtype, String> {
+    if version < 3 {
+        if kind > 0xff {
+            return Err(format!(
+                "metric field {kind:#x} has bits above its first byte"
+            ));
+        }
+        return Ok(Dtype::F32);
+    }
+    if kind > 0xffff {
+        return Err(format!(
+            "metric field {kind:#x} has bits above its second byte"
+        ));
+    }
+    let code = (kind >> 8) as u8;
+    Dtype::from_code(code)
+        .ok_or_else(|| format!("storage type code {code}, expected 0 (f32), 1 (f16) or 2 (bf16)"))
 }
 
 fn check_magic(path: &Path, found: &[u8]) -> Result<(), IndexError> {

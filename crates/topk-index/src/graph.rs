@@ -194,7 +194,7 @@ impl Index {
         }
         let mut data = Vec::with_capacity(live.len() * self.dim);
         for &r in &live {
-            data.extend_from_slice(self.row(r));
+            data.extend_from_slice(&self.row(r));
         }
         let n = live.len();
         let started = Instant::now();
@@ -249,7 +249,7 @@ impl Index {
             return;
         };
         for r in start..self.ids.len() {
-            match g.hnsw.insert(self.row(r)) {
+            match g.hnsw.insert(&self.row(r)) {
                 Ok(slot) => g.place(slot, self.ids[r]),
                 Err(e) => return self.graph_failed(&e),
             }
@@ -495,7 +495,7 @@ impl Index {
             }
             let same = hnsw.vectors()[s * d..(s + 1) * d]
                 .iter()
-                .zip(self.row(r))
+                .zip(self.row(r).iter())
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             if !same {
                 return Err((

@@ -8,7 +8,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use ndarray::ArrayView2;
 use rayon::slice::ParallelSliceMut;
-use topk_core::{validate, Error as CoreError, IdProblem, Metric, MAX_ID};
+use topk_core::{validate, Dtype, Error as CoreError, IdProblem, Metric, RowStore, MAX_ID};
 use topk_cpu::Kernels;
 
 use crate::error::IndexError;
@@ -85,6 +85,10 @@ pub struct IndexOptions {
     /// most `sqrt(c · max(ef, K) · slots)` rows are exact); `None` is
     /// [`topk_hnsw::DEFAULT_FILTER_WALK_COST`], `Some(0.0)` always walks.
     pub filter_walk_cost: Option<f64>,
+    /// How the rows are stored (docs/CONTRACTS.md §14): `f32`, or `f16` /
+    /// `bf16` at half the bytes, each value rounded once as it is added;
+    /// searches are exact over the stored values. Kept by `save`.
+    pub dtype: Dtype,
 }
 
 impl IndexOptions {
@@ -113,6 +117,12 @@ impl IndexOptions {
         self
     }
 
+    /// Stores the rows as `dtype`.
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
     /// Reports the progress of `hnsw` graph builds to `hook`.
     pub fn progress(mut self, hook: crate::graph::ProgressHook) -> Self {
         self.progress = Some(hook);
@@ -133,8 +143,9 @@ pub struct Index {
     pub(crate) metric: Metric,
     pub(crate) backend: IndexBackend,
     pub(crate) kernels: Kernels,
-    /// Stored rows, row-major, tombstoned ones included.
-    pub(crate) data: Vec<f32>,
+    /// Stored rows, row-major, tombstoned ones included, at the index's
+    /// storage type (docs/CONTRACTS.md §14).
+    pub(crate) data: RowStore,
     /// Id of each stored row.
     pub(crate) ids: Vec<u64>,
     /// Canonical norm of each stored row for cosine; empty otherwise.
@@ -185,7 +196,10 @@ pub enum FilterResolution {
     Merge,
 }
 
-/// The ids and rows of one mutation, checked and row-major.
+/// The ids and rows of one mutation, checked and row-major. The rows are
+/// the values as stored, widened: the given values for `f32` storage, the
+/// rounded ones otherwise, so the norms, the device mirror and the graph
+/// all see what searches score.
 struct Checked<'a> {
     ids: &'a [u64],
     rows: Cow<'a, [f32]>,
@@ -209,7 +223,7 @@ impl Index {
             metric,
             backend,
             kernels: Kernels::best(),
-            data: Vec::new(),
+            data: RowStore::empty(dim, Dtype::F32)?,
             ids: Vec::new(),
             norms: Vec::new(),
             live: Vec::new(),
@@ -239,6 +253,7 @@ impl Index {
                 crate::graph::check_walk_cost(c)?;
             }
         }
+        index.data = RowStore::empty(dim, options.dtype)?;
         index.options = options.clone();
         index.sync_device()?;
         Ok(index)
@@ -331,9 +346,20 @@ impl Index {
         self.rows_of.contains_key(&id)
     }
 
-    /// The vector of `id`, when live.
-    pub fn get(&self, id: u64) -> Option<&[f32]> {
+    /// The vector of `id`, when live: the stored values, widened to `f32`
+    /// (borrowed for `f32` storage).
+    pub fn get(&self, id: u64) -> Option<Cow<'_, [f32]>> {
         self.rows_of.get(&id).map(|&r| self.row(r))
+    }
+
+    /// How the rows are stored.
+    pub fn dtype(&self) -> Dtype {
+        self.data.dtype()
+    }
+
+    /// Bytes the stored rows take (tombstoned rows included).
+    pub fn stored_bytes(&self) -> usize {
+        self.data.bytes()
     }
 
     /// The live ids, ascending.
@@ -389,7 +415,7 @@ impl Index {
         for (&id, row) in checked.ids.iter().zip(checked.rows.chunks_exact(d)) {
             match self.rows_of.get(&id) {
                 Some(&r) => {
-                    self.data[r * d..(r + 1) * d].copy_from_slice(row);
+                    self.data.set_row_checked(r, row);
                     if self.metric == Metric::Cosine {
                         self.norms[r] = self.kernels.norm(row);
                     }
@@ -436,7 +462,6 @@ impl Index {
             return;
         }
         self.device_compact();
-        let d = self.dim;
         let stored = self.ids.len();
         let cosine = self.metric == Metric::Cosine;
         let mut w = 0;
@@ -445,7 +470,7 @@ impl Index {
                 continue;
             }
             if w != r {
-                self.data.copy_within(r * d..(r + 1) * d, w * d);
+                self.data.copy_row(r, w);
                 self.ids[w] = self.ids[r];
                 if cosine {
                     self.norms[w] = self.norms[r];
@@ -453,7 +478,7 @@ impl Index {
             }
             w += 1;
         }
-        self.data.truncate(w * d);
+        self.data.truncate(w);
         self.ids.truncate(w);
         self.norms.truncate(if cosine { w } else { 0 });
         self.live = full_bitset(w);
@@ -468,10 +493,10 @@ impl Index {
         self.dead = 0;
     }
 
-    /// Row `r` of the store.
+    /// Row `r` of the store as `f32` (borrowed for `f32` storage).
     #[inline]
-    pub(crate) fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.dim..(r + 1) * self.dim]
+    pub(crate) fn row(&self, r: usize) -> Cow<'_, [f32]> {
+        self.data.row(r)
     }
 
     /// Whether stored row `r` is live.
@@ -491,13 +516,24 @@ impl Index {
             Some(s) => Cow::Borrowed(s),
             None => Cow::Owned(rows.iter().copied().collect()),
         };
+        let rows = match self.data.dtype() {
+            Dtype::F32 => rows,
+            dtype => {
+                // The values as stored, checked as stored (an f16 overflow, a
+                // norm that rounding pushed over the limit) before anything
+                // changes.
+                let mut stored = RowStore::empty(self.dim, dtype)?;
+                stored.push_rows(&rows)?;
+                Cow::Owned(stored.to_f32())
+            }
+        };
         Ok(Checked { ids, rows })
     }
 
     /// Appends checked rows as live rows.
     fn append(&mut self, c: &Checked<'_>) {
         let start = self.ids.len();
-        self.data.extend_from_slice(&c.rows);
+        self.data.push_checked(&c.rows);
         self.ids.extend_from_slice(c.ids);
         if self.metric == Metric::Cosine {
             let k = self.kernels;

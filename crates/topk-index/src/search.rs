@@ -207,7 +207,7 @@ impl Index {
     fn oracle_search(&self, query: &[f32], k: usize, filter: Option<&Filter>) -> Vec<Hit> {
         let mut all: Vec<Hit> = (0..self.ids.len())
             .filter(|&r| self.is_live(r) && filter.is_none_or(|f| f.contains(self.ids[r])))
-            .map(|r| Hit::new(self.ids[r], self.metric.score_scalar(query, self.row(r))))
+            .map(|r| Hit::new(self.ids[r], self.metric.score_scalar(query, &self.row(r))))
             .collect();
         all.sort_unstable_by(cmp_hit);
         all.truncate(k);
@@ -322,8 +322,11 @@ impl Index {
     #[inline]
     fn score_one(&self, query: &[f32], qn: f32, r: usize) -> f32 {
         let norm = self.norms.get(r).copied().unwrap_or(0.0);
-        self.kernels
-            .score_row(self.metric, query, qn, self.row(r), norm)
+        let score = |row: &[f32]| self.kernels.score_row(self.metric, query, qn, row, norm);
+        match self.data.as_f32() {
+            Some(all) => score(&all[r * self.dim..(r + 1) * self.dim]),
+            None => ROW.with_borrow_mut(|buf| score(self.data.rows_f32(r..r + 1, buf))),
+        }
     }
 
     /// Offers every stored row whose bit is set in `mask`.
@@ -332,6 +335,7 @@ impl Index {
         let task_blocks = (TASK_VALUES / (self.dim * BLOCK)).max(1);
         let scan = |range: std::ops::Range<usize>, sel: &mut Selector| {
             let mut scores = [0.0_f32; BLOCK];
+            let mut wide = Vec::new();
             for b in range {
                 let word = mask[b];
                 if word == 0 {
@@ -349,7 +353,7 @@ impl Index {
                     self.metric,
                     query,
                     qn,
-                    &self.data[start * self.dim..end * self.dim],
+                    self.data.rows_f32(start..end, &mut wide),
                     norms,
                     scores,
                 );
@@ -374,6 +378,11 @@ impl Index {
         };
         select_parallel(rows.len(), task_rows, k, scan)
     }
+}
+
+thread_local! {
+    /// One widened row of a half-width index, for `Index::score_one`.
+    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Ids compared at once when merging a filter with the id-sorted rows.

@@ -257,13 +257,13 @@ fn wrong_magic_and_future_versions_are_named() {
             .contains("not a topk index file: found TOPKHNSW at offset 0, expected \"TOPKIDX1\""),
         "{err}"
     );
-    for version in [0u32, 3] {
+    for version in [0u32, 4] {
         let mut bad = bytes.clone();
         bad[8..12].copy_from_slice(&version.to_le_bytes());
         let err = open_bytes(dir.path(), &bad).expect_err("version");
         assert!(
             err.to_string().contains(&format!(
-                "format version {version} at offset 8 is not supported (this build reads versions 1 to 2)"
+                "format version {version} at offset 8 is not supported (this build reads versions 1 to 3)"
             )),
             "{err}"
         );

@@ -2,13 +2,15 @@
 //! index that lived through the history equals, bit for bit, the search of an
 //! oracle index built from scratch on the content at that moment
 //! (docs/CONTRACTS.md §10: a result depends only on the (id, vector) pairs).
+//! Indexes storing f16 or bf16 rows live through the same histories and
+//! equal an f32 oracle rebuilt over the rounded rows (§14).
 
 use std::collections::BTreeMap;
 
 use ndarray::ArrayView2;
 use proptest::prelude::*;
-use topk_core::{Hit, Metric, MAX_ID};
-use topk_index::{Filter, FilterResolution, FilterSpec, Index, IndexBackend};
+use topk_core::{Dtype, Hit, Metric, MAX_ID};
+use topk_index::{Filter, FilterResolution, FilterSpec, Index, IndexBackend, IndexOptions};
 use topk_testkit::corpora::{self, Kind, Rng};
 use topk_testkit::hits::{rows_of, same_hits as same};
 
@@ -99,6 +101,7 @@ fn filter(shape: u8, model: &BTreeMap<u64, Vec<f32>>, pool: &[u64], rng: &mut Rn
 /// oracle rebuilt from scratch.
 fn run_history(
     subject: IndexBackend,
+    dtype: Dtype,
     seed: u64,
     d: usize,
     metric: Metric,
@@ -109,13 +112,21 @@ fn run_history(
     let pool = id_pool(&mut rng);
     let mut model: BTreeMap<u64, Vec<f32>> = BTreeMap::new();
     let mut earlier: Vec<f32> = Vec::new();
-    let mut cpu = Index::new(d, metric, subject).map_err(|e| e.to_string())?;
-    let mut oracle = Index::new(d, metric, IndexBackend::Oracle).map_err(|e| e.to_string())?;
+    let options = IndexOptions::default().dtype(dtype);
+    let mut cpu = Index::with_options(d, metric, subject, &options).map_err(|e| e.to_string())?;
+    let mut oracle = Index::with_options(d, metric, IndexBackend::Oracle, &options)
+        .map_err(|e| e.to_string())?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let fresh = |rng: &mut Rng, earlier: &mut Vec<f32>| {
         let v = corpora::vector_of(rng, kinds, d, earlier);
         earlier.extend_from_slice(&v);
         v
+    };
+    // What the model holds for a given row: the values as stored.
+    let stored = |vs: &[Vec<f32>]| -> Vec<Vec<f32>> {
+        vs.iter()
+            .map(|v| v.iter().map(|&x| dtype.round(x)).collect())
+            .collect()
     };
     for (step, op) in ops.iter().enumerate() {
         let both = |f: &mut dyn FnMut(&mut Index) -> Result<(), String>,
@@ -139,7 +150,7 @@ fn run_history(
                     &mut cpu,
                     &mut oracle,
                 )?;
-                model.extend(ids.into_iter().zip(vs));
+                model.extend(ids.into_iter().zip(stored(&vs)));
             }
             Op::AddAuto(n) => {
                 let vs: Vec<Vec<f32>> = (0..n).map(|_| fresh(&mut rng, &mut earlier)).collect();
@@ -162,7 +173,7 @@ fn run_history(
                         "step {step}: add_auto began at {a} / {b}, expected {first}"
                     ));
                 }
-                model.extend((first..).zip(vs));
+                model.extend((first..).zip(stored(&vs)));
             }
             Op::Upsert(n) => {
                 let mut ids: Vec<u64> = Vec::new();
@@ -179,7 +190,7 @@ fn run_history(
                     &mut cpu,
                     &mut oracle,
                 )?;
-                model.extend(ids.into_iter().zip(vs));
+                model.extend(ids.into_iter().zip(stored(&vs)));
             }
             Op::Remove(n) => {
                 let ids: Vec<u64> = (0..n).map(|_| pool[rng.below(pool.len())]).collect();
@@ -211,6 +222,12 @@ fn run_history(
                     subject
                 };
                 let back = Index::open(&path, backend).map_err(|e| e.to_string())?;
+                if back.dtype() != dtype {
+                    return Err(format!(
+                        "step {step}: reopened as {}, saved as {dtype}",
+                        back.dtype()
+                    ));
+                }
                 let q = fresh(&mut rng, &mut earlier);
                 let before = cpu.search(&q, 7, None).map_err(|e| e.to_string())?;
                 same(
@@ -313,8 +330,28 @@ proptest! {
         // Tie-rich kinds always present; the rest of the palette by the mask.
         let mut kinds = corpora::palette(mask & 0x7f);
         kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Constant]);
-        if let Err(e) = run_history(IndexBackend::Cpu, seed, d, metric, &kinds, &ops) {
+        if let Err(e) = run_history(IndexBackend::Cpu, Dtype::F32, seed, d, metric, &kinds, &ops) {
             return Err(TestCaseError::fail(format!("seed {seed}: {e}")));
+        }
+    }
+
+    /// The same histories over rows stored as f16 or bf16 (every kind but
+    /// the huge values, which f16 cannot hold): the model keeps the rounded
+    /// rows, and the f32 oracle over them is the truth.
+    #[test]
+    fn half_width_histories_match_an_oracle_over_rounded_rows(
+        seed in any::<u64>(),
+        d in prop_oneof![1usize..6, Just(33usize)],
+        metric in metric(),
+        bf16 in any::<bool>(),
+        mask in any::<u8>(),
+        ops in prop::collection::vec(op(), 1..24),
+    ) {
+        let dtype = if bf16 { Dtype::Bf16 } else { Dtype::F16 };
+        let mut kinds = corpora::palette(mask & 0x3f);
+        kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Uniform]);
+        if let Err(e) = run_history(IndexBackend::Cpu, dtype, seed, d, metric, &kinds, &ops) {
+            return Err(TestCaseError::fail(format!("{dtype} seed {seed}: {e}")));
         }
     }
 }
@@ -361,7 +398,7 @@ fn rebuilt_from(index: &Index, metric: Metric) -> Index {
     let ids = index.ids();
     let flat: Vec<f32> = ids
         .iter()
-        .flat_map(|&id| index.get(id).unwrap_or(&[]).to_vec())
+        .flat_map(|&id| index.get(id).map(|r| r.to_vec()).unwrap_or_default())
         .collect();
     let rows = ArrayView2::from_shape((ids.len(), index.dim()), &flat).expect("shape");
     Index::with_ids(&ids, rows, metric, IndexBackend::Oracle).expect("valid")
@@ -527,8 +564,26 @@ mod cuda {
             let Some(()) = device() else { return Ok(()) };
             let mut kinds = corpora::palette(mask & 0x7f);
             kinds.extend([Kind::SmallInt, Kind::Duplicate, Kind::Constant]);
-            if let Err(e) = run_history(IndexBackend::Cuda, seed, d, metric, &kinds, &ops) {
+            if let Err(e) = run_history(IndexBackend::Cuda, Dtype::F32, seed, d, metric, &kinds, &ops) {
                 return Err(TestCaseError::fail(format!("seed {seed}: {e}")));
+            }
+        }
+
+        /// A half-width index on the device: its mirror holds the widened
+        /// stored values, so it answers like the host over rounded rows.
+        #[test]
+        fn half_width_histories_on_the_gpu(
+            seed in any::<u64>(),
+            d in prop_oneof![1usize..6, Just(33usize)],
+            metric in metric(),
+            bf16 in any::<bool>(),
+            ops in prop::collection::vec(op(), 1..24),
+        ) {
+            let Some(()) = device() else { return Ok(()) };
+            let dtype = if bf16 { Dtype::Bf16 } else { Dtype::F16 };
+            let kinds = [Kind::Uniform, Kind::SmallInt, Kind::Duplicate, Kind::Subnormal];
+            if let Err(e) = run_history(IndexBackend::Cuda, dtype, seed, d, metric, &kinds, &ops) {
+                return Err(TestCaseError::fail(format!("{dtype} seed {seed}: {e}")));
             }
         }
     }

@@ -12,12 +12,13 @@ pub enum ShardError {
     /// A set needs at least one shard.
     #[error("a sharded index needs at least one shard, got 0")]
     NoShards,
-    /// Shards disagree on the dimension or the metric, or disagree with the set.
+    /// Shards disagree on the dimension, the metric or the storage type, or
+    /// disagree with the set.
     #[error("shard {shard} has {what} {found}, the set has {expected}")]
     ShardMismatch {
         /// The shard.
         shard: usize,
-        /// "dimension" or "metric".
+        /// "dimension", "metric" or "storage type".
         what: &'static str,
         /// The shard's value.
         found: String,

@@ -85,6 +85,7 @@ impl ShardedIndex {
                     .map_err(|source| at_shard(shard, source))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        same_storage(&shards)?;
         Ok(ShardedIndex {
             dim,
             metric,
@@ -112,6 +113,7 @@ impl ShardedIndex {
         for (shard, index) in shards.iter().enumerate() {
             check_shard(shard, index, dim, metric, n)?;
         }
+        same_storage(&shards)?;
         Ok(ShardedIndex {
             dim,
             metric,
@@ -155,8 +157,8 @@ impl ShardedIndex {
             .is_some_and(|s| self.shards[s].contains(id))
     }
 
-    /// The stored vector of `id`.
-    pub fn get(&self, id: u64) -> Option<&[f32]> {
+    /// The stored vector of `id`, widened to `f32` (borrowed for `f32` storage).
+    pub fn get(&self, id: u64) -> Option<std::borrow::Cow<'_, [f32]>> {
         self.shard_for(id).and_then(|s| self.shards[s].get(id))
     }
 
@@ -339,6 +341,7 @@ impl ShardedIndex {
                 Ok(index)
             })
             .collect::<Result<Vec<_>, _>>()?;
+        same_storage(&shards)?;
         Ok(ShardedIndex {
             dim: manifest.dim,
             metric,
@@ -502,6 +505,23 @@ fn check_k(k: usize) -> Result<(), ShardError> {
         return Err(IndexError::from(CoreError::ZeroK).into());
     }
     Ok(())
+}
+
+/// Every shard stores its rows as shard 0 does: a result must not depend on
+/// which shard holds a row (docs/CONTRACTS.md §12, §14).
+fn same_storage(shards: &[Index]) -> Result<(), ShardError> {
+    let Some(first) = shards.first() else {
+        return Ok(());
+    };
+    match shards.iter().position(|s| s.dtype() != first.dtype()) {
+        Some(shard) => Err(ShardError::ShardMismatch {
+            shard,
+            what: "storage type",
+            found: shards[shard].dtype().to_string(),
+            expected: first.dtype().to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Shard `shard` of `n` agrees with the set and holds only its own ids.
