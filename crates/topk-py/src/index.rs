@@ -20,7 +20,7 @@ use numpy::ndarray::Array1;
 use numpy::PyArray;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use topk::{Filter, FilterSpec, Index, IndexBackend, IndexError, Metric};
+use topk::{Dtype, Filter, FilterSpec, Index, IndexBackend, IndexError, Metric};
 
 use crate::convert::{inputs, k_arg, Filters, Floats, Ids, Results};
 use crate::errors::{index_err, new_err, Kind};
@@ -73,6 +73,39 @@ fn parse_backend(py: Python<'_>, name: &str) -> PyResult<IndexBackend> {
     Ok(backend)
 }
 
+/// The numpy-style name of a storage type.
+fn dtype_name(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F32 => "float32",
+        Dtype::F16 => "float16",
+        Dtype::Bf16 => "bfloat16",
+    }
+}
+
+/// A `dtype=` argument: a name ("float32", "f16", "bfloat16", ...), a numpy
+/// dtype (its `name`) or a numpy scalar type such as `np.float16` (its
+/// `__name__`).
+fn parse_dtype(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Dtype> {
+    let name: String = if let Ok(s) = obj.extract::<String>() {
+        s
+    } else if let Ok(n) = obj.getattr("name").and_then(|n| n.extract::<String>()) {
+        n
+    } else if let Ok(n) = obj.getattr("__name__").and_then(|n| n.extract::<String>()) {
+        n
+    } else {
+        obj.str()?.to_string()
+    };
+    Dtype::from_str(&name).map_err(|_| {
+        new_err(
+            py,
+            Kind::InvalidInput,
+            format!(
+                "unknown dtype {name:?}: rows are stored as float32, float16 or bfloat16"
+            ),
+        )
+    })
+}
+
 /// A rows argument as a `rows × D` view.
 fn rows_view<'a>(rows: &'a Floats<'_>) -> PyResult<ArrayView2<'a, f32>> {
     ArrayView2::from_shape(rows.shape(), rows.values()?)
@@ -98,15 +131,19 @@ impl PyIndex {
 #[pymethods]
 impl PyIndex {
     #[new]
-    #[pyo3(signature = (dim, metric = "cosine", backend = "cpu", **options))]
+    #[pyo3(signature = (dim, metric = "cosine", backend = "cpu", dtype = None, **options))]
     fn new(
         py: Python<'_>,
         dim: i64,
         metric: &str,
         backend: &str,
+        dtype: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyIndex> {
-        let options = options::parse(py, options)?;
+        let mut options = options::parse(py, options)?;
+        if let Some(dtype) = dtype {
+            options = options.dtype(parse_dtype(py, dtype)?);
+        }
         let metric = Metric::from_str(metric).map_err(|e| index_err(py, e.into()))?;
         let backend = parse_backend(py, backend)?;
         let dim = usize::try_from(dim).map_err(|_| {
@@ -406,6 +443,18 @@ impl PyIndex {
     #[getter]
     fn backend(&self) -> &'static str {
         self.backend_name()
+    }
+
+    /// How the rows are stored: "float32", "float16" or "bfloat16".
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.read().dtype())
+    }
+
+    /// Bytes the stored rows take.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.read().stored_bytes()
     }
 
     fn __repr__(&self) -> String {

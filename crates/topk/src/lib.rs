@@ -46,8 +46,8 @@ pub use open::{open, BuildProgress, Corpus, Error, Options};
 
 pub use topk_core::merge_hits;
 pub use topk_core::{
-    canon_dot, canon_norm, canon_sqdist, cmp_rank, cosine_from_parts, rank_key, validate,
-    Error as CoreError, Located, Metric, Neighbor, Retriever, TopK,
+    canon_dot, canon_norm, canon_sqdist, cmp_rank, cosine_from_parts, rank_key, validate, Dtype,
+    Error as CoreError, Located, Metric, Neighbor, Retriever, RowStore, TopK,
 };
 pub use topk_cpu::{CpuRetriever, Oracle};
 pub use topk_cuda::CudaConfig;

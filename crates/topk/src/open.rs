@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use ndarray::{Array2, ArrayView2};
-use topk_core::{Metric, Retriever};
+use topk_core::{Dtype, Metric, Retriever, RowStore};
 use topk_cpu::{CpuRetriever, Oracle};
 use topk_cuda_loader::LoadError;
 use topk_hnsw::{Hnsw, HnswError, HnswParams};
@@ -112,6 +112,12 @@ pub struct Options {
     /// Told how many rows the `hnsw` backend's graph holds while it is
     /// built; the other backends do not call it.
     pub progress: Option<BuildProgress>,
+    /// How the corpus is stored (docs/CONTRACTS.md §14): `f32` as given, or
+    /// `f16` / `bf16`, each value rounded once to the nearest of the type.
+    /// Every backend then searches the rounded values: `cpu` and `oracle`
+    /// hold them at half the bytes; `cuda` and `hnsw` hold them widened to
+    /// `f32` (the same answers, not yet the smaller footprint).
+    pub dtype: Dtype,
 }
 
 /// A callback told the rows inserted so far while a long build runs (every
@@ -163,6 +169,12 @@ impl Options {
     /// Uses `params` for the `hnsw` backend.
     pub fn hnsw(mut self, params: HnswParams) -> Self {
         self.hnsw = params;
+        self
+    }
+
+    /// Stores the corpus as `dtype`.
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
         self
     }
 
@@ -227,6 +239,9 @@ pub fn open<'a>(
     options: &Options,
 ) -> Result<Box<dyn Retriever>, Error> {
     let corpus = corpus.into();
+    if options.dtype != Dtype::F32 {
+        return open_stored(backend, corpus, metric, options);
+    }
     Ok(match backend {
         Backend::Cpu => Box::new(match corpus {
             Corpus::View(v) => CpuRetriever::new(v, metric)?,
@@ -282,6 +297,50 @@ pub fn open<'a>(
         }
         Backend::Cuda => {
             let (data, dim) = corpus.rowmajor();
+            crate::cuda::open(&data, dim, metric, &options.cuda)?
+        }
+    })
+}
+
+/// [`open`] for a half-width `options.dtype`: the corpus is rounded and
+/// checked once, as stored; the host exact backends keep the store, the
+/// others the widened values.
+fn open_stored(
+    backend: Backend,
+    corpus: Corpus<'_>,
+    metric: Metric,
+    options: &Options,
+) -> Result<Box<dyn Retriever>, Error> {
+    let dtype = options.dtype;
+    let store = match corpus {
+        Corpus::View(v) => {
+            let mut store = RowStore::empty(v.ncols(), dtype)?;
+            topk_core::validate::corpus_shape(v.len(), v.ncols())?;
+            store.push_rows(&standard(v))?;
+            store
+        }
+        Corpus::Owned(a) => {
+            let dim = a.ncols();
+            RowStore::from_f32(into_rowmajor(a), dim, dtype)?
+        }
+        Corpus::RowMajor { data, dim } => RowStore::from_f32(data, dim, dtype)?,
+    };
+    let dim = store.dim();
+    Ok(match backend {
+        Backend::Cpu => Box::new(CpuRetriever::from_store(store, metric)?),
+        Backend::Oracle => Box::new(Oracle::from_store(store, metric)?),
+        Backend::Hnsw => {
+            let data = store.to_f32();
+            drop(store);
+            let params = options.hnsw;
+            Box::new(match &options.progress {
+                Some(p) => Hnsw::from_rowmajor_with_progress(data, dim, metric, params, &*p.0)?,
+                None => Hnsw::from_rowmajor(data, dim, metric, params)?,
+            })
+        }
+        Backend::Cuda => {
+            let data = store.to_f32();
+            drop(store);
             crate::cuda::open(&data, dim, metric, &options.cuda)?
         }
     })

@@ -65,11 +65,17 @@ def backends() -> dict[str, bool | str]:
 class Index:
     """An exact top-K index whose rows carry int64 ids (docs/CONTRACTS.md §10).
 
-    ``Index(dim, metric="cosine", backend="cpu", **options)``.
+    ``Index(dim, metric="cosine", backend="cpu", dtype="float32", **options)``.
 
     * ``metric``: ``"cosine"``, ``"dot"`` or ``"l2"``.
     * ``backend``: a name from :func:`backends` (``"cpu"``, ``"oracle"``, ...).
       The exact backends return the same bytes (ids and score bits).
+    * ``dtype``: how rows are stored (docs/CONTRACTS.md §14): ``"float32"``,
+      ``"float16"`` or ``"bfloat16"`` (also ``np.float16``, ``"f16"``,
+      ``"bf16"``). Half-width rows take half the bytes; each value is rounded
+      once, to nearest even, as it is added, and searches are exact over the
+      stored values. A value beyond float16's range (65504) is an error
+      naming it. Queries stay float32; ``save`` keeps the type.
     * ``options``: ``capacity`` (rows to reserve); for ``hnsw``: ``m``,
       ``ef_construction``, ``ef`` (alias ``ef_search``), ``seed``,
       ``parallel``; for ``cuda``: ``device``, ``max_k``, ``max_batch``,
@@ -101,6 +107,7 @@ class Index:
         dim: int,
         metric: Literal["cosine", "dot", "l2"] | str = "cosine",
         backend: str = "cpu",
+        dtype: str | np.dtype[Any] | type[np.floating[Any]] | None = None,
         **options: int | bool,
     ) -> None: ...
     @staticmethod
@@ -158,3 +165,9 @@ class Index:
     @property
     def backend(self) -> str:
         """The backend searches run on."""
+    @property
+    def dtype(self) -> str:
+        """How the rows are stored: ``"float32"``, ``"float16"`` or ``"bfloat16"``."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored rows take."""
