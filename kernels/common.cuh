@@ -242,3 +242,29 @@ __device__ __forceinline__ unsigned topk_warp_inclusive_scan(unsigned v, unsigne
     }
     return v;
 }
+
+// Exclusive prefix sum of one value per thread over a block of THREADS
+// threads, in thread order; with TOTAL every thread also gets the block's
+// total in `*total`. One block barrier: every warp scans the warps' sums
+// (`warp_sums`, shared, THREADS / 32 words) for itself rather than waiting
+// for one warp to scan them. `warp_sums` may be written again only after a
+// later block barrier.
+template <unsigned THREADS, bool TOTAL = false>
+__device__ __forceinline__ unsigned topk_block_exclusive_scan(unsigned v, unsigned* warp_sums,
+                                                              unsigned* total = nullptr) {
+    constexpr unsigned WARPS = THREADS / TOPK_WARP;
+    static_assert(WARPS * TOPK_WARP == THREADS && WARPS <= TOPK_WARP, "block scan shape");
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const unsigned warp = threadIdx.x / TOPK_WARP;
+    const unsigned incl = topk_warp_inclusive_scan(v, lane);
+    if (lane == TOPK_WARP - 1) {
+        warp_sums[warp] = incl;
+    }
+    __syncthreads();
+    const unsigned w = lane < WARPS ? warp_sums[lane] : 0u;
+    const unsigned w_incl = topk_warp_inclusive_scan(w, lane);
+    if (TOTAL) {
+        *total = __shfl_sync(TOPK_FULL_MASK, w_incl, WARPS - 1);
+    }
+    return __shfl_sync(TOPK_FULL_MASK, w_incl - w, warp) + incl - v;
+}

@@ -98,34 +98,6 @@ __device__ __forceinline__ bool walk_allowed(const unsigned* __restrict__ allow,
     return allow == nullptr || ((allow[id >> 5] >> (id & 31u)) & 1u) != 0u;
 }
 
-// Exclusive prefix sum of one value per thread over the block; the block
-// total goes to *total. Every thread must call it (it synchronises).
-__device__ __forceinline__ unsigned walk_block_scan(unsigned v, unsigned* warp_sums,
-                                                    unsigned* total) {
-    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
-    const unsigned warp = threadIdx.x / TOPK_WARP;
-    const unsigned incl = topk_warp_inclusive_scan(v, lane);
-    if (lane == TOPK_WARP - 1) {
-        warp_sums[warp] = incl;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const unsigned w = lane < WALK_WARPS ? warp_sums[lane] : 0u;
-        const unsigned wi = topk_warp_inclusive_scan(w, lane);
-        __syncwarp();
-        if (lane < WALK_WARPS) {
-            warp_sums[lane] = wi - w;
-        }
-        if (lane == WALK_WARPS - 1) {
-            *total = wi;
-        }
-    }
-    __syncthreads();
-    const unsigned r = warp_sums[warp] + incl - v;
-    __syncthreads();
-    return r;
-}
-
 template <int METRIC>
 __device__ __forceinline__ float walk_score(const float* qs, const float* __restrict__ corpus,
                                             const float* __restrict__ rnorm, unsigned d,
@@ -217,7 +189,7 @@ __device__ __forceinline__ void walk_query(
     unsigned* seen = reinterpret_cast<unsigned*>(walk_smem + off);
 
     __shared__ unsigned s_warp[WALK_WARPS];
-    __shared__ unsigned s_total, s_nb, s_first, s_fresh, s_moved, s_overflow;
+    __shared__ unsigned s_nb, s_first, s_fresh, s_moved, s_overflow;
     __shared__ unsigned long long s_worst;
     __shared__ float s_qn;
     __shared__ WalkEntry s_cur;
@@ -410,7 +382,9 @@ __device__ __forceinline__ void walk_query(
             for (unsigned i = lo; i < hi; ++i) {
                 c += (spare[i].flags & WALK_ALLOWED) ? 1u : 0u;
             }
-            const unsigned before = walk_block_scan(c, s_warp, &s_total);
+            unsigned allowed = 0;
+            const unsigned before =
+                topk_block_exclusive_scan<WALK_THREADS, true>(c, s_warp, &allowed);
             if (before < ef && before + c >= ef) {
                 unsigned a = before;
                 for (unsigned i = lo; i < hi; ++i) {
@@ -422,7 +396,7 @@ __device__ __forceinline__ void walk_query(
                     }
                 }
             }
-            if (tid == 0 && s_total < ef) {
+            if (tid == 0 && allowed < ef) {
                 s_nb = total;
                 s_worst = 0ull;
             }

@@ -8,7 +8,10 @@
 //! | [`CpuError`] | failures specific to this crate (a forced kernel path, a thread pool) |
 //!
 //! Both retrievers return the same bytes (indices and score bits) for every
-//! query; the property tests of this crate check exactly that.
+//! query; the property tests of this crate check exactly that. Both store
+//! the corpus as f32, f16 or bf16 (`with_dtype`, `from_store`,
+//! docs/CONTRACTS.md §14) and search the stored values exactly, widening
+//! them block by block as they scan.
 //!
 //! ```
 //! use ndarray::array;

@@ -9,6 +9,7 @@
 //! | [`ProgressHook`] | told the progress of an `hnsw` graph build |
 //! | [`Filter`], [`FilterSpec`] | allow-lists of ids: none, one per batch, one per query |
 //! | [`IndexError`] | every failure, naming the offending id, row, value or file offset |
+//! | [`IndexOptions::dtype`] | rows stored as f32, f16 or bf16 (docs/CONTRACTS.md §14): rounded once as added, searched exactly as stored, kept by the file |
 //!
 //! A result depends only on the (id, vector) pairs present and the filter:
 //! never on insertion order, removals, compaction or the backend. Equal
