@@ -33,7 +33,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let corpus_rows = topk_io::synth::gaussian_rows(n, d, 2026, true);
     let queries = topk_io::synth::gaussian_queries(nq, d, 2026, true);
     let corpus = corpus_rows.view();
-    println!("N = {n}, D = {d}, K = {K}, cosine; {} threads", rayon::current_num_threads());
+    println!(
+        "N = {n}, D = {d}, K = {K}, cosine; {} threads",
+        rayon::current_num_threads()
+    );
     println!("| storage | bytes | single query (median of {SINGLES}) | × f32 | batch of {nq} (QPS) | × f32 |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     let mut base: Option<(f64, f64)> = None;
@@ -42,7 +45,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let rounded = corpus.mapv(|x| dtype.round(x));
         let oracle = Oracle::new(rounded.view(), Metric::Cosine)?;
         let q0 = queries.row(0).to_vec();
-        assert_eq!(cpu.search(&q0, K)?, oracle.search(&q0, K)?, "{dtype}: not the oracle's answer");
+        assert_eq!(
+            cpu.search(&q0, K)?,
+            oracle.search(&q0, K)?,
+            "{dtype}: not the oracle's answer"
+        );
         let batch = cpu.search_batch(queries.view(), K)?;
         assert_eq!(batch[0], oracle.search(&q0, K)?, "{dtype}: batch differs");
         let singles: Vec<f64> = (0..SINGLES)

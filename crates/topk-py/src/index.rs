@@ -99,9 +99,7 @@ fn parse_dtype(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Dtype> {
         new_err(
             py,
             Kind::InvalidInput,
-            format!(
-                "unknown dtype {name:?}: rows are stored as float32, float16 or bfloat16"
-            ),
+            format!("unknown dtype {name:?}: rows are stored as float32, float16 or bfloat16"),
         )
     })
 }

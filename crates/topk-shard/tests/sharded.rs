@@ -5,8 +5,8 @@
 
 use ndarray::ArrayView2;
 use proptest::prelude::*;
-use topk_core::{Metric, MAX_ID};
-use topk_index::{Filter, FilterSpec, Index, IndexBackend, IndexError};
+use topk_core::{Dtype, Metric, MAX_ID};
+use topk_index::{Filter, FilterSpec, Index, IndexBackend, IndexError, IndexOptions};
 use topk_shard::{shard_of, Manifest, ShardError, ShardSpec, ShardedIndex};
 use topk_testkit::corpora::{self, Kind, Rng};
 use topk_testkit::hits::{rows_of as rows, same_hits as same};
@@ -337,6 +337,57 @@ fn misplaced_and_mismatched_shards_are_refused() {
             ..
         })
     ));
+    // Shards of one set store one type.
+    let half = IndexOptions::default().dtype(Dtype::F16);
+    let f16 = Index::with_options(2, Metric::Dot, IndexBackend::Cpu, &half).expect("index");
+    let f32 = Index::new(2, Metric::Dot, IndexBackend::Cpu).expect("index");
+    let e = ShardedIndex::from_shards(vec![f16, f32]).expect_err("mixed types");
+    assert!(
+        matches!(
+            e,
+            ShardError::ShardMismatch {
+                shard: 1,
+                what: "storage type",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("storage type f32") && e.to_string().contains("f16"),
+        "{e}"
+    );
+    let specs = [
+        ShardSpec::new(IndexBackend::Cpu).options(half.clone()),
+        ShardSpec::new(IndexBackend::Oracle),
+    ];
+    assert!(ShardedIndex::new(2, Metric::Dot, &specs).is_err());
+}
+
+/// A set of f16 shards answers like one f16 index of the same rows, and
+/// reopens as f16.
+#[test]
+fn half_width_shards_answer_like_one_index() {
+    let (n, d) = (3000usize, 12usize);
+    let data = corpora::corpus(4, n, d, &[Kind::Uniform, Kind::SmallInt]);
+    let view = ArrayView2::from_shape((n, d), &data).expect("shape");
+    let ids: Vec<u64> = (0..n as u64).map(|i| i * 7 + 3).collect();
+    let half = IndexOptions::default().dtype(Dtype::F16);
+    let mut one = Index::with_options(d, Metric::L2, IndexBackend::Cpu, &half).expect("index");
+    one.add(&ids, view).expect("add");
+    let spec = ShardSpec::new(IndexBackend::Cpu).options(half);
+    let mut set = ShardedIndex::uniform(d, Metric::L2, 3, &spec).expect("set");
+    set.add(&ids, view).expect("add");
+    let dir = tempfile::tempdir().expect("tempdir");
+    set.save(dir.path()).expect("save");
+    let back =
+        ShardedIndex::open(dir.path(), |_| ShardSpec::new(IndexBackend::Oracle)).expect("open");
+    assert!(back.shards().iter().all(|s| s.dtype() == Dtype::F16));
+    for q in data.chunks_exact(d).take(4) {
+        let want = one.search(q, 25, None).expect("search");
+        same(&set.search(q, 25, None).expect("search"), &want).expect("set");
+        same(&back.search(q, 25, None).expect("search"), &want).expect("reopened");
+    }
 }
 
 #[test]
