@@ -130,7 +130,7 @@ impl Corpus {
         let mut buf = Vec::new();
         for r0 in (0..self.n).step_by(step) {
             let r1 = (r0 + step).min(self.n);
-            f(r0, self.store.rows_f32(r0..r1, &mut buf));
+            f(r0, crate::kernels::rows_f32(&self.store, r0..r1, &mut buf));
         }
     }
 
@@ -144,7 +144,7 @@ impl Corpus {
     /// otherwise widened into `scratch`.
     #[inline]
     pub(crate) fn rows<'a>(&'a self, range: Range<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
-        self.store.rows_f32(range, scratch)
+        crate::kernels::rows_f32(&self.store, range, scratch)
     }
 
     /// Norm of row `i` (0 for metrics without norms; never read there).

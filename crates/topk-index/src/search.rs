@@ -325,7 +325,9 @@ impl Index {
         let score = |row: &[f32]| self.kernels.score_row(self.metric, query, qn, row, norm);
         match self.data.as_f32() {
             Some(all) => score(&all[r * self.dim..(r + 1) * self.dim]),
-            None => ROW.with_borrow_mut(|buf| score(self.data.rows_f32(r..r + 1, buf))),
+            None => ROW.with_borrow_mut(|buf| {
+                score(topk_cpu::kernels::rows_f32(&self.data, r..r + 1, buf))
+            }),
         }
     }
 
@@ -353,7 +355,7 @@ impl Index {
                     self.metric,
                     query,
                     qn,
-                    self.data.rows_f32(start..end, &mut wide),
+                    topk_cpu::kernels::rows_f32(&self.data, start..end, &mut wide),
                     norms,
                     scores,
                 );

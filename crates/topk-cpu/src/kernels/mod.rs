@@ -31,6 +31,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub(crate) mod gemm;
+mod widen;
+
+pub use widen::rows_f32;
 
 /// Most queries scored together by one batch tile.
 pub(crate) const TILE_QUERIES: usize = 4;

@@ -1,0 +1,215 @@
+//! Half-width stored rows (docs/CONTRACTS.md §14) widened to `f32` blocks
+//! for the canonical kernels: F16C's `vcvtph2ps` for f16 and an AVX2 zero
+//! extension and shift for bf16, eight values a step, where the CPU has them;
+//! topk-core's conversions elsewhere.
+//! Widening is exact either way, so the bits are the same.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use topk_core::{Dtype, RowStore};
+
+/// Rows `range` of `store` as one `f32` block: the stored values for `f32`,
+/// otherwise widened into `scratch`.
+pub fn rows_f32<'a>(
+    store: &'a RowStore,
+    range: Range<usize>,
+    scratch: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    match (store.dtype(), store.as_bits16()) {
+        (Dtype::F16, Some(bits)) if has_f16c() => {
+            let d = store.dim();
+            let src = &bits[range.start * d..range.end * d];
+            scratch.clear();
+            scratch.resize(src.len(), 0.0);
+            widen_f16(src, scratch);
+            scratch
+        }
+        (Dtype::Bf16, Some(bits)) if has_avx2() => {
+            let d = store.dim();
+            let src = &bits[range.start * d..range.end * d];
+            scratch.clear();
+            scratch.resize(src.len(), 0.0);
+            widen_bf16(src, scratch);
+            scratch
+        }
+        _ => store.rows_f32(range, scratch),
+    }
+}
+
+/// Whether this CPU runs AVX2 (detected once).
+fn has_avx2() -> bool {
+    static AVX2: OnceLock<bool> = OnceLock::new();
+    *AVX2.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// `dst[i] = f32(src[i])` for the bf16 bits `src` (the upper half of an
+/// f32); `dst.len() == src.len()`. Only called after [`has_avx2`].
+fn widen_bf16(src: &[u16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen_bf16: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: callers check has_avx2() first; the lengths are equal
+    // (asserted above).
+    unsafe {
+        widen_bf16_avx2(src, dst)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("AVX2 is x86-64 only")
+}
+
+/// [`widen_bf16`] on AVX2: eight values a step (zero-extend to 32 bits,
+/// shift left by 16), the tail one by one.
+///
+/// # Safety
+/// The CPU runs AVX2; `src.len() == dst.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn widen_bf16_avx2(src: &[u16], dst: &mut [f32]) {
+    use std::arch::x86_64::{
+        __m128i, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_slli_epi32, _mm256_storeu_ps,
+        _mm_loadu_si128,
+    };
+    let whole = src.len() / 8 * 8;
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 <= whole <= src.len() == dst.len(), and the loads and
+        // stores are unaligned.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
+            let w = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_castsi256_ps(w));
+        }
+    }
+    for (o, &h) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *o = f32::from_bits(u32::from(h) << 16);
+    }
+}
+
+/// Whether this CPU converts halves in hardware (detected once).
+fn has_f16c() -> bool {
+    static F16C: OnceLock<bool> = OnceLock::new();
+    *F16C.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("f16c")
+                && std::arch::is_x86_feature_detected!("avx")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// `dst[i] = f32(src[i])` for the f16 bits `src`; `dst.len() == src.len()`.
+/// Only called after [`has_f16c`].
+fn widen_f16(src: &[u16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen_f16: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: callers check has_f16c() (F16C and AVX) first; the lengths
+    // are equal (asserted above).
+    unsafe {
+        widen_f16c(src, dst)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("F16C is x86-64 only")
+}
+
+/// [`widen_f16`] on F16C: eight halves a step, the tail one by one.
+///
+/// # Safety
+/// The CPU runs F16C and AVX; `src.len() == dst.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c,avx")]
+unsafe fn widen_f16c(src: &[u16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let whole = src.len() / 8 * 8;
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 <= whole <= src.len() == dst.len(), and the loads and
+        // stores are unaligned.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+    for (o, &h) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *o = half::f16::from_bits(h).to_f32();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every finite f16 (and both zeros) widens to the bits of the scalar
+    /// conversion, at every alignment of the tail.
+    #[test]
+    fn every_finite_half_widens_like_the_scalar_rule() {
+        if !has_f16c() {
+            eprintln!("skipping: this CPU has no F16C (the scalar conversions are used)");
+            return;
+        }
+        let finite: Vec<u16> = (0..=u16::MAX).filter(|b| b & 0x7c00 != 0x7c00).collect();
+        let mut out = vec![0.0; finite.len()];
+        widen_f16(&finite, &mut out);
+        for (&b, &w) in finite.iter().zip(&out) {
+            assert_eq!(
+                w.to_bits(),
+                half::f16::from_bits(b).to_f32().to_bits(),
+                "bits {b:#06x}"
+            );
+        }
+        for len in 0..20 {
+            let mut o = vec![0.0; len];
+            widen_f16(&finite[1000..1000 + len], &mut o);
+            assert_eq!(o, out[1000..1000 + len]);
+        }
+    }
+
+    /// Every finite bf16 widens to its f32, at every tail length (a store
+    /// holds no NaN; the scalar conversion quiets one).
+    #[test]
+    fn every_bfloat16_widens_like_the_scalar_rule() {
+        if !has_avx2() {
+            eprintln!("skipping: this CPU has no AVX2 (the scalar conversions are used)");
+            return;
+        }
+        let all: Vec<u16> = (0..=u16::MAX).filter(|b| b & 0x7f80 != 0x7f80).collect();
+        let mut out = vec![0.0; all.len()];
+        widen_bf16(&all, &mut out);
+        for (&b, &w) in all.iter().zip(&out) {
+            assert_eq!(
+                w.to_bits(),
+                half::bf16::from_bits(b).to_f32().to_bits(),
+                "bits {b:#06x}"
+            );
+        }
+        for len in 0..20 {
+            let mut o = vec![0.0; len];
+            widen_bf16(&all[777..777 + len], &mut o);
+            assert_eq!(o, out[777..777 + len]);
+        }
+    }
+
+    #[test]
+    fn stores_of_every_type_give_the_core_rows() {
+        let data: Vec<f32> = (0..3 * 37).map(|i| (i as f32 - 50.0) * 0.731).collect();
+        for dtype in Dtype::ALL {
+            let store = RowStore::from_f32(data.clone(), 37, dtype).unwrap();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            assert_eq!(
+                rows_f32(&store, 1..3, &mut a),
+                store.rows_f32(1..3, &mut b),
+                "{dtype}"
+            );
+        }
+    }
+}
