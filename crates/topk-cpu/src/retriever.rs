@@ -18,8 +18,6 @@ use crate::select::Selector;
 /// Rows scored per kernel call: their scores sit in a stack buffer, so a scan
 /// allocates nothing per row.
 pub(crate) const SCORE_BLOCK: usize = 64;
-/// Bytes of widened rows scored per kernel call on half-width storage.
-const WIDE_BYTES: usize = 16 << 10;
 /// Values (about 1 MiB) per parallel task of a single-query scan: large enough
 /// that scheduling costs vanish, small enough to balance two to many cores.
 const TASK_VALUES: usize = 1 << 18;
@@ -198,23 +196,19 @@ impl CpuRetriever {
     ) {
         let mut scores = [0.0_f32; SCORE_BLOCK];
         let mut wide = Vec::new();
-        // Half-width rows are widened a few at a time, so that the widened
-        // block stays in L1 while it is scored.
-        let block = match self.corpus.store().dtype() {
-            Dtype::F32 => SCORE_BLOCK,
-            _ => (WIDE_BYTES / (4 * self.dim())).clamp(1, SCORE_BLOCK),
-        };
         let mut start = range.start;
         while start < range.end {
-            let end = (start + block).min(range.end);
+            let end = (start + SCORE_BLOCK).min(range.end);
             let scores = &mut scores[..end - start];
-            self.kernels.score_rows(
+            self.kernels.score_stored(
                 self.corpus.metric(),
                 query,
                 query_norm,
-                self.corpus.rows(start..end, &mut wide),
+                self.corpus.store(),
+                start..end,
                 self.corpus.norms(start..end),
                 scores,
+                &mut wide,
             );
             for (i, &s) in (start..end).zip(scores.iter()) {
                 sel.offer(i as u32, s);

@@ -351,13 +351,15 @@ impl Index {
                 } else {
                     &self.norms[start..end]
                 };
-                self.kernels.score_rows(
+                self.kernels.score_stored(
                     self.metric,
                     query,
                     qn,
-                    topk_cpu::kernels::rows_f32(&self.data, start..end, &mut wide),
+                    &self.data,
+                    start..end,
                     norms,
                     scores,
+                    &mut wide,
                 );
                 let mut bits = word;
                 while bits != 0 {
