@@ -198,6 +198,11 @@ pub enum IndexCommand {
         /// below K are raised to K).
         #[arg(long, default_value_t = 64)]
         ef: usize,
+        /// How the rows are stored: f16 and bf16 take half the bytes, each
+        /// value rounded once; searches are exact over the stored values
+        /// (docs/CONTRACTS.md §14). The file keeps the type.
+        #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+        dtype: DtypeArg,
     },
     /// Adds rows to an index file (ids after the largest one without --ids).
     Add {
@@ -259,6 +264,27 @@ pub enum IndexCommand {
         #[arg(long, value_name = "FILE")]
         index: PathBuf,
     },
+}
+
+/// The storage types of an index file's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// 4-byte IEEE single, as given.
+    F32,
+    /// 2-byte IEEE half (values up to 65504).
+    F16,
+    /// 2-byte bfloat16 (the range of f32, 8 significant bits).
+    Bf16,
+}
+
+impl From<DtypeArg> for topk::Dtype {
+    fn from(d: DtypeArg) -> topk::Dtype {
+        match d {
+            DtypeArg::F32 => topk::Dtype::F32,
+            DtypeArg::F16 => topk::Dtype::F16,
+            DtypeArg::Bf16 => topk::Dtype::Bf16,
+        }
+    }
 }
 
 /// The backends an index file opens on.

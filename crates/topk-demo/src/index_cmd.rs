@@ -29,6 +29,7 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             m,
             ef_construction,
             ef,
+            dtype,
         } => {
             let rows = read_rows(corpus, progress)?;
             let ids = match ids {
@@ -48,7 +49,10 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
                 ef_search: *ef,
                 ..topk::HnswParams::default()
             };
-            let options = with_progress(IndexOptions::default().hnsw(params), &step);
+            let options = with_progress(
+                IndexOptions::default().hnsw(params).dtype((*dtype).into()),
+                &step,
+            );
             let index = Index::with_options(rows.ncols(), (*metric).into(), backend, &options)
                 .and_then(|mut index| index.add(&ids, rows.view()).map(|()| index));
             step.finish();
@@ -186,8 +190,12 @@ fn describe(index: &Index, path: &Path) -> String {
     } else {
         String::new()
     };
+    let storage = match index.dtype() {
+        topk::Dtype::F32 => String::new(),
+        d => format!(", {d} rows ({} bytes)", index.stored_bytes()),
+    };
     format!(
-        "{}: {} rows, D = {}, metric {}{graph}",
+        "{}: {} rows, D = {}, metric {}{storage}{graph}",
         path.display(),
         index.len(),
         index.dim(),

@@ -181,6 +181,81 @@ fn build_add_remove_search_and_info_agree_with_an_in_process_index() {
     assert_eq!(want.len(), n + 5 + 3 - 2);
 }
 
+/// `--dtype f16` stores half-width rows: info says so, the file is about
+/// half the size, and searches equal an in-process f16 index.
+#[test]
+fn half_width_index_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name);
+    let (n, d) = (300, 16);
+    let corpus =
+        Array2::from_shape_fn((n, d), |(i, j)| ((i * 13 + j * 7) % 23) as f32 * 0.37 - 4.0);
+    topk_io::write_matrix(p("corpus.npy"), corpus.view()).expect("corpus");
+    let build = |dtype: &str, out: &str| {
+        demo([
+            "index",
+            "build",
+            "--corpus",
+            p("corpus.npy").to_str().unwrap(),
+            "--metric",
+            "l2",
+            "--dtype",
+            dtype,
+            "--out",
+            p(out).to_str().unwrap(),
+        ])
+    };
+    assert!(ok(&build("f16", "h.topkidx")).contains(&format!("f16 rows ({} bytes)", n * d * 2)));
+    ok(&build("f32", "f.topkidx"));
+    let (half, full) = (
+        std::fs::metadata(p("h.topkidx")).expect("stat").len(),
+        std::fs::metadata(p("f.topkidx")).expect("stat").len(),
+    );
+    assert!(half * 10 < full * 6, "{half} vs {full}");
+    let info = ok(&demo([
+        "index",
+        "info",
+        "--index",
+        p("h.topkidx").to_str().unwrap(),
+    ]));
+    assert!(info.contains("f16 rows"), "{info}");
+    topk_io::write_matrix(p("q.npy"), corpus.slice(ndarray::s![0..3, ..])).expect("queries");
+    let got = ok(&demo([
+        "index",
+        "search",
+        "--index",
+        p("h.topkidx").to_str().unwrap(),
+        "--queries",
+        p("q.npy").to_str().unwrap(),
+        "-k",
+        "5",
+    ]));
+    let options = topk::IndexOptions::default().dtype(topk::Dtype::F16);
+    let mut want = Index::with_options(d, Metric::L2, IndexBackend::Cpu, &options).expect("index");
+    let ids: Vec<u64> = (0..n as u64).collect();
+    want.add(&ids, corpus.view()).expect("add");
+    let hits = want
+        .search_batch(corpus.slice(ndarray::s![0..3, ..]), 5, FilterSpec::None)
+        .expect("search");
+    assert!(got.contains(&report(&hits, Metric::L2)), "{got}");
+    // A value f16 cannot hold is named, and no file is written.
+    let mut loud = corpus.clone();
+    loud[[7, 3]] = 1.0e6;
+    topk_io::write_matrix(p("loud.npy"), loud.view()).expect("corpus");
+    let o = demo([
+        "index",
+        "build",
+        "--corpus",
+        p("loud.npy").to_str().unwrap(),
+        "--dtype",
+        "f16",
+        "--out",
+        p("loud.topkidx").to_str().unwrap(),
+    ]);
+    fails_with(&o, "corpus row 7, column 3");
+    assert!(!p("loud.topkidx").exists());
+}
+
 #[test]
 fn bad_index_files_and_id_counts_are_named() {
     let dir = tempfile::tempdir().expect("tempdir");
