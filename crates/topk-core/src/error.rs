@@ -146,6 +146,47 @@ pub enum Error {
 }
 
 impl Error {
+    /// The same error naming corpus row `r`: for an error found checking one
+    /// row on its own (as row 0), reported where the row will stand.
+    /// Errors that name no row are returned as they are.
+    pub fn at_row(self, r: usize) -> Error {
+        let here = Located::Row(r);
+        match self {
+            Error::NonFinite { column, value, .. } => Error::NonFinite {
+                at: here,
+                column,
+                value,
+            },
+            Error::NormTooLarge {
+                squared_norm,
+                largest,
+                column,
+                max,
+                ..
+            } => Error::NormTooLarge {
+                at: here,
+                squared_norm,
+                largest,
+                column,
+                max,
+            },
+            Error::NotRepresentable {
+                column,
+                value,
+                dtype,
+                max,
+                ..
+            } => Error::NotRepresentable {
+                at: here,
+                column,
+                value,
+                dtype,
+                max,
+            },
+            other => other,
+        }
+    }
+
     /// Wraps a backend's typed error so it can travel through [`crate::Retriever`].
     pub fn backend<E>(backend: &'static str, source: E) -> Self
     where

@@ -345,7 +345,7 @@ impl RowStore {
             });
         }
         let mut one = RowStore::empty(self.dim, self.dtype())?;
-        one.push_rows(row).map_err(|e| relocate(e, r))?;
+        one.push_rows(row).map_err(|e| e.at_row(r))?;
         let vals = r * self.dim..(r + 1) * self.dim;
         match (&mut self.values, one.values) {
             (Values::F32(v), Values::F32(o)) => v[vals].copy_from_slice(&o),
@@ -470,44 +470,6 @@ impl RowStore {
             r = end;
         }
         Ok(())
-    }
-}
-
-/// Rewrites the row an error names (a one-row check) to row `r`.
-fn relocate(e: Error, r: usize) -> Error {
-    match e {
-        Error::NonFinite { column, value, .. } => Error::NonFinite {
-            at: Located::Row(r),
-            column,
-            value,
-        },
-        Error::NormTooLarge {
-            squared_norm,
-            largest,
-            column,
-            max,
-            ..
-        } => Error::NormTooLarge {
-            at: Located::Row(r),
-            squared_norm,
-            largest,
-            column,
-            max,
-        },
-        Error::NotRepresentable {
-            column,
-            value,
-            dtype,
-            max,
-            ..
-        } => Error::NotRepresentable {
-            at: Located::Row(r),
-            column,
-            value,
-            dtype,
-            max,
-        },
-        other => other,
     }
 }
 

@@ -42,7 +42,7 @@
 //! when they are at most few that scoring them costs less than the walk
 //! would (see [`DEFAULT_FILTER_WALK_COST`]).
 
-use topk_core::{validate, Error, Located, Neighbor};
+use topk_core::{validate, Error, Neighbor};
 
 use crate::build::select_neighbours;
 use crate::error::{HnswError, Result};
@@ -380,27 +380,5 @@ fn connect(links: &mut Links<u32>, vectors: &Vectors, e: u32, q: u32, level: usi
 /// Names the slot an inserted row would take in its input error
 /// (`validate::corpus` saw it as row 0 of a one-row corpus).
 fn at_slot(e: Error, slot: u32) -> HnswError {
-    let here = Located::Row(slot as usize);
-    match e {
-        Error::NonFinite { column, value, .. } => Error::NonFinite {
-            at: here,
-            column,
-            value,
-        },
-        Error::NormTooLarge {
-            squared_norm,
-            largest,
-            column,
-            max,
-            ..
-        } => Error::NormTooLarge {
-            at: here,
-            squared_norm,
-            largest,
-            column,
-            max,
-        },
-        other => other,
-    }
-    .into()
+    e.at_row(slot as usize).into()
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use ndarray::{array, Array2, ArrayView2};
 use topk_core::{Error as CoreError, Hit, Metric, MAX_ID};
 use topk_index::{Filter, FilterSpec, Index, IndexBackend, IndexError};
+use topk_testkit::files::crc32;
 
 fn small() -> Index {
     let rows = array![[1.0_f32, 0.0], [0.0, 1.0], [0.6, 0.8]];
@@ -333,22 +334,6 @@ fn checksummed_but_impossible_values_name_their_offset() {
             .contains("corrupt at offset 12: metric code 9"),
         "{err}"
     );
-}
-
-fn crc32(b: &[u8]) -> u32 {
-    // The standard CRC-32 (IEEE), bit by bit: independent of the writer's crate.
-    let mut crc = !0u32;
-    for &byte in b {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 #[test]

@@ -9,6 +9,7 @@ use ndarray::{Array2, ArrayView2};
 use topk_core::{Dtype, Error as CoreError, Located, Metric};
 use topk_index::{Index, IndexBackend, IndexError, IndexOptions};
 use topk_testkit::corpora::{self, palette};
+use topk_testkit::files::crc32;
 use topk_testkit::hits::same_hits as same;
 
 fn rows(n: usize, d: usize, seed: u64) -> Array2<f32> {
@@ -151,21 +152,6 @@ fn values_the_type_cannot_hold_are_named_and_change_nothing() {
     let mut wide = index(Dtype::Bf16, IndexBackend::Cpu, data.view());
     wide.add(&[1, 2, 3], bad.view()).expect("bf16 holds 1e5");
     assert_eq!(wide.get(3).expect("live")[1], Dtype::Bf16.round(1.0e5));
-}
-
-fn crc32(b: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in b {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 /// `bytes` with its header field at 8..16 (version, metric field) replaced

@@ -6,6 +6,7 @@
 //! | [`gpu_or_skip`], [`or_skip`] | device cases skip with a printed reason where there is no device, and fail instead under `TOPK_REQUIRE_GPU=1` |
 //! | [`conformance`], [`Subject`], [`Label`] | every input rule and bit-identical oracle agreement, through any backend |
 //! | [`overflow`] | the overflow rule as a property test any exact backend must keep |
+//! | [`files`] | [`files::crc32`], to edit files and fix their checksums as a writer would |
 //! | [`hits`] | hit lists compared bit for bit, rows from vectors (history tests) |
 //!
 //! ```
@@ -19,6 +20,7 @@
 
 mod conformance;
 pub mod corpora;
+pub mod files;
 mod gpu;
 pub mod hits;
 mod labels;

@@ -74,57 +74,60 @@ pub fn rows_f32<'a>(
     range: Range<usize>,
     scratch: &'a mut Vec<f32>,
 ) -> &'a [f32] {
-    match (store.dtype(), store.as_bits16()) {
-        (Dtype::F16, Some(bits)) if has_f16c() => {
+    match store.as_bits16() {
+        Some(bits) if has_simd(store.dtype()) => {
             let d = store.dim();
             let src = &bits[range.start * d..range.end * d];
             scratch.clear();
             scratch.resize(src.len(), 0.0);
-            widen_f16(src, scratch);
-            scratch
-        }
-        (Dtype::Bf16, Some(bits)) if has_avx2() => {
-            let d = store.dim();
-            let src = &bits[range.start * d..range.end * d];
-            scratch.clear();
-            scratch.resize(src.len(), 0.0);
-            widen_bf16(src, scratch);
+            widen(store.dtype(), src, scratch);
             scratch
         }
         _ => store.rows_f32(range, scratch),
     }
 }
 
-/// Whether this CPU runs AVX2 (detected once).
-fn has_avx2() -> bool {
-    static AVX2: OnceLock<bool> = OnceLock::new();
-    *AVX2.get_or_init(|| {
+/// Whether this CPU widens `dtype` with vector instructions: F16C (and AVX)
+/// for f16, AVX2 for bf16 (detected once).
+fn has_simd(dtype: Dtype) -> bool {
+    static FEATURES: OnceLock<(bool, bool)> = OnceLock::new();
+    let (f16c, avx2) = *FEATURES.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            std::arch::is_x86_feature_detected!("avx2")
+            use std::arch::is_x86_feature_detected as has;
+            (has!("f16c") && has!("avx"), has!("avx2"))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            false
+            (false, false)
         }
-    })
-}
-
-/// `dst[i] = f32(src[i])` for the bf16 bits `src` (the upper half of an
-/// f32); `dst.len() == src.len()`. Only called after [`has_avx2`].
-fn widen_bf16(src: &[u16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen_bf16: length mismatch");
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: callers check has_avx2() first; the lengths are equal
-    // (asserted above).
-    unsafe {
-        widen_bf16_avx2(src, dst)
+    });
+    match dtype {
+        Dtype::F16 => f16c,
+        Dtype::Bf16 => avx2,
+        Dtype::F32 => false,
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("AVX2 is x86-64 only")
 }
 
-/// [`widen_bf16`] on AVX2: eight values a step (zero-extend to 32 bits,
+/// `dst[i] = f32(src[i])` for the 16-bit values `src` of `dtype`; only
+/// called after [`has_simd`] said yes.
+fn widen(dtype: Dtype, src: &[u16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen: length mismatch");
+    assert!(
+        has_simd(dtype),
+        "widen: no vector path for {dtype} on this CPU"
+    );
+    #[cfg(target_arch = "x86_64")]
+    match dtype {
+        // SAFETY: has_simd(F16) means F16C and AVX run here; the lengths are
+        // equal (asserted above).
+        Dtype::F16 => unsafe { widen_f16c(src, dst) },
+        // SAFETY: has_simd(Bf16) means AVX2 runs here; lengths as above.
+        _ => unsafe { widen_bf16_avx2(src, dst) },
+    }
+}
+
+/// [`widen`] for bf16 on AVX2: eight values a step (zero-extend to 32 bits,
 /// shift left by 16), the tail one by one.
 ///
 /// # Safety
@@ -151,37 +154,7 @@ unsafe fn widen_bf16_avx2(src: &[u16], dst: &mut [f32]) {
     }
 }
 
-/// Whether this CPU converts halves in hardware (detected once).
-fn has_f16c() -> bool {
-    static F16C: OnceLock<bool> = OnceLock::new();
-    *F16C.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("f16c")
-                && std::arch::is_x86_feature_detected!("avx")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
-/// `dst[i] = f32(src[i])` for the f16 bits `src`; `dst.len() == src.len()`.
-/// Only called after [`has_f16c`].
-fn widen_f16(src: &[u16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen_f16: length mismatch");
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: callers check has_f16c() (F16C and AVX) first; the lengths
-    // are equal (asserted above).
-    unsafe {
-        widen_f16c(src, dst)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("F16C is x86-64 only")
-}
-
-/// [`widen_f16`] on F16C: eight halves a step, the tail one by one.
+/// [`widen`] for f16 on F16C: eight halves a step, the tail one by one.
 ///
 /// # Safety
 /// The CPU runs F16C and AVX; `src.len() == dst.len()`.
@@ -207,54 +180,36 @@ unsafe fn widen_f16c(src: &[u16], dst: &mut [f32]) {
 mod tests {
     use super::*;
 
-    /// Every finite f16 (and both zeros) widens to the bits of the scalar
-    /// conversion, at every alignment of the tail.
-    #[test]
-    fn every_finite_half_widens_like_the_scalar_rule() {
-        if !has_f16c() {
-            eprintln!("skipping: this CPU has no F16C (the scalar conversions are used)");
+    /// Every finite value of `dtype` (a store holds no NaN or infinity)
+    /// widens to the bits of the scalar conversion, at every tail length.
+    fn every_finite_value_widens_like(dtype: Dtype, exponent: u16, scalar: fn(u16) -> f32) {
+        if !has_simd(dtype) {
+            eprintln!("skipping: this CPU has no vector path for {dtype} (the scalar one is used)");
             return;
         }
-        let finite: Vec<u16> = (0..=u16::MAX).filter(|b| b & 0x7c00 != 0x7c00).collect();
+        let finite: Vec<u16> = (0..=u16::MAX)
+            .filter(|b| b & exponent != exponent)
+            .collect();
         let mut out = vec![0.0; finite.len()];
-        widen_f16(&finite, &mut out);
+        widen(dtype, &finite, &mut out);
         for (&b, &w) in finite.iter().zip(&out) {
-            assert_eq!(
-                w.to_bits(),
-                half::f16::from_bits(b).to_f32().to_bits(),
-                "bits {b:#06x}"
-            );
+            assert_eq!(w.to_bits(), scalar(b).to_bits(), "{dtype} bits {b:#06x}");
         }
         for len in 0..20 {
             let mut o = vec![0.0; len];
-            widen_f16(&finite[1000..1000 + len], &mut o);
+            widen(dtype, &finite[1000..1000 + len], &mut o);
             assert_eq!(o, out[1000..1000 + len]);
         }
     }
 
-    /// Every finite bf16 widens to its f32, at every tail length (a store
-    /// holds no NaN; the scalar conversion quiets one).
     #[test]
-    fn every_bfloat16_widens_like_the_scalar_rule() {
-        if !has_avx2() {
-            eprintln!("skipping: this CPU has no AVX2 (the scalar conversions are used)");
-            return;
-        }
-        let all: Vec<u16> = (0..=u16::MAX).filter(|b| b & 0x7f80 != 0x7f80).collect();
-        let mut out = vec![0.0; all.len()];
-        widen_bf16(&all, &mut out);
-        for (&b, &w) in all.iter().zip(&out) {
-            assert_eq!(
-                w.to_bits(),
-                half::bf16::from_bits(b).to_f32().to_bits(),
-                "bits {b:#06x}"
-            );
-        }
-        for len in 0..20 {
-            let mut o = vec![0.0; len];
-            widen_bf16(&all[777..777 + len], &mut o);
-            assert_eq!(o, out[777..777 + len]);
-        }
+    fn every_finite_half_widens_like_the_scalar_rule() {
+        every_finite_value_widens_like(Dtype::F16, 0x7c00, |b| half::f16::from_bits(b).to_f32());
+    }
+
+    #[test]
+    fn every_finite_bfloat16_widens_like_the_scalar_rule() {
+        every_finite_value_widens_like(Dtype::Bf16, 0x7f80, |b| half::bf16::from_bits(b).to_f32());
     }
 
     #[test]
