@@ -359,6 +359,38 @@ def test_save_open_round_trip(ray_local, tmp_path, rng) -> None:
         again.close()
 
 
+def test_half_width_shards(ray_local, tmp_path, rng) -> None:
+    """``dtype="float16"`` shards answer like one float16 index, refuse a
+    value float16 cannot hold before any shard changes, and reopen as
+    float16."""
+    folder = tmp_path / "half"
+    s = topk.ray.ShardedIndex(D, metric="dot", shards=3, path=folder, num_cpus=0, dtype="float16")
+    one = topk.Index(D, metric="dot", dtype="float16")
+    try:
+        assert s.dtype == "float16"
+        rows = rng.standard_normal((300, D)).astype(np.float32)
+        s.add(rows)
+        one.add(rows)
+        bad = rows[:4].copy()
+        bad[3, 1] = 1e5
+        with pytest.raises(topk.InvalidInputError, match="f16"):
+            s.add(bad, ids=[1000, 1001, 1002, 1003])
+        with pytest.raises(topk.InvalidInputError, match="f16"):
+            s.upsert(bad, ids=[0, 1, 2, 3])
+        same_content(s, one)
+        q = rng.standard_normal((4, D)).astype(np.float32)
+        same_searches(s, one, q, np.arange(0, 300, 2), 20)
+        s.save()
+    finally:
+        s.close()
+    again = topk.ray.ShardedIndex.open(folder, num_cpus=0)
+    try:
+        assert again.dtype == "float16"
+        same_content(again, one)
+    finally:
+        again.close()
+
+
 def test_open_refuses_a_bad_set(ray_local, tmp_path) -> None:
     with pytest.raises(topk.IndexFileError):
         topk.ray.ShardedIndex.open(tmp_path)

@@ -226,11 +226,11 @@ class _Shard:
         self._check()
         return self._index.search(queries, k, filter)
 
-    def info(self) -> tuple[int, str, str, int]:
-        """``(dim, metric, backend, len)``."""
+    def info(self) -> tuple[int, str, str, int, str]:
+        """``(dim, metric, backend, len, dtype)``."""
         self._check()
         i = self._index
-        return i.dim, i.metric, i.backend, len(i)
+        return i.dim, i.metric, i.backend, len(i), i.dtype
 
     def pid(self) -> int:
         """The actor's process id (a restart changes it)."""

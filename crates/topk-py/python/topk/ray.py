@@ -201,6 +201,15 @@ class ShardedIndex:
             self._shutdown()
             raise
         self._backend = str(infos[0][2])
+        # Shards of one set store one type (docs/CONTRACTS.md §12, §14); the
+        # driver's checks of a mutation use it too.
+        self._dtype = str(infos[0][4])
+        mixed = [i for i, info in enumerate(infos) if str(info[4]) != self._dtype]
+        if mixed:
+            self._shutdown()
+            raise IndexFileError(
+                f"shard {mixed[0]} stores {infos[mixed[0]][4]} rows, shard 0 stores {self._dtype}"
+            )
 
     # -- fan-out ------------------------------------------------------------
 
@@ -269,7 +278,7 @@ class ShardedIndex:
         whole set) and returns their ids, as :meth:`topk.Index.add`."""
         self._live()
         rows = _rows(vectors, self._backend)
-        probe = Index(self._dim, self._metric, "cpu")
+        probe = Index(self._dim, self._metric, "cpu", dtype=self._dtype)
         if ids is None:
             top = self._max_id()
             if top >= 0:
@@ -288,7 +297,7 @@ class ShardedIndex:
         self._live()
         rows = _rows(vectors, self._backend)
         ids = _inputs.ids_int64(ids, "ids")
-        Index(self._dim, self._metric, "cpu").upsert(rows, ids)
+        Index(self._dim, self._metric, "cpu", dtype=self._dtype).upsert(rows, ids)
         self._mutate("upsert", self._parts(rows, ids))
 
     def remove(self, ids: Any) -> int:
@@ -405,6 +414,12 @@ class ShardedIndex:
     def backend(self) -> str:
         """The backend the shards search on."""
         return self._backend
+
+    @property
+    def dtype(self) -> str:
+        """How the shards store their rows: ``"float32"``, ``"float16"`` or
+        ``"bfloat16"`` (the ``dtype=`` option, kept by ``save``)."""
+        return self._dtype
 
     @property
     def shards(self) -> int:
