@@ -113,6 +113,35 @@ fn files_keep_the_type_at_half_the_bytes() {
     }
 }
 
+/// An `hnsw` index of half-width rows saves its graph beside the 16-bit
+/// rows and reopens with it: the graph's rows are the widened stored rows.
+#[test]
+fn an_hnsw_graph_over_half_width_rows_round_trips() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = rows(800, 16, 6);
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        let mut ix = index(dtype, IndexBackend::Hnsw, data.view());
+        ix.remove(&[1000, 1003]);
+        let path = dir.path().join(format!("g-{dtype}.topkidx"));
+        ix.save(&path).expect("save");
+        let info = Index::file_info(&path).expect("info");
+        assert!(
+            info.graph && info.dtype == dtype && info.version == 3,
+            "{info:?}"
+        );
+        let back = Index::open(&path, IndexBackend::Hnsw).expect("open with its graph");
+        assert_eq!(back.dtype(), dtype);
+        for q in data.outer_iter().take(6) {
+            let q = q.to_vec();
+            same(
+                &back.search(&q, 10, None).expect("search"),
+                &ix.search(&q, 10, None).expect("search"),
+            )
+            .unwrap_or_else(|e| panic!("{dtype}: {e}"));
+        }
+    }
+}
+
 #[test]
 fn values_the_type_cannot_hold_are_named_and_change_nothing() {
     let data = rows(10, 4, 3);
