@@ -72,6 +72,12 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
 
+    /// How the corpus is stored: f16 and bf16 round each value once and
+    /// search the stored values exactly (docs/CONTRACTS.md §14); cpu and
+    /// oracle hold them at half the bytes.
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+
     /// Write every result: FILE.jsonl (one line per query) or FILE.npy
     /// (uint32 indices, Q x K) plus FILE.scores.npy (float32 scores, Q x K).
     #[arg(long, value_name = "FILE")]

@@ -85,6 +85,7 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     let step = build_step(progress, args.backend, n);
     let reporter = step.clone();
     let options = topk::Options::new()
+        .dtype(args.dtype.into())
         .hnsw(args.hnsw_params())
         .progress(topk::BuildProgress::new(move |rows| {
             reporter.set(rows as u64)
@@ -148,6 +149,7 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
         (Some(sample), Some(corpus)) => Some(recall(
             corpus,
             metric,
+            args.dtype.into(),
             inputs.queries.view(),
             &results,
             args.k,
@@ -221,9 +223,11 @@ fn build_step(progress: Progress, backend: topk::Backend, n: usize) -> Step {
 /// Recall@K of `results` over `sample` queries picked with [`RECALL_SEED`]
 /// (all of them when there are fewer), against exact search over `corpus`
 /// on the cpu backend.
+#[allow(clippy::too_many_arguments)]
 fn recall(
     corpus: Array2<f32>,
     metric: Metric,
+    dtype: topk::Dtype,
     queries: ArrayView2<'_, f32>,
     results: &[Vec<Neighbor>],
     k: usize,
@@ -233,15 +237,21 @@ fn recall(
     let picked = sample_rows(queries.nrows(), sample, RECALL_SEED);
     let started = Instant::now();
     let step = progress.spinner(format!("exact search of {} sampled queries", picked.len()));
-    let exact = topk::open(topk::Backend::Cpu, corpus, metric, &topk::Options::new())
-        .map_err(|source| DemoError::open(topk::Backend::Cpu, "the recall check", source))
-        .and_then(|cpu| {
-            cpu.search_batch(queries.select(Axis(0), &picked).view(), k)
-                .map_err(|source| DemoError::Search {
-                    backend: cpu.backend(),
-                    source,
-                })
-        });
+    // Exact over the same stored values as the index being measured.
+    let exact = topk::open(
+        topk::Backend::Cpu,
+        corpus,
+        metric,
+        &topk::Options::new().dtype(dtype),
+    )
+    .map_err(|source| DemoError::open(topk::Backend::Cpu, "the recall check", source))
+    .and_then(|cpu| {
+        cpu.search_batch(queries.select(Axis(0), &picked).view(), k)
+            .map_err(|source| DemoError::Search {
+                backend: cpu.backend(),
+                source,
+            })
+    });
     step.finish();
     let exact = exact?;
     let (mut found, mut wanted) = (0usize, 0usize);
@@ -442,6 +452,13 @@ fn report(
         );
     }
     let _ = writeln!(s, "backend   {}", retriever.backend());
+    if args.dtype != crate::cli::DtypeArg::F32 {
+        let dtype: topk::Dtype = args.dtype.into();
+        let _ = writeln!(
+            s,
+            "storage   {dtype} (each value rounded once; exact over the stored values)"
+        );
+    }
     let _ = writeln!(
         s,
         "corpus    {corpus_origin}: N = {}, D = {}",

@@ -215,6 +215,60 @@ fn npy_results_equal_the_oracle() {
     assert_same_bits(&got, &oracle(&corpus, &queries, Metric::L2, 12), "npy/l2");
 }
 
+/// `--dtype f16` / `bf16`: the results are the oracle's over the rounded
+/// corpus, bit for bit, on both exact backends, and the report says so.
+#[test]
+fn half_width_storage_results_equal_the_oracle_over_rounded_rows() {
+    let (corpus, queries) = fixture(300, 20, 40);
+    let f = write_fixture(&corpus, &queries, "corpus.npy", "queries.npy");
+    for (flag, dtype) in [
+        ("f16", topk_core::Dtype::F16),
+        ("bf16", topk_core::Dtype::Bf16),
+    ] {
+        let rounded = corpus.mapv(|x| dtype.round(x));
+        let want = oracle(&rounded, &queries, Metric::Cosine, 9);
+        for backend in ["cpu", "oracle"] {
+            let out = f.dir.join(format!("{flag}-{backend}.npy"));
+            let o = demo(
+                path_arg("--corpus", &f.corpus)
+                    .into_iter()
+                    .chain(path_arg("--queries", &f.queries))
+                    .chain(path_arg("--out", &out))
+                    .chain(
+                        [
+                            "--k",
+                            "9",
+                            "--metric",
+                            "cosine",
+                            "--dtype",
+                            flag,
+                            "--backend",
+                            backend,
+                        ]
+                        .map(Into::into),
+                    ),
+            );
+            assert!(o.status.success(), "{}", stderr(&o));
+            assert!(
+                stdout(&o).contains(&format!("storage   {flag}")),
+                "{}",
+                stdout(&o)
+            );
+            let indices = topk_io::read_npy_u32(&out).unwrap();
+            let stem = out.with_extension("");
+            let scores = topk_io::read_npy_f32(format!("{}.scores.npy", stem.display())).unwrap();
+            let got: Vec<Vec<Neighbor>> = (0..40)
+                .map(|q| {
+                    (0..9)
+                        .map(|j| Neighbor::new(indices[[q, j]], scores[[q, j]]))
+                        .collect()
+                })
+                .collect();
+            assert_same_bits(&got, &want, &format!("{flag}/{backend}"));
+        }
+    }
+}
+
 #[test]
 fn k_beyond_n_returns_every_row() {
     let (corpus, queries) = fixture(12, 5, 3);

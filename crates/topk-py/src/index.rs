@@ -457,8 +457,13 @@ impl PyIndex {
 
     fn __repr__(&self) -> String {
         let index = self.read();
+        // The storage type is shown when it is not the default.
+        let dtype = match index.dtype() {
+            Dtype::F32 => String::new(),
+            d => format!(", dtype={:?}", dtype_name(d)),
+        };
         format!(
-            "topk.Index(dim={}, metric={:?}, backend={:?}, len={})",
+            "topk.Index(dim={}, metric={:?}, backend={:?}{dtype}, len={})",
             index.dim(),
             index.metric().as_str(),
             index.backend().as_str(),

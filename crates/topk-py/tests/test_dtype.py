@@ -65,6 +65,13 @@ def test_dtype_spellings(spelling: object) -> None:
     assert topk.Index(4, dtype="bf16").dtype == "bfloat16"
 
 
+def test_repr_names_a_half_width_type() -> None:
+    assert repr(topk.Index(4, dtype="bf16")) == (
+        'topk.Index(dim=4, metric="cosine", backend="cpu", dtype="bfloat16", len=0)'
+    )
+    assert "dtype" not in repr(topk.Index(4))
+
+
 def test_an_unknown_dtype_names_it() -> None:
     with pytest.raises(topk.InvalidInputError, match="float64"):
         topk.Index(4, dtype=np.float64)
