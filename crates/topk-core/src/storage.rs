@@ -142,6 +142,10 @@ const CHUNK_VALUES: usize = 1 << 14;
 /// Every way in checks what it stores: the values must be finite and fit the
 /// type, and the widened rows must keep the overflow rule (§4.1), so a
 /// backend may score stored rows without further checks.
+///
+/// The row accessors (`row`, `rows_f32`, `widen_into`, `copy_row`,
+/// `row_le_bytes`, `set_row_checked`) panic on a row past the end, as slice
+/// indexing does; `set_row` returns an error instead.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowStore {
     dim: usize,
@@ -344,15 +348,16 @@ impl RowStore {
                 got: row.len(),
             });
         }
+        if r >= self.len() {
+            return Err(Error::InvalidParameter {
+                name: "row",
+                value: r.to_string(),
+                reason: format!("the store holds {} rows", self.len()),
+            });
+        }
         let mut one = RowStore::empty(self.dim, self.dtype())?;
         one.push_rows(row).map_err(|e| e.at_row(r))?;
-        let vals = r * self.dim..(r + 1) * self.dim;
-        match (&mut self.values, one.values) {
-            (Values::F32(v), Values::F32(o)) => v[vals].copy_from_slice(&o),
-            (Values::F16(v), Values::F16(o)) => v[vals].copy_from_slice(&o),
-            (Values::Bf16(v), Values::Bf16(o)) => v[vals].copy_from_slice(&o),
-            _ => unreachable!("a one-row store has the store's type"),
-        }
+        self.set_row_checked(r, &one.to_f32());
         Ok(())
     }
 
@@ -601,6 +606,11 @@ mod tests {
         // 65519 rounds down to the largest finite f16.
         s.push_rows(&[65519.0, -65519.0]).unwrap();
         assert_eq!(&*s.row(1), &[65504.0, -65504.0]);
+        let e = s.set_row(2, &[1.0, 1.0]).unwrap_err();
+        assert!(
+            e.to_string().contains("row = 2") && e.to_string().contains("2 rows"),
+            "{e}"
+        );
         let e = s.set_row(0, &[1.0, 7e4]).unwrap_err();
         assert!(matches!(
             e,
