@@ -2,7 +2,6 @@
 //! canonical scores, per-block bounded selection merged with the one
 //! comparator. The batch path lives in [`crate::batch`].
 
-use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use ndarray::ArrayView2;
@@ -31,11 +30,6 @@ pub struct CpuRetriever {
     /// Upward row norms for the certified batch path, computed by the first
     /// batch that takes it.
     bound_norms: OnceLock<BoundNorms>,
-}
-
-thread_local! {
-    /// One widened row of a half-width corpus, for [`CpuRetriever::score_one`].
-    static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 fn norms_with(kernels: Kernels) -> impl Fn(&[f32], usize) -> Vec<f32> {
@@ -171,19 +165,14 @@ impl CpuRetriever {
     /// The score of row `i`, for the exact bits of the selected results.
     pub(crate) fn score_one(&self, query: &[f32], query_norm: f32, i: u32) -> f32 {
         let i = i as usize;
-        let score = |row: &[f32]| {
-            self.kernels.score_row(
-                self.corpus.metric(),
-                query,
-                query_norm,
-                row,
-                self.corpus.norm(i),
-            )
-        };
-        match self.corpus.store().as_f32() {
-            Some(all) => score(&all[i * self.dim()..(i + 1) * self.dim()]),
-            None => ROW.with_borrow_mut(|buf| score(self.corpus.rows(i..i + 1, buf))),
-        }
+        self.kernels.score_stored_row(
+            self.corpus.metric(),
+            query,
+            query_norm,
+            self.corpus.store(),
+            i,
+            self.corpus.norm(i),
+        )
     }
 
     /// Offers rows `range` to `sel`.

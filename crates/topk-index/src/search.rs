@@ -322,13 +322,8 @@ impl Index {
     #[inline]
     fn score_one(&self, query: &[f32], qn: f32, r: usize) -> f32 {
         let norm = self.norms.get(r).copied().unwrap_or(0.0);
-        let score = |row: &[f32]| self.kernels.score_row(self.metric, query, qn, row, norm);
-        match self.data.as_f32() {
-            Some(all) => score(&all[r * self.dim..(r + 1) * self.dim]),
-            None => ROW.with_borrow_mut(|buf| {
-                score(topk_cpu::kernels::rows_f32(&self.data, r..r + 1, buf))
-            }),
-        }
+        self.kernels
+            .score_stored_row(self.metric, query, qn, &self.data, r, norm)
     }
 
     /// Offers every stored row whose bit is set in `mask`.
@@ -382,11 +377,6 @@ impl Index {
         };
         select_parallel(rows.len(), task_rows, k, scan)
     }
-}
-
-thread_local! {
-    /// One widened row of a half-width index, for `Index::score_one`.
-    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Ids compared at once when merging a filter with the id-sorted rows.

@@ -4,6 +4,7 @@
 //! topk-core's conversions elsewhere.
 //! Widening is exact either way, so the bits are the same.
 
+use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -16,7 +17,35 @@ use super::Kernels;
 /// measured 1.4–1.7× the f32 time for f16 on a 2-core machine).
 const WIDE_BYTES: usize = 16 << 10;
 
+thread_local! {
+    /// One widened row of a half-width store, for [`Kernels::score_stored_row`].
+    static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 impl Kernels {
+    /// [`Kernels::score_row`] of stored row `r` (its norm `row_norm`, read
+    /// only for cosine): in place for `f32` storage, widened into a
+    /// per-thread row otherwise.
+    ///
+    /// # Panics
+    /// When `r` is past the end or the query has the wrong length.
+    #[inline]
+    pub fn score_stored_row(
+        self,
+        metric: Metric,
+        query: &[f32],
+        query_norm: f32,
+        store: &RowStore,
+        r: usize,
+        row_norm: f32,
+    ) -> f32 {
+        let score = |row: &[f32]| self.score_row(metric, query, query_norm, row, row_norm);
+        match store.as_f32() {
+            Some(all) => score(&all[r * store.dim()..(r + 1) * store.dim()]),
+            None => ROW.with_borrow_mut(|buf| score(rows_f32(store, r..r + 1, buf))),
+        }
+    }
+
     /// [`Kernels::score_rows`] over rows `range` of a store: `out[i]` is the
     /// score of row `range.start + i`; `row_norms` (of those rows) is read
     /// only for cosine. Half-width rows are widened into `scratch` a piece
