@@ -493,24 +493,24 @@ fn push_narrowed<T: Copy>(
     let mut wide = Vec::with_capacity(rows_per_chunk * dim);
     for (c, chunk) in rows.chunks(rows_per_chunk * dim).enumerate() {
         let row0 = first_row + c * rows_per_chunk;
-        // Non-finite input is named as given, before any rounding.
-        validate::corpus_values_from(chunk, dim, row0).or_else(|e| match e {
-            // A norm too large as given may still be checked after rounding
-            // below; only non-finite values are final here.
-            Error::NormTooLarge { .. } => Ok(()),
-            other => Err(other),
-        })?;
         let start = out.len();
         out.extend(chunk.iter().map(|&x| narrow(x)));
         wide.clear();
         wide.extend(out[start..].iter().map(|&h| widen(h)));
-        if let Some(pos) = wide.iter().position(|w| w.is_infinite()) {
-            return Err(Error::NotRepresentable {
-                at: Located::Row(row0 + pos / dim),
-                column: pos % dim,
-                value: chunk[pos],
-                dtype,
-                max: dtype.max(),
+        // A stored NaN or infinity came from a non-finite input (named as
+        // given) or from a finite one the type cannot hold.
+        if let Some(pos) = wide.iter().position(|w| !w.is_finite()) {
+            let (at, column, value) = (Located::Row(row0 + pos / dim), pos % dim, chunk[pos]);
+            return Err(if value.is_finite() {
+                Error::NotRepresentable {
+                    at,
+                    column,
+                    value,
+                    dtype,
+                    max: dtype.max(),
+                }
+            } else {
+                Error::NonFinite { at, column, value }
             });
         }
         validate::corpus_values_from(&wide, dim, row0)?;

@@ -36,7 +36,7 @@ impl Corpus {
     ) -> Result<Self> {
         let (n, dim) = rows.dim();
         let store = if dtype == Dtype::F32 {
-            validate::corpus_view(rows)?;
+            // `from_f32` checks the copy (§4), naming rows in logical order.
             // `iter` walks in logical (row-major) order whatever the strides.
             let data = match rows.as_slice() {
                 Some(s) => s.to_vec(),
