@@ -72,6 +72,21 @@ fn assert_same_bits(got: &[Vec<Neighbor>], want: &[Vec<Neighbor>], label: &str) 
     }
 }
 
+/// The results the demo wrote to `out` (`.npy` indices and `.scores.npy`
+/// beside them), `q` queries of `k` results.
+fn read_npy_results(out: &Path, q: usize, k: usize) -> Vec<Vec<Neighbor>> {
+    let indices = topk_io::read_npy_u32(out).unwrap();
+    let scores = topk_io::read_npy_f32(out.with_extension("scores.npy")).unwrap();
+    assert_eq!((indices.dim(), scores.dim()), ((q, k), (q, k)));
+    (0..q)
+        .map(|i| {
+            (0..k)
+                .map(|j| Neighbor::new(indices[[i, j]], scores[[i, j]]))
+                .collect()
+        })
+        .collect()
+}
+
 fn path_arg(flag: &str, p: &Path) -> [std::ffi::OsString; 2] {
     [flag.into(), p.as_os_str().to_owned()]
 }
@@ -201,17 +216,7 @@ fn npy_results_equal_the_oracle() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("hits.scores.npy"), "{}", stdout(&o));
-    let indices = topk_io::read_npy_u32(&out).unwrap();
-    let scores = topk_io::read_npy_f32(f.dir.join("hits.scores.npy")).unwrap();
-    assert_eq!(indices.dim(), (600, 12));
-    assert_eq!(scores.dim(), (600, 12));
-    let got: Vec<Vec<Neighbor>> = (0..600)
-        .map(|q| {
-            (0..12)
-                .map(|j| Neighbor::new(indices[[q, j]], scores[[q, j]]))
-                .collect()
-        })
-        .collect();
+    let got = read_npy_results(&out, 600, 12);
     assert_same_bits(&got, &oracle(&corpus, &queries, Metric::L2, 12), "npy/l2");
 }
 
@@ -254,16 +259,7 @@ fn half_width_storage_results_equal_the_oracle_over_rounded_rows() {
                 "{}",
                 stdout(&o)
             );
-            let indices = topk_io::read_npy_u32(&out).unwrap();
-            let stem = out.with_extension("");
-            let scores = topk_io::read_npy_f32(format!("{}.scores.npy", stem.display())).unwrap();
-            let got: Vec<Vec<Neighbor>> = (0..40)
-                .map(|q| {
-                    (0..9)
-                        .map(|j| Neighbor::new(indices[[q, j]], scores[[q, j]]))
-                        .collect()
-                })
-                .collect();
+            let got = read_npy_results(&out, 40, 9);
             assert_same_bits(&got, &want, &format!("{flag}/{backend}"));
         }
     }
