@@ -89,6 +89,12 @@ pub struct Tuning {
     pub filter_rows: usize,
     /// See `filter_rows`.
     pub filter_queries: usize,
+    /// On a device of compute capability 9.0 (Hopper), the filtered path's
+    /// lower bounds come from warpgroup tensor-core products (`wgmma`,
+    /// `kernels/filter90.cu`) instead of `mma.sync`: the same bounds, the
+    /// same answers bit for bit, in about half the time for chunks of 256
+    /// queries (`bench/gpu/NOTES.md`). `false` keeps `mma.sync`.
+    pub wgmma_bounds: bool,
 }
 
 impl Default for CudaConfig {
@@ -115,14 +121,16 @@ impl Default for Tuning {
             mapped_queries: true,
             filter_rows: DEFAULT_FILTER_ROWS,
             filter_queries: DEFAULT_FILTER_QUERIES,
+            wgmma_bounds: true,
         }
     }
 }
 
-/// Default of `Tuning::batch_scratch`: 256 MiB, what 64-query chunks
-/// need at 1M rows; smaller corpora get larger chunks (all 256 queries of a
-/// default batch up to 262,144 rows).
-pub const DEFAULT_BATCH_SCRATCH: usize = 256 << 20;
+/// Default of `Tuning::batch_scratch`: 1 GiB, what a whole default batch
+/// of 256 queries needs at 1M rows (2^20): a filtered batch then reads the
+/// corpus once for all of them (`bench/gpu/NOTES.md`, "wgmma bounds").
+/// Larger corpora get smaller chunks, never fewer than 64 queries.
+pub const DEFAULT_BATCH_SCRATCH: usize = 1 << 30;
 
 /// Default of `Tuning::filter_rows` and `Tuning::filter_queries`: where the
 /// filtered path was faster than the canonical one on an H200 (K = 100,

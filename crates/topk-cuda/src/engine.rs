@@ -188,7 +188,7 @@ impl Engine {
                 available,
             });
         }
-        let modules = Modules::load()?;
+        let modules = Modules::load(info.compute_capability, tuning.wgmma_bounds)?;
         let kernels = Kernels::load(&modules, info.multiprocessors)?;
         let score_plan = kernels.prepare_score(metric, d)?;
         let search_grid = if device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? {

@@ -27,9 +27,39 @@ pub const KERNEL_NAMES: &[&str] = &[
     "score_ids",
     "select",
     "filter",
+    "filter90",
     "rows",
     "walk",
 ];
+
+/// Families built for one architecture's own instructions instead of
+/// [`NVCC_FLAGS`]' `-arch` (`wgmma` needs `sm_90a`); their PTX loads only on
+/// a device of that compute capability.
+pub const ARCH_FAMILIES: &[(&str, &str)] = &[("filter90", "-arch=compute_90a")];
+
+/// The nvcc flags of one family: [`NVCC_FLAGS`], with its own `-arch` where
+/// [`ARCH_FAMILIES`] names one.
+pub fn family_flags(name: &str) -> Vec<&'static str> {
+    let arch = ARCH_FAMILIES
+        .iter()
+        .find(|(family, _)| *family == name)
+        .map(|&(_, arch)| arch);
+    NVCC_FLAGS
+        .iter()
+        .map(|&f| match arch {
+            Some(a) if f.starts_with("-arch=") => a,
+            _ => f,
+        })
+        .collect()
+}
+
+/// Every flag that goes into the sources hash: [`NVCC_FLAGS`], then each
+/// [`ARCH_FAMILIES`] entry.
+pub fn hashed_flags() -> Vec<String> {
+    let mut flags: Vec<String> = NVCC_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+    flags.extend(ARCH_FAMILIES.iter().map(|(n, a)| format!("{n}:{a}")));
+    flags
+}
 
 /// First-line marker of a generated PTX file, followed by the hash.
 pub const HASH_MARKER: &str = "// topk kernel sources hash: ";
@@ -49,6 +79,10 @@ pub const SELECT_PTX: &str = include_str!("../../../kernels/select.ptx");
 /// listing and rescoring.
 pub const FILTER_PTX: &str = include_str!("../../../kernels/filter.ptx");
 
+/// PTX of `kernels/filter90.cu`: the filtered batch's lower bounds from
+/// Hopper's warpgroup tensor-core products (`sm_90a` only).
+pub const FILTER90_PTX: &str = include_str!("../../../kernels/filter90.ptx");
+
 /// PTX of `kernels/rows.cu`: moving, overwriting and hiding rows of the
 /// mutable resident corpus, and scoring a list of rows.
 pub const ROWS_PTX: &str = include_str!("../../../kernels/rows.ptx");
@@ -65,6 +99,7 @@ pub const ALL_PTX: &[(&str, &str)] = &[
     ("score_ids", SCORE_IDS_PTX),
     ("select", SELECT_PTX),
     ("filter", FILTER_PTX),
+    ("filter90", FILTER90_PTX),
     ("rows", ROWS_PTX),
     ("walk", WALK_PTX),
 ];
@@ -74,7 +109,7 @@ pub const ALL_PTX: &[(&str, &str)] = &[
 ///
 /// Names take part so a renamed header changes the hash; the separators keep
 /// `("ab", "c")` and `("a", "bc")` apart.
-pub fn source_hash(flags: &[&str], files: &[(String, String)]) -> String {
+pub fn source_hash<F: AsRef<str>>(flags: &[F], files: &[(String, String)]) -> String {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut h = OFFSET;
@@ -87,7 +122,7 @@ pub fn source_hash(flags: &[&str], files: &[(String, String)]) -> String {
         h = h.wrapping_mul(PRIME);
     };
     for f in flags {
-        feed(f.as_bytes());
+        feed(f.as_ref().as_bytes());
     }
     let mut sorted: Vec<&(String, String)> = files.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -116,8 +151,10 @@ mod tests {
     /// the hash, so the staleness test below also fails when a new source
     /// is not listed.
     const KERNEL_SOURCES: &[(&str, &str)] = &[
+        ("bounds.cuh", include_str!("../../../kernels/bounds.cuh")),
         ("common.cuh", include_str!("../../../kernels/common.cuh")),
         ("filter.cu", include_str!("../../../kernels/filter.cu")),
+        ("filter90.cu", include_str!("../../../kernels/filter90.cu")),
         ("norms.cu", include_str!("../../../kernels/norms.cu")),
         ("pairs.cuh", include_str!("../../../kernels/pairs.cuh")),
         ("rows.cu", include_str!("../../../kernels/rows.cu")),
@@ -150,7 +187,7 @@ mod tests {
 
     #[test]
     fn embedded_ptx_matches_kernel_sources() {
-        let want = source_hash(NVCC_FLAGS, &sources());
+        let want = source_hash(&hashed_flags(), &sources());
         for &(name, ptx) in ALL_PTX {
             let got = recorded_hash(ptx);
             assert_eq!(
@@ -166,12 +203,13 @@ mod tests {
         let a = vec![("a.cu".to_owned(), "x".to_owned())];
         let b = vec![("b.cu".to_owned(), "x".to_owned())];
         let c = vec![("a.cu".to_owned(), "y".to_owned())];
-        assert_ne!(source_hash(&[], &a), source_hash(&[], &b));
-        assert_ne!(source_hash(&[], &a), source_hash(&[], &c));
-        assert_ne!(source_hash(&["-O3"], &a), source_hash(&[], &a));
+        let none: &[&str] = &[];
+        assert_ne!(source_hash(none, &a), source_hash(none, &b));
+        assert_ne!(source_hash(none, &a), source_hash(none, &c));
+        assert_ne!(source_hash(&["-O3"], &a), source_hash::<&str>(&[], &a));
         let crlf = vec![("a.cu".to_owned(), "x\r\ny".to_owned())];
         let lf = vec![("a.cu".to_owned(), "x\ny".to_owned())];
-        assert_eq!(source_hash(&[], &crlf), source_hash(&[], &lf));
+        assert_eq!(source_hash(none, &crlf), source_hash(none, &lf));
     }
 
     #[test]
@@ -182,6 +220,16 @@ mod tests {
             assert!(
                 ptx.contains(".version 9.0"),
                 "PTX ISA must be 9.0 (CUDA 13.0)"
+            );
+        }
+        for &(name, ptx) in ALL_PTX {
+            let arch = family_flags(name)
+                .into_iter()
+                .find_map(|f| f.strip_prefix("-arch=compute_"))
+                .unwrap_or("");
+            assert!(
+                ptx.contains(&format!(".target sm_{arch}")),
+                "kernels/{name}.ptx: built for sm_{arch}"
             );
         }
     }

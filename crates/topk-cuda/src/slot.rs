@@ -269,20 +269,20 @@ mod tests {
     #[test]
     fn batch_chunks_grow_with_the_scratch_and_stay_in_bounds() {
         let scratch = crate::DEFAULT_BATCH_SCRATCH;
-        // 64-query chunks at 1M rows.
+        // A whole default batch in one chunk up to 1M rows (2^20).
         assert_eq!(
             Sizes::new(1 << 20, 256, scratch),
             Sizes {
                 staged: 256,
-                chunk: 64
+                chunk: 256
             }
         );
-        // Smaller corpora take a whole default batch in one chunk.
-        assert_eq!(Sizes::new(262_144, 256, scratch).chunk, 256);
-        // Whole 32-query tiles: 223 fit at 300k rows, 67 at 1M.
-        assert_eq!(Sizes::new(300_000, 256, scratch).chunk, 192);
-        assert_eq!(Sizes::new(1_000_000, 256, scratch).chunk, 64);
+        assert_eq!(Sizes::new(1_000_000, 256, scratch).chunk, 256);
         assert_eq!(Sizes::new(10_000, 256, scratch).chunk, 256);
+        // Whole 32-query tiles beyond: 170 fit at 1.5M rows, 89 at 3M.
+        assert_eq!(Sizes::new(1_500_000, 256, scratch).chunk, 160);
+        assert_eq!(Sizes::new(3_000_000, 256, scratch).chunk, 64);
+        assert_eq!(Sizes::new(300_000, 256, 256 << 20).chunk, 192);
         // Never fewer than 64 (nor more than staged), whatever the scratch.
         assert_eq!(Sizes::new(10_000_000, 256, scratch).chunk, 64);
         assert_eq!(Sizes::new(10_000, 256, 0).chunk, 64);

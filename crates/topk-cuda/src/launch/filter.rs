@@ -21,6 +21,14 @@ use crate::error::CudaError;
 const APPROX_QUERIES: u32 = 64;
 const APPROX_ROWS: u32 = 128;
 pub(super) const APPROX_SMEM: usize = 3 * (64 + 128) * 36 * 4;
+/// Block tile of `topk_approx90_*` (`W9Shape<W9_WGQ, W9_WGR, W9_STAGES>`:
+/// 64 `W9_WGQ` queries × 128 `W9_WGR` rows, 128 threads a warpgroup) and
+/// its dynamic shared memory (`W9_STAGES` stages of (queries + rows) × 128
+/// bytes, and 1,024 bytes to align them).
+const APPROX90_QUERIES: u32 = 64 * 2;
+const APPROX90_ROWS: u32 = 128 * 2;
+const APPROX90_THREADS: u32 = 128 * 2 * 2;
+pub(super) const APPROX90_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
 /// Threads of `topk_filter_*` and `topk_rescore_*` (`FILTER_THREADS`).
 const FILTER_THREADS: u32 = 256;
 /// Blocks per multiprocessor of `topk_filter_*`, shared among the chunk's
@@ -50,19 +58,33 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         ops.check(true, true)?;
         check_aligned(ops)?;
-        let blocks = ops.nq.div_ceil(APPROX_QUERIES) * ops.n.div_ceil(APPROX_ROWS);
         let mut raw = ops.batch_args();
         let mut args = raw.pointers();
-        let launch = Launch::new(
-            "topk_approx",
-            self.approx[metric_slot(metric)],
-            (blocks, 1),
-            SCORE_THREADS,
-        )
-        .shared(APPROX_SMEM);
-        // SAFETY: the parameter list of topk_approx_* (BatchArgs); buffers
-        // and alignment checked above; the dynamic shared memory was allowed
-        // at load.
+        let launch = match self.approx90 {
+            Some(f) => {
+                let blocks = ops.nq.div_ceil(APPROX90_QUERIES) * ops.n.div_ceil(APPROX90_ROWS);
+                Launch::new(
+                    "topk_approx90",
+                    f[metric_slot(metric)],
+                    (blocks, 1),
+                    APPROX90_THREADS,
+                )
+                .shared(APPROX90_SMEM)
+            }
+            None => {
+                let blocks = ops.nq.div_ceil(APPROX_QUERIES) * ops.n.div_ceil(APPROX_ROWS);
+                Launch::new(
+                    "topk_approx",
+                    self.approx[metric_slot(metric)],
+                    (blocks, 1),
+                    SCORE_THREADS,
+                )
+                .shared(APPROX_SMEM)
+            }
+        };
+        // SAFETY: the parameter list of topk_approx_* and topk_approx90_*
+        // (BatchArgs, the same); buffers and alignment checked above; the
+        // dynamic shared memory was allowed at load.
         unsafe { launch.run(q, &mut args) }
     }
 
@@ -247,7 +269,7 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{define, FILTER_CU};
+    use super::super::tests::{define, FILTER90_CU, FILTER_CU};
     use super::*;
 
     #[test]
@@ -260,6 +282,20 @@ mod tests {
         assert_eq!(
             APPROX_SMEM,
             define(FILTER_CU, "AX_STAGES") * (bq + br) * ld * 4
+        );
+    }
+
+    #[test]
+    fn host_constants_mirror_the_hopper_bound_kernel() {
+        let (wgq, wgr) = (define(FILTER90_CU, "W9_WGQ"), define(FILTER90_CU, "W9_WGR"));
+        assert_eq!(64 * wgq as u32, APPROX90_QUERIES);
+        assert_eq!(128 * wgr as u32, APPROX90_ROWS);
+        assert_eq!(128 * (wgq * wgr) as u32, APPROX90_THREADS);
+        let (bk, align) = (define(FILTER90_CU, "W9_BK"), define(FILTER90_CU, "W9_ALIGN"));
+        let stage = (64 * wgq + 128 * wgr) * bk * 4;
+        assert_eq!(
+            APPROX90_SMEM,
+            define(FILTER90_CU, "W9_STAGES") * stage + align
         );
     }
 }

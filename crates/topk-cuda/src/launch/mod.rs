@@ -133,6 +133,9 @@ pub(crate) struct Kernels {
     /// Filtered batches (`kernels/filter.cu`): tensor-core lower bounds,
     /// the listing of rows that may reach the top K, their canonical scores.
     approx: [cu::CUfunction; 3],
+    /// The same bounds from Hopper's warpgroup products
+    /// (`kernels/filter90.cu`), where the device runs them.
+    approx90: Option<[cu::CUfunction; 3]>,
     filter: [cu::CUfunction; 3],
     rescore: [cu::CUfunction; 3],
     select_listed: cu::CUfunction,
@@ -427,6 +430,9 @@ pub(crate) struct Modules {
     ids: Module,
     select: Module,
     filter: Module,
+    /// Loaded only on a device of compute capability 9.0 (its PTX is
+    /// built for `sm_90a`).
+    filter90: Option<Module>,
     rows: Module,
     walk: Module,
 }
@@ -439,10 +445,18 @@ fn load_module(module: &'static str, ptx: &str) -> Result<Module, CudaError> {
 }
 
 impl Modules {
-    /// Loads the embedded PTX of every family into the current context.
-    pub(crate) fn load() -> Result<Self, CudaError> {
+    /// Loads the embedded PTX of every family into the current context of
+    /// a device of `compute_capability`; the Hopper bound kernels only where
+    /// it is (9, 0) and `wgmma` allows them.
+    pub(crate) fn load(compute_capability: (i32, i32), wgmma: bool) -> Result<Self, CudaError> {
         use crate::ptx;
+        let filter90 = if wgmma && compute_capability == (9, 0) {
+            Some(load_module("filter90", ptx::FILTER90_PTX)?)
+        } else {
+            None
+        };
         Ok(Modules {
+            filter90,
             norms: load_module("norms", ptx::NORMS_PTX)?,
             single: load_module("score_single", ptx::SCORE_SINGLE_PTX)?,
             batch: load_module("score_batch", ptx::SCORE_BATCH_PTX)?,
@@ -465,6 +479,7 @@ impl Kernels {
             ids,
             select,
             filter,
+            filter90,
             rows,
             walk,
         } = modules;
@@ -472,6 +487,16 @@ impl Kernels {
         let gather = function(select, "topk_gather")?;
         let approx = family!(filter, "topk_approx");
         let select_listed = function(filter, "topk_select_listed")?;
+        let approx90 = match filter90 {
+            Some(m) => {
+                let f = family!(m, "topk_approx90");
+                for &k in &f {
+                    allow_shared(k, filter::APPROX90_SMEM)?;
+                }
+                Some(f)
+            }
+            None => None,
+        };
         for (f, dynamic) in [
             (select_small, select::small_smem(select::STASH_ROWS)),
             (gather, RANK_TMP_BYTES),
@@ -492,6 +517,7 @@ impl Kernels {
             scoreq16: family!(batch, "topk_scoreq16"),
             ids: family!(ids, "topk_score_ids"),
             approx,
+            approx90,
             filter: family!(filter, "topk_filter"),
             rescore: family!(filter, "topk_rescore"),
             select_listed,
@@ -550,6 +576,7 @@ mod tests {
     pub(super) const SHAPES_CUH: &str = include_str!("../../../../kernels/shapes.cuh");
     pub(super) const SCORE_BATCH_CU: &str = include_str!("../../../../kernels/score_batch.cu");
     pub(super) const FILTER_CU: &str = include_str!("../../../../kernels/filter.cu");
+    pub(super) const FILTER90_CU: &str = include_str!("../../../../kernels/filter90.cu");
     pub(super) const WALK_CU: &str = include_str!("../../../../kernels/walk.cu");
 
     #[test]
@@ -594,6 +621,7 @@ mod tests {
             ("score_ids", ptx::SCORE_IDS_PTX, metrics("topk_score_ids")),
             ("select", ptx::SELECT_PTX, select),
             ("filter", ptx::FILTER_PTX, filter),
+            ("filter90", ptx::FILTER90_PTX, metrics("topk_approx90")),
             ("walk", ptx::WALK_PTX, metrics("topk_walk")),
         ] {
             for name in &names {

@@ -1,0 +1,178 @@
+//! The filtered batch's tensor-core bounds (docs/CONTRACTS.md §6) under near
+//! ties: corpora whose rows differ by 2^-e of their size, so that from e
+//! near 8 on every row's score lies within the bounds' width of the K-th and
+//! the list of rows to rescore is long, and past the list's capacity the
+//! chunk runs again on the canonical path. Either bound kernel (`wgmma` on
+//! compute capability 9.0, `mma.sync` everywhere) must give the oracle's
+//! bytes.
+//!
+//! Device cases skip with a printed reason where there is no device, and
+//! fail instead under `TOPK_REQUIRE_GPU=1`. `TOPK_GPU_CASES` sets the number
+//! of property cases (default 24).
+
+use ndarray::ArrayView2;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use topk_core::{Metric, Retriever};
+use topk_cpu::Oracle;
+use topk_cuda::{CudaConfig, CudaRetriever, PlanPath};
+use topk_testkit::corpora::bitwise_diff;
+use topk_testkit::gpu_or_skip;
+
+fn cases() -> u32 {
+    std::env::var("TOPK_GPU_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(24, |c: u32| c.min(24))
+}
+
+/// `n` rows b + 2^-e u (b one random row, u uniform in [-1, 1) per value),
+/// every `dup`-th row a copy of the one before (exact ties, ranked by row).
+fn near_ties(seed: u64, n: usize, d: usize, e: i32, dup: usize) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let base: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let step = 2f32.powi(-e);
+    let mut v = Vec::with_capacity(n * d);
+    for r in 0..n {
+        if dup > 0 && r > 0 && r % dup == 0 {
+            v.extend_from_within((r - 1) * d..r * d);
+        } else {
+            v.extend(base.iter().map(|&b| b + step * rng.random_range(-1.0f32..1.0)));
+        }
+    }
+    v
+}
+
+/// Queries: random rows of their own, and rows of the corpus itself.
+fn queries(seed: u64, nq: usize, d: usize, corpus: &[f32]) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5bd1_e995);
+    let n = corpus.len() / d;
+    let mut q = Vec::with_capacity(nq * d);
+    for i in 0..nq {
+        if i % 3 == 0 {
+            let r = rng.random_range(0..n);
+            q.extend_from_slice(&corpus[r * d..(r + 1) * d]);
+        } else {
+            q.extend((0..d).map(|_| rng.random_range(-1.0f32..1.0)));
+        }
+    }
+    q
+}
+
+/// The filtered path for every chunk, with or without `wgmma`, chunks of
+/// 64 queries (`small_chunks`) or as many as the default scratch holds.
+fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
+    let mut c = CudaConfig::for_path(PlanPath::FilteredBatch);
+    c.tuning.wgmma_bounds = wgmma;
+    if small_chunks {
+        c.tuning.batch_scratch = 0;
+    }
+    c
+}
+
+/// Every query of the batch against the oracle, bit for bit; the engine's
+/// count of chunks run again.
+fn check(
+    data: &[f32],
+    d: usize,
+    metric: Metric,
+    config: CudaConfig,
+    qs: &[f32],
+    k: usize,
+    ctx: &str,
+) -> Result<usize, String> {
+    let gpu = CudaRetriever::from_rowmajor(data.to_vec(), d, metric, config)
+        .map_err(|e| format!("{ctx}: engine: {e}"))?;
+    let oracle =
+        Oracle::from_rowmajor(data.to_vec(), d, metric).map_err(|e| format!("{ctx}: {e}"))?;
+    let nq = qs.len() / d;
+    let view = ArrayView2::from_shape((nq, d), qs).map_err(|e| e.to_string())?;
+    let got = gpu
+        .search_batch(view, k)
+        .map_err(|e| format!("{ctx}: batch: {e}"))?;
+    for (i, row) in got.iter().enumerate() {
+        let want = oracle
+            .search(&qs[i * d..(i + 1) * d], k)
+            .map_err(|e| e.to_string())?;
+        if let Some(diff) = bitwise_diff(row, &want) {
+            return Err(format!("{ctx}: query {i}: {diff}"));
+        }
+    }
+    Ok(gpu.filter_reruns())
+}
+
+#[test]
+fn near_tie_corpora_are_exact_with_either_bound_kernel() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        ..Config::default()
+    });
+    let strategy = (
+        any::<u64>(),
+        1000usize..5000,
+        prop::sample::select(vec![36usize, 64, 100, 128, 384]),
+        4i32..24,
+        prop::sample::select(vec![0usize, 2, 7]),
+        1usize..200,
+        prop::sample::select(vec![1usize, 10, 100, 1000, 1024]),
+        0usize..3,
+        any::<bool>(),
+        any::<bool>(),
+    );
+    runner
+        .run(
+            &strategy,
+            |(seed, n, d, e, dup, nq, k, m, wgmma, small)| {
+                let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
+                let data = near_ties(seed, n, d, e, dup);
+                let qs = queries(seed, nq, d, &data);
+                let ctx = format!(
+                    "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} wgmma {wgmma} small {small}"
+                );
+                check(&data, d, metric, filtered(wgmma, small), &qs, k, &ctx)
+                    .map(|_| ())
+                    .map_err(TestCaseError::fail)
+            },
+        )
+        .expect("near ties");
+}
+
+#[test]
+fn long_lists_are_rescored_and_overflowing_ones_run_again() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let d = 128;
+    for wgmma in [true, false] {
+        for small in [true, false] {
+            let config = || filtered(wgmma, small);
+            // Rows 2^-4 apart: the bounds separate the top K, no chunk runs
+            // again.
+            let data = near_ties(11, 20_000, d, 4, 0);
+            let qs = queries(12, 130, d, &data);
+            let ctx = format!("spread rows, wgmma {wgmma} small {small}");
+            let reruns = check(&data, d, Metric::Dot, config(), &qs, 100, &ctx).expect("spread");
+            assert_eq!(reruns, 0, "{ctx}: chunks ran again");
+            // 4,000 rows within 2^-22 of each other: every row can reach the
+            // top K, so every one is listed (the list's capacity is 4,096)
+            // or, where tied lower bounds stop the first selection, the
+            // chunk runs again; exact either way.
+            let data = near_ties(13, 4_000, d, 22, 3);
+            let qs = queries(14, 70, d, &data);
+            let ctx = format!("4,000 near ties, wgmma {wgmma} small {small}");
+            check(&data, d, Metric::Cosine, config(), &qs, 10, &ctx).expect("long lists");
+            // 6,000 such rows: more than the list holds; every chunk runs
+            // again on the canonical path, still exact.
+            let data = near_ties(15, 6_000, d, 22, 0);
+            let qs = queries(16, 70, d, &data);
+            let ctx = format!("6,000 near ties, wgmma {wgmma} small {small}");
+            let reruns = check(&data, d, Metric::L2, config(), &qs, 1000, &ctx).expect("overflow");
+            assert!(reruns > 0, "{ctx}: an overflowing list must run again");
+        }
+    }
+}

@@ -1,0 +1,238 @@
+// The lower bounds of a filtered batch on Hopper: the same bounds as
+// filter.cu's topk_approx_* (bounds.cuh), from warpgroup tensor-core
+// products (wgmma) whose operands the tensor cores read from shared memory
+// themselves, so that no lane converts or moves an operand. Built for
+// sm_90a only (its own PTX, loaded where the device is compute capability
+// 9.0); every other device runs filter.cu's mma.sync kernel.
+//
+// Block tile: W9_BQ queries (the M = 64 of one wgmma) by W9_BR rows, two
+// warpgroups of 128 rows each (N = 128), staged W9_BK = 32 columns (128
+// bytes, one swizzle row) at a time, STAGES deep, with cp.async. Both
+// operands are K-major (a query or a row is 128 contiguous bytes of a
+// stage), in the 128-byte swizzle the descriptors name: 16-byte piece c of
+// vector v sits at v * 128 + ((c ^ (v % 8)) * 16) from a 1024-byte aligned
+// base.
+//
+// TF32 operands: the tensor cores use the top 19 bits of each fp32 input,
+// a relative error below 2^-10 each whether they round or truncate, so the
+// product of a pair is within 2^-9 Σ|q_i x_i| <= 2^-9 |q| |x| of the exact
+// one before accumulation; bounds.cuh's width allows 2^-8 for it (and
+// D 2^-22 for the accumulation).
+#include "bounds.cuh"
+
+#define W9_BK 32
+#define W9_ALIGN 1024
+
+// A block of WGQ x WGR warpgroups: warpgroup (i, j) multiplies queries
+// 64 i .. + 64 by rows 128 j .. + 128 of the block tile, STAGES stages.
+template <int WGQ, int WGR, int STAGES>
+struct W9Shape {
+    static constexpr unsigned BQ = 64 * WGQ;
+    static constexpr unsigned BR = 128 * WGR;
+    static constexpr unsigned THREADS = 128 * WGQ * WGR;
+    // Bytes of one stage: queries then rows, 128 bytes each.
+    static constexpr unsigned STAGE_BYTES = (BQ + BR) * W9_BK * 4;
+    static constexpr unsigned SMEM = STAGES * STAGE_BYTES + W9_ALIGN;
+    // Row stride of the products' tile in shared memory at the end (floats;
+    // 8-byte stores of a warp fall on distinct banks in pairs).
+    static constexpr unsigned LD = BR + 4;
+    static_assert(BQ * LD * 4 <= STAGES * STAGE_BYTES, "the products fit the stages");
+    static_assert(W9_BK * 4 == 128, "a stage row is one 128-byte swizzle row");
+    static_assert(STAGES >= 3, "one stage multiplied, one finishing, one in flight");
+    static_assert((BQ * 128) % W9_ALIGN == 0 && STAGE_BYTES % W9_ALIGN == 0,
+                  "every operand base stays 1024-byte aligned");
+};
+
+// The shared-memory matrix descriptor of a K-major operand in the 128-byte
+// swizzle starting at shared address `saddr`: start address, leading byte
+// offset 1 (unused for this layout), stride byte offset 1024 (8 rows of 128
+// bytes), swizzle mode 1 (PTX ISA, "Matrix Descriptor Format").
+__device__ __forceinline__ unsigned long long w9_desc(unsigned saddr) {
+    return (unsigned long long)((saddr & 0x3ffffu) >> 4) | (1ull << 16) | (64ull << 32) |
+           (1ull << 62);
+}
+
+// acc (64 per thread) += A B^T over k = 8 columns: A the 64 x 8 queries, B
+// the 128 x 8 rows, both K-major in shared memory.
+__device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,
+                                       unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+
+// Keeps the compiler from moving accesses of the accumulators across the
+// asynchronous products (which read and write them without its knowledge).
+__device__ __forceinline__ void w9_fence_acc(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        asm volatile("" : "+f"(d[i])::"memory");
+    }
+}
+
+// Stages columns k0..k0 + W9_BK of the block's queries and rows into the
+// stage at shared address `st` (swizzled, see the top), zeros past nq, n
+// and d. D % 4 == 0, so a 16-byte piece is wholly inside a vector or past it.
+template <class SH>
+__device__ __forceinline__ void w9_stage(unsigned st, const float* __restrict__ corpus,
+                                         unsigned n, unsigned d,
+                                         const float* __restrict__ queries, unsigned nq,
+                                         size_t q0, size_t r0, unsigned k0) {
+    constexpr unsigned PIECES = W9_BK / 4;
+    for (unsigned i = threadIdx.x; i < (SH::BQ + SH::BR) * PIECES; i += SH::THREADS) {
+        const unsigned v = i / PIECES;
+        const unsigned c = i % PIECES;
+        const unsigned col = k0 + c * 4;
+        const unsigned dst = st + v * 128u + ((c ^ (v & 7u)) * 16u);
+        const bool is_q = v < SH::BQ;
+        const size_t idx = is_q ? q0 + v : r0 + (v - SH::BQ);
+        if (col < d && (is_q ? idx < nq : idx < n)) {
+            topk_cp_async16_s(dst, (is_q ? queries : corpus) + idx * d + col);
+        } else {
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
+        }
+    }
+    topk_cp_async_commit();
+}
+
+// Lower bounds of the canonical scores of nq queries against n rows into
+// scores[q * n + row], as filter.cu's approx_scores. Blocks take (query
+// tile, row tile) pairs with the query tile varying fastest, so the blocks
+// that share a row tile run together and read it from L2. Warpgroup g owns
+// rows 128 g .. + 128 of the block tile; warp w of it queries 16 w .. + 16.
+// Dynamic shared memory: STAGES stages plus W9_ALIGN bytes of slack.
+// LAB (bench/gpu/lab/wgmma_lab.cu only; the engine's kernels pass 0):
+// 1 leaves the products out, 2 the copies after the first stages.
+template <int METRIC, int WGQ, int WGR, int STAGES, int LAB = 0>
+__device__ void w9_scores(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+                          unsigned n, unsigned d, const float* __restrict__ queries,
+                          unsigned nq, const float* __restrict__ qnorm,
+                          float* __restrict__ scores) {
+    using SH = W9Shape<WGQ, WGR, STAGES>;
+    extern __shared__ float4 topk_dyn_smem[];
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
+    const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
+    const unsigned qtiles = (nq + SH::BQ - 1) / SH::BQ;
+    const size_t q0 = (size_t)(blockIdx.x % qtiles) * SH::BQ;
+    const size_t r0 = (size_t)(blockIdx.x / qtiles) * SH::BR;
+    const unsigned gq = (threadIdx.x / 128u) / WGR;
+    const unsigned gr = (threadIdx.x / 128u) % WGR;
+    const unsigned warp = (threadIdx.x / TOPK_WARP) % 4u;
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const unsigned nk = (d + W9_BK - 1) / W9_BK;
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        acc[i] = 0.0f;
+    }
+    // Stages kt + 1 .. kt + STAGES - 2 are in flight while stage kt is
+    // multiplied; the products of stage kt - 1 may still be reading theirs,
+    // so the stage refilled at step kt is kt - 2's.
+#pragma unroll
+    for (unsigned s = 0; s + 2 < STAGES; ++s) {
+        if (s < nk) {
+            w9_stage<SH>(sm + s * SH::STAGE_BYTES, corpus, n, d, queries, nq, q0, r0, s * W9_BK);
+        } else {
+            topk_cp_async_commit();
+        }
+    }
+    for (unsigned kt = 0; kt < nk; ++kt) {
+        topk_cp_async_wait<STAGES - 3>();
+        // This thread's copies and zero stores of stage kt are done; make
+        // them visible to the tensor cores' reads, then wait for every
+        // thread's. Every warpgroup has also finished the products of stage
+        // kt - 2 (it waited for them in step kt - 1 before this barrier).
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        const unsigned next = kt + STAGES - 2;
+        if (next < nk && LAB != 2) {
+            w9_stage<SH>(sm + (next % STAGES) * SH::STAGE_BYTES, corpus, n, d, queries, nq, q0,
+                     r0, next * W9_BK);
+        } else {
+            topk_cp_async_commit();
+        }
+        const unsigned st = sm + (kt % STAGES) * SH::STAGE_BYTES;
+        const unsigned a = st + gq * 64u * 128u;
+        const unsigned b = st + (SH::BQ + gr * 128u) * 128u;
+        w9_fence_acc(acc);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (unsigned kk = 0; kk < (LAB == 1 ? 0 : W9_BK / 8); ++kk) {
+            // Eight TF32 columns are 32 bytes along the swizzled row.
+            w9_mma(acc, w9_desc(a + kk * 32u), w9_desc(b + kk * 32u));
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        w9_fence_acc(acc);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    w9_fence_acc(acc);
+    topk_cp_async_wait<0>();
+    // The block's products go through shared memory (the stages are free
+    // once every warpgroup is done), so that the lower bounds are written a
+    // query's rows at a time. acc[4 j + 2 h + c] is query 16 warp + lane / 4
+    // + 8 h, row 8 j + 2 (lane % 4) + c of the warpgroup's 64 x 128 (PTX
+    // ISA, "Register Fragments", wgmma .m64nNk8 accumulators).
+    __syncthreads();
+    float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
+    const unsigned g = lane / 4;
+    const unsigned t = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned q = gq * 64 + warp * 16 + g + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const unsigned r = gr * 128 + j * 8 + 2 * t;
+            *reinterpret_cast<float2*>(tile + q * SH::LD + r) =
+                make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    }
+    __syncthreads();
+    for (unsigned i = threadIdx.x; i < SH::BQ * SH::BR; i += SH::THREADS) {
+        const unsigned qi = i / SH::BR;
+        const unsigned ri = i % SH::BR;
+        const size_t q = q0 + qi;
+        const size_t row = r0 + ri;
+        if (q < nq && row < n) {
+            scores[q * n + row] =
+                topk_approx_lower<METRIC>(tile[qi * SH::LD + ri], qnorm[q], rnorm[row], d);
+        }
+    }
+}
+
+// The engine's shape (topk-cuda mirrors these numbers).
+#define W9_WGQ 2
+#define W9_WGR 2
+#define W9_STAGES 4
+using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
+
+#define TOPK_FILTER90_KERNELS(NAME, METRIC)                                                  \
+    extern "C" __global__ void __launch_bounds__(W9Engine::THREADS) topk_approx90_##NAME(    \
+        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
+        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
+        w9_scores<METRIC, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm, \
+                                                     scores);                                \
+    }
+
+TOPK_FILTER90_KERNELS(dot, TOPK_DOT)
+TOPK_FILTER90_KERNELS(cosine, TOPK_COSINE)
+TOPK_FILTER90_KERNELS(l2, TOPK_L2)
