@@ -4,14 +4,15 @@
 //! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--ds D1,…] [--ks K1,…] [--trials T]
 //! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
-//! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES]`
+//! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
 //! leaves out the single-query and round-trip lines; R, S, F, FQ and BYTES
 //! set `Tuning::fuse_rows`, `single_launch_rows`, `filter_rows`,
 //! `filter_queries` and `batch_scratch`;
-//! `--no-graphs` clears `Tuning::graphs`, `--copy-results`
+//! `--no-graphs` clears `Tuning::graphs`, `--no-wgmma`
+//! `Tuning::wgmma_bounds`, `--copy-results`
 //! `Tuning::mapped_results`, `--copy-queries`
 //! `Tuning::mapped_queries`). Rows are seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
@@ -112,6 +113,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let single_launch_rows: usize =
         flag_value(&args, "--single-launch-rows").unwrap_or(topk_cuda::DEFAULT_SINGLE_LAUNCH_ROWS);
     let graphs = !args.iter().any(|a| a == "--no-graphs");
+    let wgmma_bounds = !args.iter().any(|a| a == "--no-wgmma");
     let mapped_results = !args.iter().any(|a| a == "--copy-results");
     let mapped_queries = !args.iter().any(|a| a == "--copy-queries");
     let filter_rows: usize =
@@ -128,6 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     t.fuse_rows = fuse_rows;
     t.single_launch_rows = single_launch_rows;
     t.graphs = graphs;
+    t.wgmma_bounds = wgmma_bounds;
     t.mapped_results = mapped_results;
     t.mapped_queries = mapped_queries;
     let info = device_info(0)?;
@@ -265,7 +268,8 @@ fn time_batch(
         "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok,
         "filter_rows": gpu.config().tuning.filter_rows,
         "filter_queries": gpu.config().tuning.filter_queries, "filter_reruns": gpu.filter_reruns(),
-        "batch_scratch": gpu.config().tuning.batch_scratch}),
+        "batch_scratch": gpu.config().tuning.batch_scratch,
+        "wgmma_bounds": gpu.config().tuning.wgmma_bounds, "qps": q as f64 * 1e3 / bm}),
     )
 }
 

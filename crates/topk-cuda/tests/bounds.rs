@@ -39,7 +39,10 @@ fn near_ties(seed: u64, n: usize, d: usize, e: i32, dup: usize) -> Vec<f32> {
         if dup > 0 && r > 0 && r % dup == 0 {
             v.extend_from_within((r - 1) * d..r * d);
         } else {
-            v.extend(base.iter().map(|&b| b + step * rng.random_range(-1.0f32..1.0)));
+            v.extend(
+                base.iter()
+                    .map(|&b| b + step * rng.random_range(-1.0f32..1.0)),
+            );
         }
     }
     v
@@ -125,20 +128,17 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
         any::<bool>(),
     );
     runner
-        .run(
-            &strategy,
-            |(seed, n, d, e, dup, nq, k, m, wgmma, small)| {
-                let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
-                let data = near_ties(seed, n, d, e, dup);
-                let qs = queries(seed, nq, d, &data);
-                let ctx = format!(
-                    "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} wgmma {wgmma} small {small}"
-                );
-                check(&data, d, metric, filtered(wgmma, small), &qs, k, &ctx)
-                    .map(|_| ())
-                    .map_err(TestCaseError::fail)
-            },
-        )
+        .run(&strategy, |(seed, n, d, e, dup, nq, k, m, wgmma, small)| {
+            let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
+            let data = near_ties(seed, n, d, e, dup);
+            let qs = queries(seed, nq, d, &data);
+            let ctx = format!(
+                "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} wgmma {wgmma} small {small}"
+            );
+            check(&data, d, metric, filtered(wgmma, small), &qs, k, &ctx)
+                .map(|_| ())
+                .map_err(TestCaseError::fail)
+        })
         .expect("near ties");
 }
 

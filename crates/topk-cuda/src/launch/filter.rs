@@ -291,7 +291,10 @@ mod tests {
         assert_eq!(64 * wgq as u32, APPROX90_QUERIES);
         assert_eq!(128 * wgr as u32, APPROX90_ROWS);
         assert_eq!(128 * (wgq * wgr) as u32, APPROX90_THREADS);
-        let (bk, align) = (define(FILTER90_CU, "W9_BK"), define(FILTER90_CU, "W9_ALIGN"));
+        let (bk, align) = (
+            define(FILTER90_CU, "W9_BK"),
+            define(FILTER90_CU, "W9_ALIGN"),
+        );
         let stage = (64 * wgq + 128 * wgr) * bk * 4;
         assert_eq!(
             APPROX90_SMEM,
