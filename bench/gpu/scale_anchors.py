@@ -90,22 +90,25 @@ def main() -> None:
     ap.add_argument("--ns", default="1000000")
     ap.add_argument("--ds", default="1024")
     ap.add_argument("--k", type=int, default=100)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", default="256", help="batch sizes, comma-separated")
+    ap.add_argument("--no-upload", action="store_true", help="skip the host-to-device copy rates")
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     with open(a.out, "w") as f:
-        rec = {"what": "torch_upload", **upload_rates()}
-        f.write(json.dumps(rec) + "\n")
-        print(rec, flush=True)
-        torch.cuda.empty_cache()
+        if not a.no_upload:
+            rec = {"what": "torch_upload", **upload_rates()}
+            f.write(json.dumps(rec) + "\n")
+            print(rec, flush=True)
+            torch.cuda.empty_cache()
         for d in [int(x) for x in a.ds.split(",")]:
             for n in [int(x) for x in a.ns.split(",")]:
-                rec = measure(n, d, a.k, a.batch, a.trials)
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                print(rec, flush=True)
-                torch.cuda.empty_cache()
+                for batch in [int(x) for x in a.batch.split(",")]:
+                    rec = measure(n, d, a.k, batch, a.trials)
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    print(rec, flush=True)
+                    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use topk_cuda::ptx::{family_flags, hashed_flags, recorded_hash, source_hash, HASH_MARKER, KERNEL_NAMES};
+use topk_cuda::ptx::{
+    family_flags, hashed_flags, recorded_hash, source_hash, HASH_MARKER, KERNEL_NAMES,
+};
 
 use crate::cuda;
 use crate::util::{root, run, XResult};
