@@ -28,7 +28,8 @@ fn cases() -> u32 {
         .map_or(24, |c: u32| c.min(24))
 }
 
-/// `n` rows b + 2^-e u (b one random row, u uniform in [-1, 1) per value),
+/// `n` rows b + 2^-e u (b one random row, u uniform in [-1, 1) per value;
+/// e may be negative),
 /// every `dup`-th row a copy of the one before (exact ties, ranked by row).
 fn near_ties(seed: u64, n: usize, d: usize, e: i32, dup: usize) -> Vec<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -151,9 +152,11 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
     for wgmma in [true, false] {
         for small in [true, false] {
             let config = || filtered(wgmma, small);
-            // Rows 2^-4 apart: the bounds separate the top K, no chunk runs
-            // again.
-            let data = near_ties(11, 20_000, d, 4, 0);
+            // Rows four times as far from each other as from their common
+            // part: the bounds separate the top K, no chunk runs again.
+            // (Rows 2^-4 apart already list thousands of rows for K = 100
+            // among 20,000, and some queries more than the list holds.)
+            let data = near_ties(11, 20_000, d, -2, 0);
             let qs = queries(12, 130, d, &data);
             let ctx = format!("spread rows, wgmma {wgmma} small {small}");
             let reruns = check(&data, d, Metric::Dot, config(), &qs, 100, &ctx).expect("spread");
