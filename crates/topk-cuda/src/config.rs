@@ -44,7 +44,10 @@ pub struct Tuning {
     /// Bytes of score scratch per stream for batches: a turn is scored and
     /// selected in chunks of `batch_scratch / (4 N)` queries, but at least 64
     /// (then `64 × N` floats) and at most `max_batch`. Larger chunks mean
-    /// fewer, fuller launches.
+    /// fewer, fuller launches. Where the slots of this size do not fit in
+    /// the device's free memory beside the corpus, the engine uses 256 MiB,
+    /// else the smallest chunks, and says so in a `tracing` info event
+    /// (`config()` then reports the size in use).
     pub batch_scratch: usize,
     /// Capacity of [`crate::CudaRetriever::score_ids`] in ids per call.
     pub max_gather: usize,

@@ -29,6 +29,12 @@ use crate::plan::{PathCounters, PathCounts, Plan, Planner, Select, Steps};
 use crate::slot::{Sizes, Slot, SlotShape};
 use crate::{CudaConfig, DeviceInfo};
 
+/// Batch scratch sizes an engine falls back to, largest first, when the
+/// configured one does not fit beside the corpus: the earlier default
+/// (256 MiB: 64-query chunks at 1M rows) and the smallest chunks (64
+/// queries, whatever the rows). Answers are the same bytes at every size.
+const SCRATCH_FALLBACKS: [usize; 2] = [256 << 20, 0];
+
 /// The engine: everything [`crate::CudaRetriever`] owns on the device.
 pub(crate) struct Engine {
     /// Rows in use (the resident corpus's stored rows, removed ones included).
@@ -125,6 +131,37 @@ impl Engine {
         Self::build(&[], 0, dim, metric, config, capacity.max(1), true)
     }
 
+    /// The batch scratch an engine of `capacity` rows uses, and its slot
+    /// shape: the configured `batch_scratch` where every stream's slot fits
+    /// in `available` bytes beside `fixed` (the corpus and its norms);
+    /// otherwise the largest of [`SCRATCH_FALLBACKS`] below it that fits.
+    /// `None` when not even the smallest chunks (64 queries) fit.
+    pub(crate) fn fitting_scratch(
+        capacity: usize,
+        d: usize,
+        config: &CudaConfig,
+        lists: bool,
+        fixed: usize,
+        available: usize,
+    ) -> Option<(usize, SlotShape)> {
+        let configured = config.tuning.batch_scratch;
+        let tries = std::iter::once(configured)
+            .chain(SCRATCH_FALLBACKS.into_iter().filter(|&s| s < configured));
+        for scratch in tries {
+            let mut c = config.clone();
+            c.tuning.batch_scratch = scratch;
+            let shape = Self::shape_for(capacity, d, &c, lists);
+            let need = shape
+                .bytes()
+                .checked_mul(config.streams)?
+                .checked_add(fixed)?;
+            if need <= available {
+                return Some((scratch, shape));
+            }
+        }
+        None
+    }
+
     /// The slot shape of `capacity` rows.
     pub(crate) fn shape_for(
         capacity: usize,
@@ -174,20 +211,32 @@ impl Engine {
         lists: bool,
     ) -> Result<Self, CudaError> {
         config.check()?;
-        let tuning = &config.tuning;
         let (ctx, dev) = open(config.device)?;
         let info = device::info_of(dev)?;
-        let shape = Self::shape_for(capacity, d, &config, lists);
-        let (sizes, filter_list) = (shape.sizes, shape.filter_list);
-        let requested = capacity * d * 4 + capacity * 4 + shape.bytes() * config.streams;
+        let fixed = capacity * d * 4 + capacity * 4;
         let available = driver::free_memory()?;
-        if requested > available {
+        let mut config = config;
+        let Some((scratch, shape)) =
+            Self::fitting_scratch(capacity, d, &config, lists, fixed, available)
+        else {
+            let shape = Self::shape_for(capacity, d, &config, lists);
             return Err(CudaError::OutOfMemory {
                 what: "the engine (corpus, norms and per-stream scratch)",
-                requested,
+                requested: fixed + shape.bytes() * config.streams,
                 available,
             });
+        };
+        if scratch != config.tuning.batch_scratch {
+            tracing::info!(
+                configured = config.tuning.batch_scratch,
+                used = scratch,
+                available,
+                "topk-cuda: batch scratch reduced to fit beside the corpus"
+            );
+            config.tuning.batch_scratch = scratch;
         }
+        let tuning = &config.tuning;
+        let (sizes, filter_list) = (shape.sizes, shape.filter_list);
         let modules = Modules::load(info.compute_capability, tuning.wgmma_bounds)?;
         let kernels = Kernels::load(&modules, info.multiprocessors)?;
         let score_plan = kernels.prepare_score(metric, d)?;
@@ -557,5 +606,54 @@ impl Drop for Engine {
                 tracing::warn!("topk-cuda: stream error at drop: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Device bytes of an engine's slots with `scratch` bytes of batch
+    /// scratch.
+    fn slots(capacity: usize, d: usize, scratch: usize, c: &CudaConfig) -> usize {
+        let mut c = c.clone();
+        c.tuning.batch_scratch = scratch;
+        Engine::shape_for(capacity, d, &c, false).bytes() * c.streams
+    }
+
+    #[test]
+    fn batch_scratch_falls_back_to_what_fits_beside_the_corpus() {
+        // 300k rows: chunks of 256, 192 and 64 queries at the three sizes.
+        let (n, d) = (300_000, 1024);
+        let c = CudaConfig::default();
+        let fixed = n * d * 4 + n * 4;
+        let full = slots(n, d, c.tuning.batch_scratch, &c);
+        let earlier = slots(n, d, 256 << 20, &c);
+        let least = slots(n, d, 0, &c);
+        assert!(
+            full > earlier && earlier > least,
+            "{full} {earlier} {least}"
+        );
+        let fit = |available| {
+            Engine::fitting_scratch(n, d, &c, false, fixed, available).map(|(s, shape)| {
+                assert!(shape.bytes() * c.streams + fixed <= available);
+                (s, shape.sizes.chunk)
+            })
+        };
+        // Room for the default: 256-query chunks.
+        assert_eq!(fit(fixed + full), Some((c.tuning.batch_scratch, 256)));
+        // One byte short: the earlier default.
+        assert_eq!(fit(fixed + full - 1), Some((256 << 20, 192)));
+        assert_eq!(fit(fixed + earlier), Some((256 << 20, 192)));
+        // Then the smallest chunks, then nothing.
+        assert_eq!(fit(fixed + earlier - 1), Some((0, 64)));
+        assert_eq!(fit(fixed + least - 1), None);
+        // A configured scratch below the fallbacks is never raised.
+        let mut small = c.clone();
+        small.tuning.batch_scratch = 1 << 20;
+        let got = Engine::fitting_scratch(n, d, &small, false, fixed, usize::MAX);
+        assert_eq!(got.map(|(s, _)| s), Some(1 << 20));
+        // Sizes that overflow are refused, not wrapped.
+        assert!(Engine::fitting_scratch(n, d, &c, false, usize::MAX, usize::MAX).is_none());
     }
 }

@@ -447,11 +447,18 @@ fn load_module(module: &'static str, ptx: &str) -> Result<Module, CudaError> {
 impl Modules {
     /// Loads the embedded PTX of every family into the current context of
     /// a device of `compute_capability`; the Hopper bound kernels only where
-    /// it is (9, 0) and `wgmma` allows them.
+    /// it is (9, 0) and `wgmma` allows them (where they fail to load, the
+    /// engine keeps the `mma.sync` bounds).
     pub(crate) fn load(compute_capability: (i32, i32), wgmma: bool) -> Result<Self, CudaError> {
         use crate::ptx;
+        // The Hopper bounds are an option: a driver that cannot compile
+        // their PTX leaves the engine on mma.sync, with a warning.
         let filter90 = if wgmma && compute_capability == (9, 0) {
-            Some(load_module("filter90", ptx::FILTER90_PTX)?)
+            load_module("filter90", ptx::FILTER90_PTX)
+                .inspect_err(|e| {
+                    tracing::warn!("topk-cuda: wgmma bounds not loaded, using mma.sync: {e}")
+                })
+                .ok()
         } else {
             None
         };
