@@ -9,10 +9,11 @@
 
 // Half-width of the interval around the approximate score of a pair with
 // canonical norms qn and rn, in METRIC's score (larger is better). The
-// relative part 2^-8 + D 2^-22 covers TF32 rounding of both inputs (2^-10),
-// fp32 accumulation in any order (D 2^-23) and the canonical score's own
-// error, with a margin of more than three; the absolute part covers inputs
-// or products flushed to zero. A cosine pair with a zero norm has the
+// relative part 2^-8 + D 2^-22 covers both inputs reduced to TF32 (2^-10
+// rounded, as filter.cu does; 2^-9 as the wgmma kernel takes them, rounded
+// or truncated), fp32 accumulation in any order (D 2^-23) and the canonical
+// score's own error, with a margin of more than three (two for wgmma); the
+// absolute part covers inputs or products flushed to zero. A cosine pair with a zero norm has the
 // canonical score -inf exactly (the caller's lower bound is -inf and the
 // pair is always listed).
 template <int METRIC>

@@ -5,9 +5,10 @@
 // sm_90a only (its own PTX, loaded where the device is compute capability
 // 9.0); every other device runs filter.cu's mma.sync kernel.
 //
-// Block tile: W9_BQ queries (the M = 64 of one wgmma) by W9_BR rows, two
-// warpgroups of 128 rows each (N = 128), staged W9_BK = 32 columns (128
-// bytes, one swizzle row) at a time, STAGES deep, with cp.async. Both
+// Block tile (W9Shape): WGQ x WGR warpgroups, each multiplying 64 queries
+// (the M of one wgmma) by 128 rows (its N), so 64 WGQ queries by 128 WGR
+// rows, staged W9_BK = 32 columns (128 bytes, one swizzle row) at a time,
+// STAGES deep, with cp.async; the engine runs 2 x 2 (W9_WGQ, W9_WGR). Both
 // operands are K-major (a query or a row is 128 contiguous bytes of a
 // stage), in the 128-byte swizzle the descriptors name: 16-byte piece c of
 // vector v sits at v * 128 + ((c ^ (v % 8)) * 16) from a 1024-byte aligned
@@ -115,8 +116,9 @@ __device__ __forceinline__ void w9_stage(unsigned st, const float* __restrict__ 
 // Lower bounds of the canonical scores of nq queries against n rows into
 // scores[q * n + row], as filter.cu's approx_scores. Blocks take (query
 // tile, row tile) pairs with the query tile varying fastest, so the blocks
-// that share a row tile run together and read it from L2. Warpgroup g owns
-// rows 128 g .. + 128 of the block tile; warp w of it queries 16 w .. + 16.
+// that share a row tile run together and read it from L2. Warpgroup
+// (gq, gr) owns queries 64 gq .. + 64 and rows 128 gr .. + 128 of the block
+// tile; warp w of it queries 16 w .. + 16 of those.
 // Dynamic shared memory: STAGES stages plus W9_ALIGN bytes of slack.
 // LAB (bench/gpu/lab/wgmma_lab.cu only; the engine's kernels pass 0):
 // 1 leaves the products out, 2 the copies after the first stages.
