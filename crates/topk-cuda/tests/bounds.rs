@@ -12,21 +12,13 @@
 
 use ndarray::ArrayView2;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use topk_core::{Metric, Retriever};
 use topk_cpu::Oracle;
 use topk_cuda::{CudaConfig, CudaRetriever, PlanPath};
 use topk_testkit::corpora::bitwise_diff;
-use topk_testkit::gpu_or_skip;
-
-fn cases() -> u32 {
-    std::env::var("TOPK_GPU_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map_or(24, |c: u32| c.min(24))
-}
+use topk_testkit::{gpu_or_skip, gpu_runner};
 
 /// `n` rows b + 2^-e u (b one random row, u uniform in [-1, 1) per value;
 /// e may be negative),
@@ -109,13 +101,9 @@ fn check(
 
 #[test]
 fn near_tie_corpora_are_exact_with_either_bound_kernel() {
-    if gpu_or_skip().is_none() {
+    let Some(mut runner) = gpu_runner(24) else {
         return;
-    }
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        ..Config::default()
-    });
+    };
     let strategy = (
         any::<u64>(),
         1000usize..5000,

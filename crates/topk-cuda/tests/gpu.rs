@@ -11,34 +11,12 @@
 
 use ndarray::ArrayView2;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use topk_core::{Metric, Neighbor, Retriever};
 use topk_cpu::Oracle;
 use topk_cuda::{CudaConfig, CudaError, CudaRetriever, PlanPath};
-
-/// Whether the device cases may run here; `None` with a printed reason when
-/// not, a panic instead when `TOPK_REQUIRE_GPU=1`.
-fn gpu_or_skip() -> Option<()> {
-    match topk_cuda::device_info(0) {
-        Ok(_) => Some(()),
-        Err(e) => {
-            if std::env::var("TOPK_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("TOPK_REQUIRE_GPU=1 but no usable GPU: {e}");
-            }
-            eprintln!("skipping GPU case: {e}");
-            None
-        }
-    }
-}
-
-fn cases() -> u32 {
-    std::env::var("TOPK_GPU_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(48)
-}
+use topk_testkit::{gpu_or_skip, gpu_runner};
 
 /// Corpora with forced ties: `kind` picks plain floats, small integers,
 /// duplicated rows, negative zeros and subnormals, or zero rows.
@@ -123,13 +101,9 @@ fn config_for(path: PlanPath, set: impl FnOnce(&mut CudaConfig)) -> CudaConfig {
 
 #[test]
 fn bitwise_equal_to_the_oracle_on_tied_corpora() {
-    if gpu_or_skip().is_none() {
+    let Some(mut runner) = gpu_runner(48) else {
         return;
-    }
-    let mut runner = TestRunner::new(Config {
-        cases: cases(),
-        ..Config::default()
-    });
+    };
     let strategy = (
         any::<u64>(),
         1usize..400,

@@ -38,9 +38,41 @@ pub fn or_skip<T, E: Display>(probe: Result<T, E>) -> Option<T> {
     }
 }
 
+/// The variable that sets how many property cases a GPU test runs.
+pub const GPU_CASES: &str = "TOPK_GPU_CASES";
+
+/// Property cases of a GPU test: `TOPK_GPU_CASES` where it is set to a
+/// number, else `default`.
+pub fn gpu_cases(default: u32) -> u32 {
+    std::env::var(GPU_CASES)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A property-test runner of [`gpu_cases`]`(default)` cases where device 0
+/// answers; `None` (printed, or a panic under `TOPK_REQUIRE_GPU=1`) as
+/// [`gpu_or_skip`] where it does not.
+pub fn gpu_runner(default: u32) -> Option<proptest::test_runner::TestRunner> {
+    gpu_or_skip()?;
+    Some(proptest::test_runner::TestRunner::new(
+        proptest::test_runner::Config {
+            cases: gpu_cases(default),
+            ..proptest::test_runner::Config::default()
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn case_counts_default_without_the_variable() {
+        if std::env::var(GPU_CASES).is_err() {
+            assert_eq!(gpu_cases(7), 7);
+        }
+    }
 
     #[test]
     fn a_working_probe_is_never_skipped() {

@@ -27,5 +27,5 @@ mod labels;
 pub mod overflow;
 
 pub use conformance::{conformance, Coverage, OpenFn, Subject};
-pub use gpu::{gpu_or_skip, gpu_required, or_skip, REQUIRE_GPU};
+pub use gpu::{gpu_cases, gpu_or_skip, gpu_required, gpu_runner, or_skip, GPU_CASES, REQUIRE_GPU};
 pub use labels::Label;
