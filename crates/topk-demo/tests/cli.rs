@@ -32,6 +32,19 @@ struct Files {
     dir: PathBuf,
 }
 
+impl Files {
+    /// `topk_demo --corpus C --queries Q [--out OUT] FLAGS...` over these files.
+    fn run(&self, out: Option<&Path>, flags: &[&str]) -> std::process::Output {
+        let mut args = path_arg("--corpus", &self.corpus).to_vec();
+        args.extend(path_arg("--queries", &self.queries));
+        if let Some(out) = out {
+            args.extend(path_arg("--out", out));
+        }
+        args.extend(flags.iter().map(Into::into));
+        demo(args)
+    }
+}
+
 fn write_fixture(corpus: &Array2<f32>, queries: &Array2<f32>, c: &str, q: &str) -> Files {
     let dir = tempfile::tempdir().unwrap();
     let corpus_path = dir.path().join(c);
@@ -170,22 +183,16 @@ fn jsonl_results_equal_the_oracle_for_every_metric() {
     for metric in Metric::ALL {
         for backend in ["cpu", "oracle"] {
             let out = f.dir.join(format!("{metric}-{backend}.jsonl"));
-            let o = demo(
-                path_arg("--corpus", &f.corpus)
-                    .into_iter()
-                    .chain(path_arg("--queries", &f.queries))
-                    .chain(path_arg("--out", &out))
-                    .chain(
-                        [
-                            "--k",
-                            "7",
-                            "--metric",
-                            metric.as_str(),
-                            "--backend",
-                            backend,
-                        ]
-                        .map(Into::into),
-                    ),
+            let o = f.run(
+                Some(&out),
+                &[
+                    "--k",
+                    "7",
+                    "--metric",
+                    metric.as_str(),
+                    "--backend",
+                    backend,
+                ],
             );
             assert!(o.status.success(), "{metric}/{backend}: {}", stderr(&o));
             let got = topk_io::results::read_results_jsonl(&out).unwrap();
@@ -207,13 +214,7 @@ fn npy_results_equal_the_oracle() {
     let (corpus, queries) = fixture(257, 33, 600);
     let f = write_fixture(&corpus, &queries, "corpus.fvecs", "queries.npy");
     let out = f.dir.join("hits.npy");
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries))
-            .chain(path_arg("--out", &out))
-            .chain(["--k", "12", "--metric", "l2"].map(Into::into)),
-    );
+    let o = f.run(Some(&out), &["--k", "12", "--metric", "l2"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("hits.scores.npy"), "{}", stdout(&o));
     let got = read_npy_results(&out, 600, 12);
@@ -234,24 +235,18 @@ fn half_width_storage_results_equal_the_oracle_over_rounded_rows() {
         let want = oracle(&rounded, &queries, Metric::Cosine, 9);
         for backend in ["cpu", "oracle"] {
             let out = f.dir.join(format!("{flag}-{backend}.npy"));
-            let o = demo(
-                path_arg("--corpus", &f.corpus)
-                    .into_iter()
-                    .chain(path_arg("--queries", &f.queries))
-                    .chain(path_arg("--out", &out))
-                    .chain(
-                        [
-                            "--k",
-                            "9",
-                            "--metric",
-                            "cosine",
-                            "--dtype",
-                            flag,
-                            "--backend",
-                            backend,
-                        ]
-                        .map(Into::into),
-                    ),
+            let o = f.run(
+                Some(&out),
+                &[
+                    "--k",
+                    "9",
+                    "--metric",
+                    "cosine",
+                    "--dtype",
+                    flag,
+                    "--backend",
+                    backend,
+                ],
             );
             assert!(o.status.success(), "{}", stderr(&o));
             assert!(
@@ -270,13 +265,7 @@ fn k_beyond_n_returns_every_row() {
     let (corpus, queries) = fixture(12, 5, 3);
     let f = write_fixture(&corpus, &queries, "c.npy", "q.npy");
     let out = f.dir.join("all.jsonl");
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries))
-            .chain(path_arg("--out", &out))
-            .chain(["--k", "1000"].map(Into::into)),
-    );
+    let o = f.run(Some(&out), &["--k", "1000"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let got = topk_io::read_results(&out).unwrap();
     assert!(got.iter().all(|hits| hits.len() == 12));
@@ -290,11 +279,7 @@ fn corpus_and_queries_of_different_dimension() {
     let (corpus, _) = fixture(20, 6, 1);
     let queries = Array2::<f32>::ones((2, 5));
     let f = write_fixture(&corpus, &queries, "c.npy", "q.npy");
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries)),
-    );
+    let o = f.run(None, &[]);
     fails_with(&o, &["D = 5", "D = 6", "q.npy", "c.npy"]);
 }
 
@@ -309,11 +294,7 @@ fn nan_in_the_corpus_file() {
     let (mut corpus, queries) = fixture(20, 6, 2);
     corpus[[13, 4]] = f32::NAN;
     let f = write_fixture(&corpus, &queries, "c.fvecs", "q.npy");
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries)),
-    );
+    let o = f.run(None, &[]);
     fails_with(&o, &["c.fvecs", "NaN", "row 13", "column 4"]);
 }
 
@@ -322,11 +303,7 @@ fn infinity_in_the_queries_file() {
     let (corpus, mut queries) = fixture(20, 6, 2000);
     queries[[1500, 2]] = f32::NEG_INFINITY;
     let f = write_fixture(&corpus, &queries, "c.npy", "q.npy");
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries)),
-    );
+    let o = f.run(None, &[]);
     // The position is in the file, not in a chunk of the batch.
     fails_with(&o, &["q.npy", "-inf", "query 1500", "column 2"]);
 }
@@ -337,11 +314,7 @@ fn truncated_corpus_file() {
     let f = write_fixture(&corpus, &queries, "c.fvecs", "q.npy");
     let bytes = std::fs::read(&f.corpus).unwrap();
     std::fs::write(&f.corpus, &bytes[..bytes.len() - 3]).unwrap();
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries)),
-    );
+    let o = f.run(None, &[]);
     fails_with(&o, &["c.fvecs", "truncated", "row 19"]);
 }
 
@@ -363,11 +336,7 @@ fn integer_npy_corpus() {
     let (corpus, queries) = fixture(20, 6, 2);
     let f = write_fixture(&corpus, &queries, "c.npy", "q.npy");
     topk_io::write_npy_i32(&f.corpus, corpus.mapv(|v| v as i32).view()).unwrap();
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries)),
-    );
+    let o = f.run(None, &[]);
     fails_with(&o, &["c.npy", "int32", "float32"]);
 }
 
@@ -376,12 +345,7 @@ fn unknown_output_extension() {
     let (corpus, queries) = fixture(20, 6, 2);
     let f = write_fixture(&corpus, &queries, "c.npy", "q.npy");
     let out = f.dir.join("hits.csv");
-    let o = demo(
-        path_arg("--corpus", &f.corpus)
-            .into_iter()
-            .chain(path_arg("--queries", &f.queries))
-            .chain(path_arg("--out", &out)),
-    );
+    let o = f.run(Some(&out), &[]);
     fails_with(&o, &["hits.csv", ".jsonl or .npy"]);
 }
 
