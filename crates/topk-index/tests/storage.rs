@@ -31,6 +31,25 @@ fn truth(dtype: Dtype, data: ArrayView2<'_, f32>) -> Index {
     index(Dtype::F32, IndexBackend::Oracle, rounded.view())
 }
 
+/// `got` and `want` answer the first `queries` rows of `data` alike, K = k.
+fn same_searches(
+    got: &Index,
+    want: &Index,
+    data: ArrayView2<'_, f32>,
+    queries: usize,
+    k: usize,
+    ctx: &str,
+) {
+    for q in data.outer_iter().take(queries) {
+        let q = q.to_vec();
+        same(
+            &got.search(&q, k, None).expect("search"),
+            &want.search(&q, k, None).expect("search"),
+        )
+        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+    }
+}
+
 #[test]
 fn every_host_backend_answers_over_the_stored_values() {
     let data = rows(3000, 24, 1);
@@ -47,14 +66,14 @@ fn every_host_backend_answers_over_the_stored_values() {
                 &stored[..],
                 "{dtype} {backend}: get returns the stored values"
             );
-            for q in data.outer_iter().take(5) {
-                let q = q.to_vec();
-                same(
-                    &ix.search(&q, 20, None).expect("search"),
-                    &want.search(&q, 20, None).expect("search"),
-                )
-                .unwrap_or_else(|e| panic!("{dtype} {backend}: {e}"));
-            }
+            same_searches(
+                &ix,
+                &want,
+                data.view(),
+                5,
+                20,
+                &format!("{dtype} {backend}"),
+            );
         }
         // The approximate backend searches the same stored values: its
         // scores are the exact scores of the rows it returns.
@@ -131,14 +150,7 @@ fn an_hnsw_graph_over_half_width_rows_round_trips() {
         );
         let back = Index::open(&path, IndexBackend::Hnsw).expect("open with its graph");
         assert_eq!(back.dtype(), dtype);
-        for q in data.outer_iter().take(6) {
-            let q = q.to_vec();
-            same(
-                &back.search(&q, 10, None).expect("search"),
-                &ix.search(&q, 10, None).expect("search"),
-            )
-            .unwrap_or_else(|e| panic!("{dtype}: {e}"));
-        }
+        same_searches(&back, &ix, data.view(), 6, 10, &format!("{dtype}"));
     }
 }
 
