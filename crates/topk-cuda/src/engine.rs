@@ -206,7 +206,7 @@ impl Engine {
         n: usize,
         d: usize,
         metric: Metric,
-        config: CudaConfig,
+        mut config: CudaConfig,
         capacity: usize,
         lists: bool,
     ) -> Result<Self, CudaError> {
@@ -215,7 +215,6 @@ impl Engine {
         let info = device::info_of(dev)?;
         let fixed = capacity * d * 4 + capacity * 4;
         let available = driver::free_memory()?;
-        let mut config = config;
         let Some((scratch, shape)) =
             Self::fitting_scratch(capacity, d, &config, lists, fixed, available)
         else {
