@@ -49,6 +49,50 @@ static_assert(TOPK_AREA_STRIDE == TOPK_AREA_CTR + 8, "area layout");
 
 enum TopkMetric { TOPK_DOT = 0, TOPK_COSINE = 1, TOPK_L2 = 2 };
 
+// How the corpus rows of this module are stored (docs/CONTRACTS.md §14):
+// TOPK_ROW_DTYPE 0 = f32, 1 = f16, 2 = bf16, set by the build of each
+// row family (topk-cuda's ptx::ROW_DTYPES). A stored value is widened to
+// f32 (exact for both half types) where it is read, and scored as f32.
+// Queries are f32 in every module.
+#ifndef TOPK_ROW_DTYPE
+#define TOPK_ROW_DTYPE 0
+#endif
+struct TopkF16 {
+    unsigned short bits;
+};
+struct TopkBf16 {
+    unsigned short bits;
+};
+#if TOPK_ROW_DTYPE == 0
+typedef float topk_row_t;
+#elif TOPK_ROW_DTYPE == 1
+typedef TopkF16 topk_row_t;
+#elif TOPK_ROW_DTYPE == 2
+typedef TopkBf16 topk_row_t;
+#else
+#error "TOPK_ROW_DTYPE must be 0 (f32), 1 (f16) or 2 (bf16)"
+#endif
+
+// A stored value as f32: the identity, cvt.f32.f16 (exact), or the bf16
+// bits as the upper half of a binary32 (exact).
+__device__ __forceinline__ float topk_widen(float x) { return x; }
+__device__ __forceinline__ float topk_widen(TopkF16 x) {
+    float f;
+    asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float topk_widen(TopkBf16 x) {
+    return __uint_as_float((unsigned)x.bits << 16);
+}
+// A read-only stored value, widened (through the non-coherent cache).
+__device__ __forceinline__ float topk_ldg_row(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float topk_ldg_row(const TopkF16* p) {
+    return topk_widen(TopkF16{__ldg(&p->bits)});
+}
+__device__ __forceinline__ float topk_ldg_row(const TopkBf16* p) {
+    return topk_widen(TopkBf16{__ldg(&p->bits)});
+}
+
 // One result as the host reads it: the layout of topk_core::Neighbor.
 struct TopkNeighbor {
     unsigned index;
@@ -165,23 +209,24 @@ __device__ __forceinline__ float topk_step(float q, float r, float p) {
 // The canonical score of one (query, row) pair, computed by one whole warp
 // (lane j walks d = j, j+32, ...; then the butterfly and the metric's finish):
 // listed pairs, a warp each (pairs.cuh: score_ids.cu and filter.cu's rescoring).
-template <int METRIC>
+template <int METRIC, class R>
 __device__ __forceinline__ float topk_warp_score(const float* __restrict__ qv,
-                                                 const float* __restrict__ rv, unsigned d,
+                                                 const R* __restrict__ rv, unsigned d,
                                                  float qn, float rn, unsigned lane) {
     float p = 0.0f;
     for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
-        p = topk_step<METRIC>(qv[dd], __ldg(rv + dd), p);
+        p = topk_step<METRIC>(qv[dd], topk_ldg_row(rv + dd), p);
     }
     return topk_finish<METRIC>(topk_butterfly(p), qn, rn);
 }
 
 // Canonical norm sqrt(canon_dot(v, v)) of a vector of length d, computed by
 // one whole warp (lane j walks d = j, j+32, ...; then the butterfly).
-__device__ __forceinline__ float topk_warp_norm(const float* v, unsigned d, unsigned lane) {
+template <class R>
+__device__ __forceinline__ float topk_warp_norm(const R* v, unsigned d, unsigned lane) {
     float p = 0.0f;
     for (unsigned dd = lane; dd < d; dd += TOPK_WARP) {
-        const float a = v[dd];
+        const float a = topk_widen(v[dd]);
         p = __fmaf_rn(a, a, p);
     }
     return __fsqrt_rn(topk_butterfly(p));
@@ -200,6 +245,27 @@ __device__ __forceinline__ void topk_cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void topk_cp_async4(void* smem, const void* gmem) {
     topk_cp_async4_s((unsigned)__cvta_generic_to_shared(smem), gmem);
+}
+__device__ __forceinline__ void topk_cp_async8_s(unsigned smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem), "l"(gmem));
+}
+// Copies 4 consecutive stored values (16 bytes of f32, 8 of a half type;
+// `gmem` aligned to that) to shared memory as they are stored, and 1 value:
+// asynchronously where cp.async can (4 bytes and up), else a plain copy.
+__device__ __forceinline__ void topk_cp_async_row4_s(unsigned smem, const topk_row_t* gmem) {
+    if (sizeof(topk_row_t) == 4) {
+        topk_cp_async16_s(smem, gmem);
+    } else {
+        topk_cp_async8_s(smem, gmem);
+    }
+}
+__device__ __forceinline__ void topk_cp_async_row1_s(unsigned smem, const topk_row_t* gmem) {
+    if (sizeof(topk_row_t) == 4) {
+        topk_cp_async4_s(smem, gmem);
+    } else {
+        const unsigned short v = __ldg(reinterpret_cast<const unsigned short*>(gmem));
+        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(smem), "h"(v));
+    }
 }
 __device__ __forceinline__ void topk_cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);

@@ -45,25 +45,39 @@
 #define FILTER_THREADS 256
 
 // Stages columns k0..k0+AX_BK of the block's queries and rows into `st`
-// (queries first, then rows, AX_LD floats each), zeros past nq, n and d.
-// D % 4 == 0, so a 16-byte piece is either wholly inside a vector or past it.
-__device__ __forceinline__ void approx_stage(float* st, const float* __restrict__ corpus,
+// (queries first, AX_LD floats each, then rows, AX_LD stored values each:
+// a half-width row fills half of its room), zeros past nq, n and d.
+// D % 4 == 0, so a piece of 4 values is either wholly inside a vector or
+// past it.
+__device__ __forceinline__ void approx_stage(float* st, const topk_row_t* __restrict__ corpus,
                                              unsigned n, unsigned d,
                                              const float* __restrict__ queries, unsigned nq,
                                              size_t q0, size_t r0, unsigned k0) {
     constexpr unsigned PIECES = AX_BK / 4;
+    topk_row_t* rows = reinterpret_cast<topk_row_t*>(st + AX_BQ * AX_LD);
     for (unsigned i = threadIdx.x; i < (AX_BQ + AX_BR) * PIECES; i += AX_THREADS) {
         const unsigned v = i / PIECES;
         const unsigned col = k0 + (i % PIECES) * 4;
-        float* dst = st + v * AX_LD + (i % PIECES) * 4;
         const bool is_q = v < AX_BQ;
         const size_t idx = is_q ? q0 + v : r0 + (v - AX_BQ);
         const bool inside = col < d && (is_q ? idx < nq : idx < n);
-        if (inside) {
-            const float* src = (is_q ? queries : corpus) + idx * d + col;
-            topk_cp_async16(dst, src);
+        if (is_q) {
+            float* dst = st + v * AX_LD + (i % PIECES) * 4;
+            if (inside) {
+                topk_cp_async16(dst, queries + idx * d + col);
+            } else {
+                *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
         } else {
-            *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            topk_row_t* dst = rows + (v - AX_BQ) * AX_LD + (i % PIECES) * 4;
+            if (inside) {
+                topk_cp_async_row4_s((unsigned)__cvta_generic_to_shared(dst),
+                                     corpus + idx * d + col);
+            } else if (sizeof(topk_row_t) == 4) {
+                *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            } else {
+                *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
+            }
         }
     }
     topk_cp_async_commit();
@@ -98,7 +112,7 @@ __device__ __forceinline__ unsigned topk_tf32(float x) {
 // rows 32 (w % 4) .. + 32 of the block tile: 2 x 4 products of 16 x 8.
 // Dynamic shared memory: AX_STAGES x (AX_BQ + AX_BR) x AX_LD floats.
 template <int METRIC>
-__device__ void approx_scores(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+__device__ void approx_scores(const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm,
                               unsigned n, unsigned d, const float* __restrict__ queries,
                               unsigned nq, const float* __restrict__ qnorm,
                               float* __restrict__ scores) {
@@ -148,7 +162,11 @@ __device__ void approx_scores(const float* __restrict__ corpus, const float* __r
             topk_cp_async_commit();
         }
         const float* qs = sm + (kt % AX_STAGES) * STAGE + (wq * 32 + g) * AX_LD + t;
-        const float* rs = sm + (kt % AX_STAGES) * STAGE + (AX_BQ + wr * 32 + g) * AX_LD + t;
+        // A stored row value is exact in TF32 when it is a half type (11 or
+        // 8 significant bits), so its conversion below changes nothing.
+        const topk_row_t* rs =
+            reinterpret_cast<const topk_row_t*>(sm + (kt % AX_STAGES) * STAGE + AX_BQ * AX_LD) +
+            (wr * 32 + g) * AX_LD + t;
 #pragma unroll
         for (unsigned kk = 0; kk < AX_BK; kk += 8) {
             unsigned a[2][4];
@@ -163,9 +181,9 @@ __device__ void approx_scores(const float* __restrict__ corpus, const float* __r
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const float* p = rs + j * 8 * AX_LD + kk;
-                b[j][0] = topk_tf32(p[0]);
-                b[j][1] = topk_tf32(p[4]);
+                const topk_row_t* p = rs + j * 8 * AX_LD + kk;
+                b[j][0] = topk_tf32(topk_widen(p[0]));
+                b[j][1] = topk_tf32(topk_widen(p[4]));
             }
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -261,7 +279,7 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
 // scores[q * n + row], a warp per row (pairs.cuh); nothing when the chunk is
 // flagged.
 template <int METRIC>
-__device__ void rescore_rows(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+__device__ void rescore_rows(const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm,
                              unsigned n, unsigned d, const float* __restrict__ queries,
                              const float* __restrict__ qnorm, const unsigned* __restrict__ list,
                              const unsigned* __restrict__ count,
@@ -312,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
 
 #define TOPK_FILTER_KERNELS(NAME, METRIC)                                                    \
     extern "C" __global__ void __launch_bounds__(AX_THREADS) topk_approx_##NAME(             \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
         unsigned d, const float* __restrict__ queries, unsigned nq,                         \
         const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
         approx_scores<METRIC>(corpus, rnorm, n, d, queries, nq, qnorm, scores);              \
@@ -325,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
         filter_rows<METRIC>(scores, rnorm, n, d, qnorm, out, k, list, count, flag);          \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(FILTER_THREADS) topk_rescore_##NAME(        \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
         unsigned d, const float* __restrict__ queries, const float* __restrict__ qnorm,      \
         const unsigned* __restrict__ list, const unsigned* __restrict__ count,               \
         const unsigned* __restrict__ flag, float* __restrict__ scores) {                     \

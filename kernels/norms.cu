@@ -3,9 +3,10 @@
 #include "stage.cuh"
 
 // Canonical norms sqrt(canon_dot(x, x)) of n vectors of length d, a warp per
-// vector: the corpus rows once at upload, the queries of a cosine search.
-extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
-    topk_norms(const float* __restrict__ x, unsigned n, unsigned d, float* __restrict__ out) {
+// vector.
+template <class R>
+__device__ __forceinline__ void norms(const R* __restrict__ x, unsigned n, unsigned d,
+                                      float* __restrict__ out) {
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const size_t warps = (size_t)gridDim.x * SCORE_WARPS;
     for (size_t row = (size_t)blockIdx.x * SCORE_WARPS + threadIdx.x / TOPK_WARP; row < n;
@@ -15,6 +16,20 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
             out[row] = nv;
         }
     }
+}
+
+// The norms of f32 vectors: the queries of a cosine search.
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_norms(const float* __restrict__ x, unsigned n, unsigned d, float* __restrict__ out) {
+    norms(x, n, d, out);
+}
+
+// The norms of stored corpus rows (this module's storage type), once as
+// they arrive.
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_row_norms(const topk_row_t* __restrict__ x, unsigned n, unsigned d,
+                   float* __restrict__ out) {
+    norms(x, n, d, out);
 }
 
 // Copies a host query of n floats from `src` (page-locked host memory

@@ -13,7 +13,7 @@
 // query q: row rows[q * TOPK_CAND_CAP + i] (the query's list), the score
 // to out[q * n + row] (the query's score row).
 template <int METRIC, bool PER_PAIR, unsigned WARPS, class I>
-__device__ __forceinline__ void topk_score_pairs(const float* __restrict__ corpus,
+__device__ __forceinline__ void topk_score_pairs(const topk_row_t* __restrict__ corpus,
                                                  const float* __restrict__ rnorm, unsigned n,
                                                  unsigned d, const float* __restrict__ queries,
                                                  const float* __restrict__ qnorm,

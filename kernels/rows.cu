@@ -9,26 +9,28 @@
 // added below the largest id (b), and compaction (a only). One block-stride
 // loop over all m * d values, so consecutive threads copy consecutive values.
 #define TOPK_FROM_B 0x80000000u
-extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
-    topk_gather_rows(const float* __restrict__ src_a, const float* __restrict__ src_b,
-                     const unsigned* __restrict__ map, unsigned m, unsigned d,
-                     float* __restrict__ dst) {
+template <class T>
+__device__ __forceinline__ void gather_rows(const T* __restrict__ src_a,
+                                            const T* __restrict__ src_b,
+                                            const unsigned* __restrict__ map, unsigned m,
+                                            unsigned d, T* __restrict__ dst) {
     const size_t total = (size_t)m * d;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         const size_t j = i / d;
         const size_t c = i - j * d;
         const unsigned s = map[j];
-        const float* src = (s & TOPK_FROM_B) ? src_b : src_a;
+        const T* src = (s & TOPK_FROM_B) ? src_b : src_a;
         dst[i] = src[(size_t)(s & ~TOPK_FROM_B) * d + c];
     }
 }
 
 // Row rows[j] of dst becomes row j of src (j < m): upserted rows replace
 // the stored values of their ids in place.
-extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
-    topk_scatter_rows(const float* __restrict__ src, const unsigned* __restrict__ rows,
-                      unsigned m, unsigned d, float* __restrict__ dst) {
+template <class T>
+__device__ __forceinline__ void scatter_rows(const T* __restrict__ src,
+                                             const unsigned* __restrict__ rows, unsigned m,
+                                             unsigned d, T* __restrict__ dst) {
     const size_t total = (size_t)m * d;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -36,6 +38,31 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
         const size_t c = i - j * d;
         dst[(size_t)rows[j] * d + c] = src[i];
     }
+}
+
+// The two moves over f32 values (row norms) and over stored rows (this
+// module's storage type; the same kernels as the f32 ones in the f32 build).
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_gather_rows(const float* __restrict__ src_a, const float* __restrict__ src_b,
+                     const unsigned* __restrict__ map, unsigned m, unsigned d,
+                     float* __restrict__ dst) {
+    gather_rows(src_a, src_b, map, m, d, dst);
+}
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_gather_stored(const topk_row_t* __restrict__ src_a,
+                       const topk_row_t* __restrict__ src_b, const unsigned* __restrict__ map,
+                       unsigned m, unsigned d, topk_row_t* __restrict__ dst) {
+    gather_rows(src_a, src_b, map, m, d, dst);
+}
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_scatter_rows(const float* __restrict__ src, const unsigned* __restrict__ rows,
+                      unsigned m, unsigned d, float* __restrict__ dst) {
+    scatter_rows(src, rows, m, d, dst);
+}
+extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
+    topk_scatter_stored(const topk_row_t* __restrict__ src, const unsigned* __restrict__ rows,
+                        unsigned m, unsigned d, topk_row_t* __restrict__ dst) {
+    scatter_rows(src, rows, m, d, dst);
 }
 
 // Score i of query q (row q of nq rows of n scores) becomes NaN where bit i
@@ -69,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
 // scored by neighbouring warps while the row is in cache.
 #define TOPK_SCORE_LIST_KERNEL(NAME, METRIC)                                                  \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_list_##NAME(      \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,       \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,  \
         const float* __restrict__ queries, const float* __restrict__ qnorm, unsigned nq,     \
         const unsigned* __restrict__ list, unsigned m, float* __restrict__ out) {            \
         const unsigned lane = threadIdx.x & (TOPK_WARP - 1);                                 \

@@ -12,7 +12,7 @@
 #define BATCH_CH (TOPK_WARP * BATCH_UNROLL)
 
 template <int METRIC, int QT, int RT>
-__device__ void score_batch(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+__device__ void score_batch(const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm,
                             unsigned n, unsigned d, const float* __restrict__ queries,
                             unsigned nq, const float* __restrict__ qnorm,
                             float* __restrict__ scores) {
@@ -23,7 +23,7 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
     const unsigned q0 = (blockIdx.x % tiles) * QT;
     const size_t row0 = ((size_t)(blockIdx.x / tiles) * SCORE_WARPS + warp) * RT;
 
-    const float* rows[RT];
+    const topk_row_t* rows[RT];
     float acc[RT][QT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
@@ -57,7 +57,7 @@ __device__ void score_batch(const float* __restrict__ corpus, const float* __res
                 float rv[RT];
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
-                    rv[r] = __ldg(rows[r] + dd);
+                    rv[r] = topk_ldg_row(rows[r] + dd);
                 }
 #pragma unroll
                 for (int qi = 0; qi < QT; ++qi) {
@@ -116,7 +116,7 @@ __device__ __forceinline__ unsigned bch_perm(unsigned col) {
 }
 
 template <int METRIC, int WR, int WQ, int RT, int QT, int DEPTH, int SUB>
-__device__ void score_batch_resident(const float* __restrict__ corpus,
+__device__ void score_batch_resident(const topk_row_t* __restrict__ corpus,
                                      const float* __restrict__ rnorm, unsigned n, unsigned d,
                                      const float* __restrict__ queries, unsigned nq,
                                      const float* __restrict__ qnorm,
@@ -130,8 +130,10 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
     static_assert(RT == 8 && QT % 4 == 0, "groups of 4 queries x 8 rows (topk_slot_perm)");
     static_assert(BCH_CH == 4 * TOPK_WARP, "four columns per lane per chunk");
     extern __shared__ float4 topk_dyn_smem[];
-    float* stages = reinterpret_cast<float*>(topk_dyn_smem);
-    float* qs = stages + DEPTH * STAGE;
+    // The stages hold the stored values as they are stored (a half-width
+    // stage fills half of its f32-sized room, the host sizing both alike).
+    topk_row_t* stages = reinterpret_cast<topk_row_t*>(topk_dyn_smem);
+    float* qs = reinterpret_cast<float*>(topk_dyn_smem) + DEPTH * STAGE;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
     const unsigned wr = warp % WR;
@@ -173,7 +175,7 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
     // This thread's first source row of the next stage's row block, column
     // `col` of chunk 0: advanced by one stride per row block, so a copy
     // costs a 64-bit add rather than the address from scratch.
-    const float* src_rb = corpus + ((size_t)rb * BR + row_t) * d + col;
+    const topk_row_t* src_rb = corpus + ((size_t)rb * BR + row_t) * d + col;
     unsigned issue_rb = rb;
     unsigned issue_c = 0;
     unsigned issue_slot = 0;
@@ -183,21 +185,22 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
             // Rows from this thread's first one to the end of the corpus.
             const unsigned left = r < n ? (unsigned)(n - r) : 0u;
             const unsigned c0 = issue_c * SW;
-            const float* src = src_rb + c0;
-            const unsigned dst = dst0 + issue_slot * STAGE * 4;
+            const topk_row_t* src = src_rb + c0;
+            constexpr unsigned B = sizeof(topk_row_t);
+            const unsigned dst = dst0 + issue_slot * STAGE * B;
             if (c0 + col < d) {
                 if (vec16) {
 #pragma unroll
                     for (unsigned k = 0; k < BR / ROWS16; ++k) {
                         if (k * ROWS16 < left) {
-                            topk_cp_async16_s(dst + k * ROWS16 * SW * 4, src);
+                            topk_cp_async_row4_s(dst + k * ROWS16 * SW * B, src);
                         }
                         src += src_pass;
                     }
                 } else {
                     for (unsigned k = 0; k * rows_pass < BR; ++k) {
                         if (k * rows_pass < left) {
-                            topk_cp_async4_s(dst + k * rows_pass * SW * 4, src);
+                            topk_cp_async_row1_s(dst + k * rows_pass * SW * B, src);
                         }
                         src += src_pass;
                     }
@@ -239,14 +242,14 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
             }
             const bool full = (cc + 1) * BCH_CH <= d;
             float rv[4][RT];
-            const float* st = stages + slot * STAGE + (wr * RT) * SW + h * BCH_CH;
+            const topk_row_t* st = stages + slot * STAGE + (wr * RT) * SW + h * BCH_CH;
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
                 // Slot r holds tile row r ^ ((lane >> 2) & 7).
-                const float* row = st + (r ^ ((lane >> 2) & 7u)) * SW;
+                const topk_row_t* row = st + (r ^ ((lane >> 2) & 7u)) * SW;
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
-                    rv[s][r] = row[s * TOPK_WARP + lane];
+                    rv[s][r] = topk_widen(row[s * TOPK_WARP + lane]);
                 }
             }
             const float* qp = qs + (wq * QT) * dp + cc * BCH_CH + lane * 4;
@@ -300,7 +303,7 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
 // constants start with SHAPE (BQ32 or BQ16), named topk_score<Q>_<NAME>.
 #define TOPK_SCOREQ_KERNEL(NAME, METRIC, Q, SHAPE)                                           \
     extern "C" __global__ void __launch_bounds__(SHAPE##_THREADS, 1) topk_score##Q##_##NAME( \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
         unsigned d, const float* __restrict__ queries, unsigned nq,                         \
         const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
         score_batch_resident<METRIC, SHAPE##_WR, SHAPE##_WQ, SHAPE##_RT, SHAPE##_QT,         \
@@ -310,7 +313,7 @@ __device__ void score_batch_resident(const float* __restrict__ corpus,
 
 #define TOPK_BATCH_KERNELS(NAME, METRIC)                                                     \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_scoreb_##NAME(          \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
         unsigned d, const float* __restrict__ queries, unsigned nq,                         \
         const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
         score_batch<METRIC, BATCH_QT, BATCH_RT>(corpus, rnorm, n, d, queries, nq, qnorm,     \

@@ -5,7 +5,7 @@
 
 #define TOPK_SCORE_IDS_KERNEL(NAME, METRIC)                                                  \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score_ids_##NAME(       \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,       \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,       \
         const float* __restrict__ queries, const float* __restrict__ qnorm,                  \
         const unsigned* __restrict__ ids, const unsigned* __restrict__ owner,                \
         unsigned count, float* __restrict__ out) {                                           \

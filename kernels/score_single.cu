@@ -16,13 +16,13 @@
 // topk_gather can follow directly (the work of topk_hist, without its pass
 // over the scores).
 template <int METRIC, bool VEC16>
-__device__ void score_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+__device__ void score_single(const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm,
                              unsigned n, unsigned d, const float* __restrict__ query,
                              float* __restrict__ scores, unsigned* __restrict__ area, unsigned k,
                              TopkThreshold* __restrict__ th) {
     using ST = Stage<SINGLE_WARPS, SINGLE_RT, SINGLE_DEPTH>;
     static_assert(ST::THREADS == SCORE_THREADS, "single scoring block");
-    static_assert(ST::TILE * SINGLE_DEPTH >= TOPK_L1_BINS, "the histogram reuses the tiles");
+    static_assert(ST::TILE_FLOATS * SINGLE_DEPTH >= TOPK_L1_BINS, "the histogram reuses the tiles");
     extern __shared__ float4 topk_dyn_smem[];
     __shared__ float qn_sh;
     float* qsh = reinterpret_cast<float*>(topk_dyn_smem);
@@ -50,14 +50,14 @@ __device__ void score_single(const float* __restrict__ corpus, const float* __re
 #define SEARCH_DEPTH 4
 
 template <int METRIC, bool VEC16>
-__device__ void search_single(const float* __restrict__ corpus, const float* __restrict__ rnorm,
+__device__ void search_single(const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm,
                               unsigned n, unsigned d, const float* __restrict__ query,
                               float* __restrict__ scores, unsigned* __restrict__ area, unsigned k,
                               unsigned long long* __restrict__ cand,
                               unsigned long long* __restrict__ maybe,
                               TopkNeighbor* __restrict__ out) {
     using ST = Stage<SEARCH_WARPS, SEARCH_RT, SEARCH_DEPTH>;
-    static_assert(ST::TILE * SEARCH_DEPTH * 4 >= 2 * TOPK_CAND_CAP * 8,
+    static_assert(ST::TILE_FLOATS * SEARCH_DEPTH * 4 >= 2 * TOPK_CAND_CAP * 8,
                   "the selection's keys and scratch reuse the tiles");
     extern __shared__ float4 topk_dyn_smem[];
     __shared__ float qn_sh;
@@ -99,7 +99,7 @@ __device__ void search_single(const float* __restrict__ corpus, const float* __r
 // (D % 4 == 0, SUFFIX empty) or 4-byte copies (SUFFIX u).
 #define TOPK_SCORE1_KERNEL(NAME, METRIC, SUFFIX, VEC16)                                      \
     extern "C" __global__ void __launch_bounds__(SCORE_THREADS) topk_score1##SUFFIX##_##NAME( \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
         unsigned d, const float* __restrict__ query, float* __restrict__ scores,            \
         unsigned* __restrict__ area, unsigned k, TopkThreshold* __restrict__ th) {           \
         score_single<METRIC, VEC16>(corpus, rnorm, n, d, query, scores, area, k, th);        \
@@ -109,7 +109,7 @@ __device__ void search_single(const float* __restrict__ corpus, const float* __r
 #define TOPK_SEARCH1_KERNEL(NAME, METRIC, SUFFIX, VEC16)                                     \
     extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)                           \
         topk_search1##SUFFIX##_##NAME(                                                       \
-            const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,   \
+            const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,   \
             unsigned d, const float* __restrict__ query, float* __restrict__ scores,         \
             unsigned* __restrict__ area, unsigned k, unsigned long long* __restrict__ cand,  \
             unsigned long long* __restrict__ maybe, TopkNeighbor* __restrict__ out) {        \

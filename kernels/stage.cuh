@@ -15,39 +15,45 @@
 #define SCORE_WARPS 8
 #define SCORE_THREADS (SCORE_WARPS * TOPK_WARP)
 
-// Columns per staged tile.
-#define STAGE_CW 128
+// Stored values per staged tile row: 128 f32 or 256 halves, 512 bytes
+// either way, so that a half-width corpus keeps as many bytes in flight (and
+// the host sizes the tiles alike for every storage type).
+#define STAGE_CW (512 / (unsigned)sizeof(topk_row_t))
 
 // Rows of a staged tile are WARPS * RT consecutive corpus rows (warp w owns
-// RT of them) by STAGE_CW columns; DEPTH tiles are in flight.
+// RT of them) by STAGE_CW columns; DEPTH tiles are in flight. TILE counts
+// stored values, TILE_FLOATS the f32 room a tile takes (the same bytes).
 template <int WARPS, int RT, int DEPTH>
 struct Stage {
     static constexpr unsigned THREADS = WARPS * TOPK_WARP;
     static constexpr unsigned ROWS = WARPS * RT;
     static constexpr unsigned TILE = ROWS * STAGE_CW;
+    static constexpr unsigned TILE_FLOATS = TILE * sizeof(topk_row_t) / 4;
 };
 
 // Starts the copy of work item `i` of this block (row group i / nchunks of
 // the block's grid stride, column chunk i % nchunks) into its tile; commits a
 // group even when there is no item, so group counting stays uniform.
 template <class ST, bool VEC16, int DEPTH>
-__device__ __forceinline__ void stage_issue(const float* __restrict__ corpus, unsigned n,
+__device__ __forceinline__ void stage_issue(const topk_row_t* __restrict__ corpus, unsigned n,
                                             unsigned d, unsigned nchunks, unsigned items,
-                                            unsigned i, float* tiles) {
+                                            unsigned i, topk_row_t* tiles) {
     if (i < items) {
         const size_t g = blockIdx.x + (size_t)(i / nchunks) * gridDim.x;
         const unsigned c0 = (i % nchunks) * STAGE_CW;
-        float* tile = tiles + (i % DEPTH) * ST::TILE;
+        topk_row_t* tile = tiles + (i % DEPTH) * ST::TILE;
         constexpr unsigned W = VEC16 ? 4 : 1;
         for (unsigned idx = threadIdx.x; idx < ST::TILE / W; idx += ST::THREADS) {
             const unsigned r = idx / (STAGE_CW / W);
             const unsigned col = (idx % (STAGE_CW / W)) * W;
             const size_t row = g * ST::ROWS + r;
             if (row < n && c0 + col < d) {
+                const unsigned dst =
+                    (unsigned)__cvta_generic_to_shared(tile + r * STAGE_CW + col);
                 if (VEC16) {
-                    topk_cp_async16(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
+                    topk_cp_async_row4_s(dst, corpus + row * d + c0 + col);
                 } else {
-                    topk_cp_async4(tile + r * STAGE_CW + col, corpus + row * d + c0 + col);
+                    topk_cp_async_row1_s(dst, corpus + row * d + c0 + col);
                 }
             }
         }
@@ -57,12 +63,15 @@ __device__ __forceinline__ void stage_issue(const float* __restrict__ corpus, un
 
 // Scores every row against the query `qsh` (shared, already loaded) with the
 // block's grid-stride share of row groups staged through `tiles` (shared,
-// DEPTH tiles). qn is the query norm (cosine). Ends with every copy done.
+// DEPTH tiles, the stored values as they are stored: a half-width tile
+// fills half of its f32-sized room). qn is the query norm (cosine). Ends
+// with every copy done.
 template <int METRIC, bool VEC16, int WARPS, int RT, int DEPTH>
-__device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
+__device__ __forceinline__ void stage_score(const topk_row_t* __restrict__ corpus,
                                             const float* __restrict__ rnorm, unsigned n,
                                             unsigned d, const float* qsh, float qn,
-                                            float* __restrict__ scores, float* tiles) {
+                                            float* __restrict__ scores, float* tiles_room) {
+    topk_row_t* tiles = reinterpret_cast<topk_row_t*>(tiles_room);
     using ST = Stage<WARPS, RT, DEPTH>;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const unsigned warp = threadIdx.x / TOPK_WARP;
@@ -89,7 +98,7 @@ __device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
                 acc[r] = 0.0f;
             }
         }
-        const float* tile = tiles + (i % DEPTH) * ST::TILE + warp * RT * STAGE_CW;
+        const topk_row_t* tile = tiles + (i % DEPTH) * ST::TILE + warp * RT * STAGE_CW;
 #pragma unroll
         for (unsigned s = 0; s < STAGE_CW / TOPK_WARP; ++s) {
             const unsigned col = c * STAGE_CW + TOPK_WARP * s + lane;
@@ -98,8 +107,8 @@ __device__ __forceinline__ void stage_score(const float* __restrict__ corpus,
                 const float qv = qsh[col];
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
-                    acc[r] = topk_step<METRIC>(qv, tile[r * STAGE_CW + TOPK_WARP * s + lane],
-                                               acc[r]);
+                    acc[r] = topk_step<METRIC>(
+                        qv, topk_widen(tile[r * STAGE_CW + TOPK_WARP * s + lane]), acc[r]);
                 }
             }
         }

@@ -21,10 +21,10 @@
 
 use std::marker::{PhantomData, PhantomPinned};
 
-use topk_core::Metric;
+use topk_core::{Dtype, Metric};
 
 /// Version of this ABI; bump it on any change to a signature or struct below.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// File name of the plugin the loader looks for.
 pub const PLUGIN_FILE: &str = "libtopk_cuda_plugin.so";
@@ -80,12 +80,14 @@ pub type AbiVersionFn = unsafe extern "C" fn() -> u32;
 pub type DeviceSummaryFn =
     unsafe extern "C" fn(device: usize, out: *mut DeviceSummaryRaw, err: *mut MessageBuf) -> i32;
 
-/// `i32 topk_cuda_plugin_open(const float *rows, size_t n, size_t dim,
+/// `i32 topk_cuda_plugin_open(const void *rows, size_t n, size_t dim,
 /// u32 metric, const PluginConfig *config, PluginHandle **handle,
 /// MessageBuf *err)`: uploads `n × dim` row-major values and writes a new
-/// handle into `*handle`.
+/// handle into `*handle`. The values are of the storage type
+/// `config->dtype`: `float`s for f32, the 16-bit patterns (`uint16_t`) of
+/// an f16 or bf16 store, which the device then holds as they are.
 pub type OpenFn = unsafe extern "C" fn(
-    rows: *const f32,
+    rows: *const std::ffi::c_void,
     n: usize,
     dim: usize,
     metric: u32,
@@ -298,6 +300,8 @@ pub struct PluginConfig {
     pub max_batch: usize,
     /// Concurrent searches (streams and scratch slots).
     pub streams: usize,
+    /// How the device stores the rows: `topk_core::Dtype::code`.
+    pub dtype: u32,
 }
 
 impl PluginConfig {
@@ -308,7 +312,21 @@ impl PluginConfig {
             max_k: config.max_k,
             max_batch: config.max_batch,
             streams: config.streams,
+            dtype: u32::from(Dtype::F32.code()),
         }
+    }
+
+    /// These fields with rows stored as `dtype`.
+    pub fn with_dtype(self, dtype: Dtype) -> Self {
+        PluginConfig {
+            dtype: u32::from(dtype.code()),
+            ..self
+        }
+    }
+
+    /// The storage type, `None` for a code no [`Dtype`] has.
+    pub fn dtype(self) -> Option<Dtype> {
+        u8::try_from(self.dtype).ok().and_then(Dtype::from_code)
     }
 
     /// The engine's configuration: its defaults with these fields set.
@@ -515,11 +533,18 @@ mod tests {
         config.max_k = 100;
         config.max_batch = 7;
         config.streams = 5;
-        let back = PluginConfig::from_config(&config).to_config();
+        let raw = PluginConfig::from_config(&config);
+        let back = raw.to_config();
         assert_eq!(
             (back.device, back.max_k, back.max_batch, back.streams),
             (3, 100, 7, 5)
         );
+        assert_eq!(raw.dtype(), Some(Dtype::F32));
+        for dtype in Dtype::ALL {
+            assert_eq!(raw.with_dtype(dtype).dtype(), Some(dtype));
+        }
+        let bad = PluginConfig { dtype: 99, ..raw };
+        assert_eq!(bad.dtype(), None);
     }
 
     #[test]

@@ -143,10 +143,12 @@ impl Plugin {
         msg.check(code).map(|()| out)
     }
 
-    /// Uploads `n × dim` row-major values into a new engine.
-    pub(crate) fn open(
+    /// Uploads `n × dim` row-major values into a new engine: `f32`s, or
+    /// with `T = u16` the bit patterns of a half-width store (the type in
+    /// `config.dtype`, which the caller sets to match).
+    pub(crate) fn open<T: Copy>(
         self: &Arc<Self>,
-        rows: &[f32],
+        rows: &[T],
         dim: usize,
         metric: u32,
         config: &PluginConfig,
@@ -160,7 +162,7 @@ impl Plugin {
         // pointer into them.
         let code = unsafe {
             (self.entry.open)(
-                rows.as_ptr(),
+                rows.as_ptr().cast(),
                 n,
                 dim,
                 metric,

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ndarray::ArrayView2;
-use topk_core::{validate, Hit, Metric, Neighbor, Retriever};
+use topk_core::{validate, Dtype, Hit, Metric, Neighbor, Retriever, RowStore};
 
 pub use error::{EngineErrorKind, LoadError};
 
@@ -187,6 +187,17 @@ pub fn open_rowmajor(
             return Err(call_error(p.path(), e));
         }
     };
+    finish_open(&p, handle, n, dim, metric)
+}
+
+/// The plugin's new engine after checking that it holds what was asked.
+fn finish_open(
+    p: &Arc<Plugin>,
+    handle: Handle,
+    n: usize,
+    dim: usize,
+    metric: Metric,
+) -> Result<CudaPlugin, LoadError> {
     let reported = (
         handle.len(),
         handle.dim(),
@@ -212,6 +223,30 @@ pub fn open_rowmajor(
         metric,
         device_name,
     })
+}
+
+/// Uploads the rows of `store` to the GPU through the plugin, held on the
+/// device as they are stored (docs/CONTRACTS.md §14): an `f16` / `bf16`
+/// store takes half the device memory and every search reads half the
+/// bytes. The store's rows were checked as they were stored.
+///
+/// Errors: whatever keeps the plugin from loading, then the engine's own.
+pub fn open_store(
+    store: &RowStore,
+    metric: Metric,
+    config: &CudaConfig,
+) -> Result<CudaPlugin, LoadError> {
+    let dim = store.dim();
+    if let Some(flat) = store.as_f32() {
+        return open_rowmajor(flat, dim, metric, config);
+    }
+    let bits = store.as_bits16().unwrap_or_default();
+    let p = plugin()?;
+    let raw = PluginConfig::from_config(config).with_dtype(store.dtype());
+    let handle = p
+        .open(bits, dim, metric_code(metric), &raw)
+        .map_err(|e| call_error(p.path(), e))?;
+    finish_open(&p, handle, store.len(), dim, metric)
 }
 
 /// As [`open_rowmajor`], from an `N × D` view of any layout (copied once to
@@ -389,6 +424,18 @@ impl CudaResident {
         capacity: usize,
         config: &CudaConfig,
     ) -> Result<CudaResident, LoadError> {
+        Self::open_as(dim, Dtype::F32, metric, capacity, config)
+    }
+
+    /// [`Self::open`] for rows stored as `dtype` on the device
+    /// (docs/CONTRACTS.md §14): added rows are rounded once to it.
+    pub fn open_as(
+        dim: usize,
+        dtype: Dtype,
+        metric: Metric,
+        capacity: usize,
+        config: &CudaConfig,
+    ) -> Result<CudaResident, LoadError> {
         if dim == 0 {
             return Err(topk_core::Error::ZeroDimension.into());
         }
@@ -405,7 +452,7 @@ impl CudaResident {
                 dim,
                 metric_code(metric),
                 capacity,
-                &PluginConfig::from_config(config),
+                &PluginConfig::from_config(config).with_dtype(dtype),
             )
             .map_err(|e| call_error(p.path(), e))?;
         Ok(CudaResident {

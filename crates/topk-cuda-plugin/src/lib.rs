@@ -16,8 +16,7 @@
 mod ffi;
 
 use ndarray::ArrayView2;
-use topk_core::Hit;
-use topk_core::Neighbor;
+use topk_core::{Dtype, Hit, Neighbor, RowStore};
 use topk_cuda::{CudaError, CudaRetriever, IdFilter, ResidentCorpus};
 use topk_cuda_loader::abi::{
     self, metric_code, metric_from_code, DeviceSummaryRaw, PluginConfig, ResidentInfoRaw, Status,
@@ -106,9 +105,17 @@ fn device_summary(device: usize) -> Result<DeviceSummaryRaw, Failure> {
     Ok(raw)
 }
 
-/// Uploads `n × dim` row-major `rows` (`rows.len() == n * dim`).
+/// The rows an open call passes: f32 values, or the bit patterns of a
+/// half-width store.
+enum OpenRows<'a> {
+    F32(&'a [f32]),
+    Bits16(&'a [u16]),
+}
+
+/// Uploads `n × dim` row-major `rows` (`n * dim` values) stored as
+/// `config.dtype`.
 fn open(
-    rows: &[f32],
+    rows: OpenRows<'_>,
     n: usize,
     dim: usize,
     metric: u32,
@@ -119,9 +126,34 @@ fn open(
     }
     let metric = metric_from_code(metric)
         .ok_or_else(|| Failure::bad(format!("unknown metric code {metric}")))?;
-    let view = ArrayView2::from_shape((n, dim), rows)
-        .map_err(|e| Failure::bad(format!("{n} × {dim} rows over {} values: {e}", rows.len())))?;
-    Ok(CudaRetriever::new(view, metric, config.to_config())?)
+    match rows {
+        OpenRows::F32(rows) => {
+            let view = ArrayView2::from_shape((n, dim), rows).map_err(|e| {
+                Failure::bad(format!("{n} × {dim} rows over {} values: {e}", rows.len()))
+            })?;
+            Ok(CudaRetriever::new(view, metric, config.to_config())?)
+        }
+        OpenRows::Bits16(bits) => {
+            let dtype = storage_type(config)?;
+            let mut store = RowStore::empty(dim, dtype).map_err(CudaError::from)?;
+            let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+            store.extend_le_bytes(&bytes);
+            // The bits cross an ABI: checked again as a stored corpus.
+            store.check().map_err(CudaError::from)?;
+            Ok(CudaRetriever::from_store(
+                &store,
+                metric,
+                config.to_config(),
+            )?)
+        }
+    }
+}
+
+/// The storage type of `config`, or an error naming an unknown code.
+fn storage_type(config: PluginConfig) -> Result<Dtype, Failure> {
+    config
+        .dtype()
+        .ok_or_else(|| Failure::bad(format!("unknown storage type code {}", config.dtype)))
 }
 
 /// Copies `hits` into the caller's buffers.
@@ -201,8 +233,9 @@ fn resident_open(
     }
     let metric = metric_from_code(metric)
         .ok_or_else(|| Failure::bad(format!("unknown metric code {metric}")))?;
-    Ok(ResidentCorpus::new(
+    Ok(ResidentCorpus::with_dtype(
         dim,
+        storage_type(config)?,
         metric,
         config.to_config(),
         capacity,
@@ -366,7 +399,9 @@ mod tests {
     #[test]
     fn an_unknown_metric_code_is_a_bad_argument_or_not_compiled() {
         let config = PluginConfig::from_config(&topk_cuda_loader::CudaConfig::default());
-        let f = open(&[1.0, 2.0], 1, 2, 9, config).err().map(|f| f.status);
+        let f = open(OpenRows::F32(&[1.0, 2.0]), 1, 2, 9, config)
+            .err()
+            .map(|f| f.status);
         let expected = if COMPILED {
             Status::BadArgument
         } else {
@@ -376,12 +411,36 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_storage_code_is_a_bad_argument_or_not_compiled() {
+        let config = PluginConfig {
+            dtype: 7,
+            ..PluginConfig::from_config(&topk_cuda_loader::CudaConfig::default())
+        };
+        let f = open(OpenRows::Bits16(&[0x3c00, 0]), 1, 2, 0, config).err();
+        let f = f.expect("no engine for an unknown storage type");
+        if COMPILED {
+            assert_eq!(f.status, Status::BadArgument);
+            assert!(f.message.contains("storage type code 7"), "{}", f.message);
+        } else {
+            assert_eq!(f.status, Status::NotCompiled);
+        }
+    }
+
+    #[test]
     #[cfg(not(feature = "cuda"))]
     fn without_cuda_every_entry_says_so() {
         let config = PluginConfig::from_config(&topk_cuda_loader::CudaConfig::default());
         for f in [
             device_summary(0).err(),
-            open(&[1.0, 2.0], 1, 2, 0, config).err(),
+            open(OpenRows::F32(&[1.0, 2.0]), 1, 2, 0, config).err(),
+            open(
+                OpenRows::Bits16(&[0x3c00, 0]),
+                1,
+                2,
+                0,
+                config.with_dtype(Dtype::F16),
+            )
+            .err(),
         ] {
             let f = f.expect("a build without CUDA has no engine");
             assert_eq!(f.status, Status::NotCompiled);

@@ -12,6 +12,8 @@ use cust::memory::{DeviceBuffer, DeviceCopy, DeviceSlice, LockedBuffer};
 use cust::stream::Stream;
 use cust::sys as cu;
 
+use topk_core::Dtype;
+
 use crate::device::DevNeighbor;
 use crate::error::CudaError;
 
@@ -167,6 +169,146 @@ impl<'a, T> DevSlice<'a, T> {
     }
 
     /// Checks that the view holds at least `needed` elements.
+    pub(crate) fn need(&self, what: &'static str, needed: usize) -> Result<(), CudaError> {
+        if needed <= self.len {
+            Ok(())
+        } else {
+            Err(CudaError::DeviceBufferTooSmall {
+                what,
+                needed,
+                len: self.len,
+            })
+        }
+    }
+}
+
+/// Corpus rows in device memory as they are stored ([`Dtype`]): `u16`
+/// words for a half type, pairs of them for `f32` (cuMemAlloc aligns every
+/// buffer to 256 bytes, so a row view is as aligned as an `f32` one).
+pub(crate) struct RowBuf {
+    buf: DeviceBuffer<u16>,
+    dtype: Dtype,
+}
+
+impl RowBuf {
+    /// Room for `values` stored values, unspecified until written.
+    pub(crate) fn alloc(
+        what: &'static str,
+        dtype: Dtype,
+        values: usize,
+    ) -> Result<Self, CudaError> {
+        let words = values.max(1) * (dtype.bytes() / 2);
+        Ok(RowBuf {
+            buf: alloc::<u16>(what, words)?,
+            dtype,
+        })
+    }
+
+    /// The storage type.
+    pub(crate) fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The whole buffer.
+    pub(crate) fn view(&self) -> Rows<'_> {
+        Rows {
+            ptr: self.buf.as_device_ptr().as_raw(),
+            len: self.buf.len() / (self.dtype.bytes() / 2),
+            width: self.dtype.bytes(),
+            _buffer: PhantomData,
+        }
+    }
+}
+
+/// A view of `len` stored values of `width` bytes each in device memory:
+/// [`DevSlice`] for corpus rows, whose width is the corpus's storage type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    ptr: DPtr,
+    len: usize,
+    width: usize,
+    _buffer: PhantomData<&'a [u16]>,
+}
+
+impl<'a> Rows<'a> {
+    /// `f32` rows viewed as stored rows.
+    pub(crate) fn of_f32(s: DevSlice<'a, f32>) -> Self {
+        Rows {
+            ptr: s.ptr(),
+            len: s.len(),
+            width: 4,
+            _buffer: PhantomData,
+        }
+    }
+
+    /// The view as `f32` values; an error naming `what` for other widths.
+    pub(crate) fn as_f32(self, what: &'static str) -> Result<DevSlice<'a, f32>, CudaError> {
+        self.typed(what, 4)
+    }
+
+    /// The view as the 16-bit words it occupies, whatever the width (for
+    /// copies).
+    pub(crate) fn as_words(self) -> DevSlice<'a, u16> {
+        DevSlice {
+            ptr: self.ptr,
+            len: self.len * self.width / 2,
+            _buffer: PhantomData,
+        }
+    }
+
+    /// The view as the bits of 16-bit values; an error naming `what` for
+    /// other widths.
+    pub(crate) fn as_bits16(self, what: &'static str) -> Result<DevSlice<'a, u16>, CudaError> {
+        self.typed(what, 2)
+    }
+
+    fn typed<T>(self, what: &'static str, width: usize) -> Result<DevSlice<'a, T>, CudaError> {
+        if self.width != width {
+            return Err(CudaError::CountMismatch {
+                what,
+                got: self.width,
+                expected: width,
+            });
+        }
+        Ok(DevSlice {
+            ptr: self.ptr,
+            len: self.len,
+            _buffer: PhantomData,
+        })
+    }
+
+    /// The device address of the first value.
+    pub(crate) fn ptr(&self) -> DPtr {
+        self.ptr
+    }
+
+    /// Bytes per value.
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    /// `len` values from `start`; an error naming `what` past the end.
+    pub(crate) fn range(
+        self,
+        what: &'static str,
+        start: usize,
+        len: usize,
+    ) -> Result<Self, CudaError> {
+        match start.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Rows {
+                ptr: self.ptr + (start * self.width) as DPtr,
+                len,
+                ..self
+            }),
+            _ => Err(CudaError::DeviceBufferTooSmall {
+                what,
+                needed: start.saturating_add(len),
+                len: self.len,
+            }),
+        }
+    }
+
+    /// Checks that the view holds at least `needed` values.
     pub(crate) fn need(&self, what: &'static str, needed: usize) -> Result<(), CudaError> {
         if needed <= self.len {
             Ok(())

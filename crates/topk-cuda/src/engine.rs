@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cust::memory::DeviceBuffer;
 use ndarray::ArrayView2;
 use topk_core::order::rank_key;
-use topk_core::{validate, Metric, Neighbor};
+use topk_core::{validate, Dtype, Metric, Neighbor, RowStore};
 
 use crate::device::{self, open, Ctx};
-use crate::driver::{self, alloc, device_flag, DevSlice, DeviceAttr};
+use crate::driver::{self, alloc, device_flag, DevSlice, DeviceAttr, RowBuf};
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{
     self, FusedThreshold, Kernels, Modules, Operands, Queue, ScorePlan, CAND_CAP, STATUS_OK,
@@ -56,7 +56,8 @@ pub(crate) struct Engine {
     /// Resident blocks of the one-launch search kernel for this D, where the
     /// device can run it.
     pub(crate) search_grid: Option<u32>,
-    pub(crate) corpus: DeviceBuffer<f32>,
+    /// The rows as they are stored (docs/CONTRACTS.md §14).
+    pub(crate) corpus: RowBuf,
     pub(crate) rnorm: DeviceBuffer<f32>,
     /// Whether `rnorm` holds the rows' norms (cosine, or filtered batches).
     pub(crate) norms: bool,
@@ -74,6 +75,23 @@ pub(crate) struct Engine {
     ctx: Arc<Ctx>,
 }
 
+/// The rows an engine starts with: f32 values, or the bits of a half-width
+/// store's values.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    F32(&'a [f32]),
+    Bits16(&'a [u16], Dtype),
+}
+
+impl Source<'_> {
+    fn dtype(&self) -> Dtype {
+        match self {
+            Source::F32(_) => Dtype::F32,
+            Source::Bits16(_, dtype) => *dtype,
+        }
+    }
+}
+
 impl Engine {
     pub(crate) fn new(
         corpus: ArrayView2<'_, f32>,
@@ -88,7 +106,7 @@ impl Engine {
                 // Checked before the copy so that a bad view costs no copy.
                 validate::corpus_view(corpus)?;
                 let flat: Vec<f32> = corpus.iter().copied().collect();
-                Self::build(&flat, n, d, metric, config, n, false)
+                Self::build(Source::F32(&flat), n, d, metric, config, n, false)
             }
         }
     }
@@ -107,13 +125,46 @@ impl Engine {
         if std::mem::size_of_val(data) < launch::STAGED_MIN_BYTES {
             validate::corpus_values(data, dim)?;
         }
-        Self::build(data, n, dim, metric, config, n, false)
+        Self::build(Source::F32(data), n, dim, metric, config, n, false)
+    }
+
+    /// An engine over the rows of `store`, held on the device as they are
+    /// stored (half the bytes for `f16` / `bf16`). The store's rows were
+    /// checked as they were stored.
+    pub(crate) fn from_store(
+        store: &RowStore,
+        metric: Metric,
+        config: CudaConfig,
+    ) -> Result<Self, CudaError> {
+        let (n, d) = (store.len(), store.dim());
+        if let Some(flat) = store.as_f32() {
+            return Self::from_rowmajor(flat, d, metric, config);
+        }
+        // Every other storage type is 16 bits a value.
+        let bits = store.as_bits16().unwrap_or_default();
+        if bits.len() != n * d {
+            return Err(CudaError::CountMismatch {
+                what: "16-bit stored values for rows",
+                got: bits.len(),
+                expected: n * d,
+            });
+        }
+        Self::build(
+            Source::Bits16(bits, store.dtype()),
+            n,
+            d,
+            metric,
+            config,
+            n,
+            false,
+        )
     }
 
     /// An engine of no rows yet with room for `capacity` rows of `dim`
     /// values, and the list scratch of the mutable resident corpus.
     pub(crate) fn with_capacity(
         dim: usize,
+        dtype: Dtype,
         metric: Metric,
         config: CudaConfig,
         capacity: usize,
@@ -128,7 +179,11 @@ impl Engine {
             }
             .into());
         }
-        Self::build(&[], 0, dim, metric, config, capacity.max(1), true)
+        let empty = match dtype {
+            Dtype::F32 => Source::F32(&[]),
+            half => Source::Bits16(&[], half),
+        };
+        Self::build(empty, 0, dim, metric, config, capacity.max(1), true)
     }
 
     /// The batch scratch an engine of `capacity` rows uses, and its slot
@@ -139,6 +194,7 @@ impl Engine {
     pub(crate) fn fitting_scratch(
         capacity: usize,
         d: usize,
+        dtype: Dtype,
         config: &CudaConfig,
         lists: bool,
         fixed: usize,
@@ -150,7 +206,7 @@ impl Engine {
         for scratch in tries {
             let mut c = config.clone();
             c.tuning.batch_scratch = scratch;
-            let shape = Self::shape_for(capacity, d, &c, lists);
+            let shape = Self::shape_for(capacity, d, dtype, &c, lists);
             let need = shape
                 .bytes()
                 .checked_mul(config.streams)?
@@ -166,6 +222,7 @@ impl Engine {
     pub(crate) fn shape_for(
         capacity: usize,
         d: usize,
+        dtype: Dtype,
         config: &CudaConfig,
         lists: bool,
     ) -> SlotShape {
@@ -184,6 +241,7 @@ impl Engine {
             gather: tuning.max_gather,
             filter_list,
             lists: if lists { capacity } else { 0 },
+            dtype,
         }
     }
 
@@ -202,7 +260,7 @@ impl Engine {
     }
 
     fn build(
-        flat: &[f32],
+        rows: Source<'_>,
         n: usize,
         d: usize,
         metric: Metric,
@@ -213,12 +271,13 @@ impl Engine {
         config.check()?;
         let (ctx, dev) = open(config.device)?;
         let info = device::info_of(dev)?;
-        let fixed = capacity * d * 4 + capacity * 4;
+        let dtype = rows.dtype();
+        let fixed = capacity * d * dtype.bytes() + capacity * 4;
         let available = driver::free_memory()?;
         let Some((scratch, shape)) =
-            Self::fitting_scratch(capacity, d, &config, lists, fixed, available)
+            Self::fitting_scratch(capacity, d, dtype, &config, lists, fixed, available)
         else {
-            let shape = Self::shape_for(capacity, d, &config, lists);
+            let shape = Self::shape_for(capacity, d, dtype, &config, lists);
             return Err(CudaError::OutOfMemory {
                 what: "the engine (corpus, norms and per-stream scratch)",
                 requested: fixed + shape.bytes() * config.streams,
@@ -236,7 +295,7 @@ impl Engine {
         }
         let tuning = &config.tuning;
         let (sizes, filter_list) = (shape.sizes, shape.filter_list);
-        let modules = Modules::load(info.compute_capability, tuning.wgmma_bounds)?;
+        let modules = Modules::load(info.compute_capability, tuning.wgmma_bounds, dtype)?;
         let kernels = Kernels::load(&modules, info.multiprocessors)?;
         let score_plan = kernels.prepare_score(metric, d)?;
         let search_grid = if device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? {
@@ -244,32 +303,7 @@ impl Engine {
         } else {
             None
         };
-        // Small corpora were checked by the caller; a large one is checked
-        // here, part by part, as it streams to the device.
-        let large = std::mem::size_of_val(flat) >= launch::STAGED_MIN_BYTES;
-        let corpus = if large {
-            let buf = alloc::<f32>("corpus", capacity * d)?;
-            let started = std::time::Instant::now();
-            let check = |part: &[f32]| validate::corpus_values(part, d).is_ok();
-            if !launch::h2d_staged(DevSlice::of(&buf), flat, d, &check)? {
-                // The whole corpus checked again names the first bad row.
-                validate::corpus_values(flat, d)?;
-            }
-            let secs = started.elapsed().as_secs_f64();
-            tracing::debug!(
-                bytes = std::mem::size_of_val(flat),
-                secs,
-                gb_per_s = std::mem::size_of_val(flat) as f64 / secs.max(1e-9) / 1e9,
-                "corpus uploaded"
-            );
-            buf
-        } else if capacity == n {
-            device::upload("corpus", flat)?
-        } else {
-            let buf = alloc::<f32>("corpus", capacity * d)?;
-            launch::h2d_sync(DevSlice::of(&buf), flat)?;
-            buf
-        };
+        let corpus = Self::upload_rows(rows, capacity, d)?;
         // Row norms: cosine scores divide by them, filtered batches bound
         // every metric's scores with them.
         let norms = metric == Metric::Cosine || filter_list > 0;
@@ -281,9 +315,9 @@ impl Engine {
         let slots = Self::make_slots(&shape, config.streams, map_results, map_queries)?;
         if norms && n > 0 {
             let slot = slots[0].lock().unwrap_or_else(|p| p.into_inner());
-            kernels.norms(
+            kernels.row_norms(
                 Queue::Stream(slot.stream.as_inner()),
-                DevSlice::of(&corpus),
+                corpus.view(),
                 n as u32,
                 d as u32,
                 DevSlice::of(&rnorm),
@@ -319,6 +353,52 @@ impl Engine {
             _modules: modules,
             ctx,
         })
+    }
+
+    /// The device rows of `capacity` rows of `d` values, the first of them
+    /// `rows`. Small f32 corpora were checked by the caller; a large one is
+    /// checked here, part by part, as it streams to the device. Half-width
+    /// rows were checked as they were stored.
+    fn upload_rows(rows: Source<'_>, capacity: usize, d: usize) -> Result<RowBuf, CudaError> {
+        let buf = RowBuf::alloc("corpus", rows.dtype(), capacity * d)?;
+        let started = std::time::Instant::now();
+        let bytes = match rows {
+            Source::F32(flat) if std::mem::size_of_val(flat) >= launch::STAGED_MIN_BYTES => {
+                let check = |part: &[f32]| validate::corpus_values(part, d).is_ok();
+                let dst = buf.view().as_f32("corpus")?;
+                if !launch::h2d_staged(dst, flat, d, &check)? {
+                    // The whole corpus checked again names the first bad row.
+                    validate::corpus_values(flat, d)?;
+                }
+                std::mem::size_of_val(flat)
+            }
+            Source::F32(flat) => {
+                launch::h2d_sync(buf.view().as_f32("corpus")?, flat)?;
+                std::mem::size_of_val(flat)
+            }
+            Source::Bits16(bits, _) => {
+                let dst = buf.view().as_bits16("corpus")?;
+                if std::mem::size_of_val(bits) >= launch::STAGED_MIN_BYTES {
+                    launch::h2d_staged(dst, bits, d, &|_: &[u16]| true)?;
+                } else {
+                    launch::h2d_sync(dst, bits)?;
+                }
+                std::mem::size_of_val(bits)
+            }
+        };
+        let secs = started.elapsed().as_secs_f64();
+        tracing::debug!(
+            bytes,
+            secs,
+            gb_per_s = bytes as f64 / secs.max(1e-9) / 1e9,
+            "corpus uploaded"
+        );
+        Ok(buf)
+    }
+
+    /// How the corpus stores its values.
+    pub(crate) fn dtype(&self) -> Dtype {
+        self.corpus.dtype()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -464,7 +544,7 @@ impl Engine {
         nq: usize,
     ) -> Operands<'a> {
         Operands {
-            corpus: DevSlice::of(&self.corpus),
+            corpus: self.corpus.view(),
             rnorm: DevSlice::of(&self.rnorm),
             n: self.n as u32,
             d: self.d as u32,
@@ -617,7 +697,7 @@ mod tests {
     fn slots(capacity: usize, d: usize, scratch: usize, c: &CudaConfig) -> usize {
         let mut c = c.clone();
         c.tuning.batch_scratch = scratch;
-        Engine::shape_for(capacity, d, &c, false).bytes() * c.streams
+        Engine::shape_for(capacity, d, Dtype::F32, &c, false).bytes() * c.streams
     }
 
     #[test]
@@ -634,10 +714,12 @@ mod tests {
             "{full} {earlier} {least}"
         );
         let fit = |available| {
-            Engine::fitting_scratch(n, d, &c, false, fixed, available).map(|(s, shape)| {
-                assert!(shape.bytes() * c.streams + fixed <= available);
-                (s, shape.sizes.chunk)
-            })
+            Engine::fitting_scratch(n, d, Dtype::F32, &c, false, fixed, available).map(
+                |(s, shape)| {
+                    assert!(shape.bytes() * c.streams + fixed <= available);
+                    (s, shape.sizes.chunk)
+                },
+            )
         };
         // Room for the default: 256-query chunks.
         assert_eq!(fit(fixed + full), Some((c.tuning.batch_scratch, 256)));
@@ -650,9 +732,11 @@ mod tests {
         // A configured scratch below the fallbacks is never raised.
         let mut small = c.clone();
         small.tuning.batch_scratch = 1 << 20;
-        let got = Engine::fitting_scratch(n, d, &small, false, fixed, usize::MAX);
+        let got = Engine::fitting_scratch(n, d, Dtype::F32, &small, false, fixed, usize::MAX);
         assert_eq!(got.map(|(s, _)| s), Some(1 << 20));
         // Sizes that overflow are refused, not wrapped.
-        assert!(Engine::fitting_scratch(n, d, &c, false, usize::MAX, usize::MAX).is_none());
+        assert!(
+            Engine::fitting_scratch(n, d, Dtype::F32, &c, false, usize::MAX, usize::MAX).is_none()
+        );
     }
 }

@@ -119,7 +119,7 @@ mod walk;
 mod stub;
 
 use ndarray::ArrayView2;
-use topk_core::{validate, Metric, Neighbor, Retriever};
+use topk_core::{validate, Dtype, Metric, Neighbor, Retriever, RowStore};
 
 pub use config::{
     CudaConfig, Tuning, DEFAULT_BATCH_SCRATCH, DEFAULT_FILTER_QUERIES, DEFAULT_FILTER_ROWS,
@@ -207,6 +207,26 @@ impl CudaRetriever {
         Ok(CudaRetriever {
             engine: Engine::from_rowmajor(&data, dim, metric, config)?,
         })
+    }
+
+    /// An engine over the rows of `store`, held on the device as they are
+    /// stored (docs/CONTRACTS.md §14): an `f16` or `bf16` store takes half
+    /// the device memory of `f32` and every search reads half the bytes,
+    /// with results exact for the stored values (widened to f32 as they
+    /// are read), bit for bit those of every other backend.
+    pub fn from_store(
+        store: &RowStore,
+        metric: Metric,
+        config: CudaConfig,
+    ) -> Result<Self, CudaError> {
+        Ok(CudaRetriever {
+            engine: Engine::from_store(store, metric, config)?,
+        })
+    }
+
+    /// How the device stores the corpus.
+    pub fn dtype(&self) -> Dtype {
+        self.engine.dtype()
     }
 
     /// The configuration the engine was built with.

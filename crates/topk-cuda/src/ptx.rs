@@ -19,7 +19,9 @@ pub const NVCC_FLAGS: &[&str] = &[
     "-prec-sqrt=true",
 ];
 
-/// The kernel families, one `.cu` (and one `.ptx`) each.
+/// The kernel builds, one `.ptx` each: every family (`kernels/<family>.cu`)
+/// as `<family>`, and each family of [`ROW_FAMILIES`] again per half-width
+/// storage type as `<family>.<dtype>` ([`ROW_DTYPES`]).
 pub const KERNEL_NAMES: &[&str] = &[
     "norms",
     "score_single",
@@ -30,27 +32,81 @@ pub const KERNEL_NAMES: &[&str] = &[
     "filter90",
     "rows",
     "walk",
+    "norms.f16",
+    "score_single.f16",
+    "score_batch.f16",
+    "score_ids.f16",
+    "filter.f16",
+    "rows.f16",
+    "norms.bf16",
+    "score_single.bf16",
+    "score_batch.bf16",
+    "score_ids.bf16",
+    "filter.bf16",
+    "rows.bf16",
 ];
+
+/// The families whose kernels read stored corpus rows: built once per
+/// storage type, the rows' type set by `TOPK_ROW_DTYPE` (kernels/common.cuh).
+pub const ROW_FAMILIES: &[&str] = &[
+    "norms",
+    "score_single",
+    "score_batch",
+    "score_ids",
+    "filter",
+    "rows",
+];
+
+/// The half-width storage types the row families are built for: the name
+/// suffix and the define.
+pub const ROW_DTYPES: &[(&str, &str)] = &[
+    ("f16", "-DTOPK_ROW_DTYPE=1"),
+    ("bf16", "-DTOPK_ROW_DTYPE=2"),
+];
+
+/// The family (`.cu` file stem) of a build name: `score_single.f16` is
+/// `score_single`.
+pub fn family_of(name: &str) -> &str {
+    name.split_once('.').map_or(name, |(family, _)| family)
+}
+
+/// The build name of `family` for rows stored as `dtype` ("f32", "f16",
+/// "bf16"): the family itself for f32 or a family that reads no rows.
+pub fn build_name(family: &str, dtype: &str) -> String {
+    if dtype == "f32" || !ROW_FAMILIES.contains(&family) {
+        family.to_owned()
+    } else {
+        format!("{family}.{dtype}")
+    }
+}
 
 /// Families built for one architecture's own instructions instead of
 /// [`NVCC_FLAGS`]' `-arch` (`wgmma` needs `sm_90a`); their PTX loads only on
 /// a device of that compute capability.
 pub const ARCH_FAMILIES: &[(&str, &str)] = &[("filter90", "-arch=compute_90a")];
 
-/// The nvcc flags of one family: [`NVCC_FLAGS`], with its own `-arch` where
-/// [`ARCH_FAMILIES`] names one.
+/// The nvcc flags of one build: [`NVCC_FLAGS`], with its family's own
+/// `-arch` where [`ARCH_FAMILIES`] names one, and its storage type's define.
 pub fn family_flags(name: &str) -> Vec<&'static str> {
+    let family = family_of(name);
     let arch = ARCH_FAMILIES
         .iter()
-        .find(|(family, _)| *family == name)
+        .find(|(f, _)| *f == family)
         .map(|&(_, arch)| arch);
-    NVCC_FLAGS
+    let mut flags: Vec<&'static str> = NVCC_FLAGS
         .iter()
         .map(|&f| match arch {
             Some(a) if f.starts_with("-arch=") => a,
             _ => f,
         })
-        .collect()
+        .collect();
+    if let Some((_, define)) = name
+        .split_once('.')
+        .and_then(|(_, dtype)| ROW_DTYPES.iter().find(|(d, _)| *d == dtype))
+    {
+        flags.push(define);
+    }
+    flags
 }
 
 /// Every flag that goes into the sources hash: [`NVCC_FLAGS`], then each
@@ -58,6 +114,7 @@ pub fn family_flags(name: &str) -> Vec<&'static str> {
 pub fn hashed_flags() -> Vec<String> {
     let mut flags: Vec<String> = NVCC_FLAGS.iter().map(|f| (*f).to_owned()).collect();
     flags.extend(ARCH_FAMILIES.iter().map(|(n, a)| format!("{n}:{a}")));
+    flags.extend(ROW_DTYPES.iter().map(|(n, d)| format!("{n}:{d}")));
     flags
 }
 
@@ -91,7 +148,8 @@ pub const ROWS_PTX: &str = include_str!("../../../kernels/rows.ptx");
 /// one launch.
 pub const WALK_PTX: &str = include_str!("../../../kernels/walk.ptx");
 
-/// Every family's PTX, in [`KERNEL_NAMES`] order.
+/// Every build's PTX, in [`KERNEL_NAMES`] order (the half-width builds of
+/// the row families are the same kernels over 16-bit rows).
 pub const ALL_PTX: &[(&str, &str)] = &[
     ("norms", NORMS_PTX),
     ("score_single", SCORE_SINGLE_PTX),
@@ -102,7 +160,54 @@ pub const ALL_PTX: &[(&str, &str)] = &[
     ("filter90", FILTER90_PTX),
     ("rows", ROWS_PTX),
     ("walk", WALK_PTX),
+    ("norms.f16", include_str!("../../../kernels/norms.f16.ptx")),
+    (
+        "score_single.f16",
+        include_str!("../../../kernels/score_single.f16.ptx"),
+    ),
+    (
+        "score_batch.f16",
+        include_str!("../../../kernels/score_batch.f16.ptx"),
+    ),
+    (
+        "score_ids.f16",
+        include_str!("../../../kernels/score_ids.f16.ptx"),
+    ),
+    (
+        "filter.f16",
+        include_str!("../../../kernels/filter.f16.ptx"),
+    ),
+    ("rows.f16", include_str!("../../../kernels/rows.f16.ptx")),
+    (
+        "norms.bf16",
+        include_str!("../../../kernels/norms.bf16.ptx"),
+    ),
+    (
+        "score_single.bf16",
+        include_str!("../../../kernels/score_single.bf16.ptx"),
+    ),
+    (
+        "score_batch.bf16",
+        include_str!("../../../kernels/score_batch.bf16.ptx"),
+    ),
+    (
+        "score_ids.bf16",
+        include_str!("../../../kernels/score_ids.bf16.ptx"),
+    ),
+    (
+        "filter.bf16",
+        include_str!("../../../kernels/filter.bf16.ptx"),
+    ),
+    ("rows.bf16", include_str!("../../../kernels/rows.bf16.ptx")),
 ];
+
+/// The PTX of build `name` ([`KERNEL_NAMES`]).
+pub fn ptx_of(name: &str) -> Option<&'static str> {
+    ALL_PTX
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, ptx)| ptx)
+}
 
 /// A stable 64-bit FNV-1a hash of the flags and every source file given as
 /// `(file name, contents)`, in name order, as 16 hex digits.
@@ -196,6 +301,29 @@ mod tests {
                 "kernels/{name}.ptx: kernel sources changed: run `cargo xtask ptx` and commit"
             );
         }
+    }
+
+    #[test]
+    fn every_row_family_has_every_storage_build() {
+        for family in ROW_FAMILIES {
+            assert!(KERNEL_NAMES.contains(family), "{family}");
+            for (dtype, define) in ROW_DTYPES {
+                let name = build_name(family, dtype);
+                assert_eq!(name, format!("{family}.{dtype}"));
+                assert!(KERNEL_NAMES.contains(&name.as_str()), "{name}");
+                assert_eq!(family_of(&name), *family);
+                assert!(family_flags(&name).contains(define), "{name}");
+                let ptx = ptx_of(&name).expect("embedded");
+                assert!(ptx.contains(&format!("from kernels/{family}.cu")), "{name}");
+            }
+            assert_eq!(build_name(family, "f32"), *family);
+        }
+        assert_eq!(build_name("select", "f16"), "select");
+        assert_eq!(family_flags("score_single").len(), NVCC_FLAGS.len());
+        assert_eq!(
+            KERNEL_NAMES.len(),
+            9 + ROW_FAMILIES.len() * ROW_DTYPES.len()
+        );
     }
 
     #[test]

@@ -4,9 +4,10 @@
 
 use cust::memory::{DeviceBuffer, LockedBuffer};
 use cust::stream::{Stream, StreamFlags};
+use topk_core::Dtype;
 
 use crate::device::{pinned, DevNeighbor, DevThreshold};
-use crate::driver::{self, alloc, DevSlice};
+use crate::driver::{self, alloc, DevSlice, RowBuf};
 use crate::error::{CudaError, DriverResult};
 use crate::graph::GraphCache;
 use crate::launch::{self, SelectBufs, AREA_STRIDE, CAND_CAP, MAYBE_CAP};
@@ -82,7 +83,7 @@ pub(crate) struct Slot {
     pub(crate) count_host: LockedBuffer<u32>,
     /// A piece of a batch's allowed rows gathered contiguous, with their
     /// norms, for the batch scoring kernel (the mutable resident corpus).
-    pub(crate) compact: DeviceBuffer<f32>,
+    pub(crate) compact: RowBuf,
     pub(crate) compact_norms: DeviceBuffer<f32>,
     /// The first device query breaking the input rules (`u32::MAX`: none).
     pub(crate) check: DeviceBuffer<u32>,
@@ -102,6 +103,8 @@ pub(crate) struct SlotShape {
     pub(crate) filter_list: usize,
     /// Rows of the list and allow-set scratch (0: none).
     pub(crate) lists: usize,
+    /// How the corpus stores its values (the gathered rows are stored alike).
+    pub(crate) dtype: Dtype,
 }
 
 impl SlotShape {
@@ -121,7 +124,7 @@ impl SlotShape {
             + self.filter_list * 4
             + (self.sizes.turn_chunks() + staged) * 4
             + self.lists * 12
-            + compact_rows(self.lists, d) * (d + 1) * 4
+            + compact_rows(self.lists, d) * (d * self.dtype.bytes() + 4)
             + chunk * self.lists.div_ceil(64) * 8
     }
 }
@@ -167,6 +170,7 @@ impl Slot {
             gather,
             filter_list,
             lists,
+            dtype,
         } = *shape;
         let Sizes { staged, chunk } = sizes;
         let allow_words = chunk * lists.div_ceil(64);
@@ -198,7 +202,7 @@ impl Slot {
             list_host: pinned(lists)?,
             allow: alloc("allow sets", allow_words)?,
             allow_host: pinned(allow_words)?,
-            compact: alloc("gathered rows", compact_rows(lists, d) * d)?,
+            compact: RowBuf::alloc("gathered rows", dtype, compact_rows(lists, d) * d)?,
             compact_norms: alloc("gathered norms", compact_rows(lists, d))?,
             want: alloc("allow-list ids", lists)?,
             want_host: pinned(lists)?,

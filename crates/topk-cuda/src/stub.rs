@@ -3,7 +3,7 @@
 //! The engine type is uninhabited, so no method past construction can run.
 
 use ndarray::ArrayView2;
-use topk_core::{Metric, Neighbor, Retriever};
+use topk_core::{Dtype, Metric, Neighbor, Retriever, RowStore};
 
 use crate::{
     CudaConfig, CudaError, CudaRetriever, DeviceInfo, GraphLayout, PathCounts, WalkStatus,
@@ -29,6 +29,17 @@ impl Engine {
     ) -> Result<Self, CudaError> {
         config.check()?;
         Err(CudaError::NotCompiled)
+    }
+    pub(crate) fn from_store(
+        _store: &RowStore,
+        _metric: Metric,
+        config: CudaConfig,
+    ) -> Result<Self, CudaError> {
+        config.check()?;
+        Err(CudaError::NotCompiled)
+    }
+    pub(crate) fn dtype(&self) -> Dtype {
+        match *self {}
     }
     pub(crate) fn len(&self) -> usize {
         match *self {}
@@ -176,6 +187,19 @@ impl ResidentCorpus {
     ) -> Result<Self, CudaError> {
         config.check()?;
         Err(CudaError::NotCompiled)
+    }
+    pub fn with_dtype(
+        _dim: usize,
+        _dtype: Dtype,
+        _metric: Metric,
+        config: CudaConfig,
+        _capacity: usize,
+    ) -> Result<Self, CudaError> {
+        config.check()?;
+        Err(CudaError::NotCompiled)
+    }
+    pub fn dtype(&self) -> Dtype {
+        match self.never {}
     }
     pub fn len(&self) -> usize {
         match self.never {}

@@ -226,7 +226,7 @@ impl Engine {
             let out = DevSlice::of(&sc.out).range("walk results", 0, cq * want)?;
             let st = DevSlice::of(&sc.status).range("walk status", 0, cq)?;
             let args = WalkArgs {
-                corpus: DevSlice::of(&self.corpus),
+                corpus: self.corpus.view().as_f32("graph corpus")?,
                 rnorm: DevSlice::of(&self.rnorm),
                 n: n as u32,
                 d: d as u32,

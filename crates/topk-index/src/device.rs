@@ -85,8 +85,16 @@ impl Index {
     fn upload_mirror(&self) -> Result<CudaResident, String> {
         let live = self.len();
         let capacity = self.options.capacity.max(live).max(1);
-        let mut r = CudaResident::open(self.dim, self.metric, capacity, &self.options.cuda)
-            .map_err(|e| e.to_string())?;
+        // The device stores the rows as the index does (half the bytes for
+        // f16 / bf16): the widened rows below round back to the same bits.
+        let mut r = CudaResident::open_as(
+            self.dim,
+            self.data.dtype(),
+            self.metric,
+            capacity,
+            &self.options.cuda,
+        )
+        .map_err(|e| e.to_string())?;
         let rows: Vec<usize> = (0..self.ids.len()).filter(|&r| self.is_live(r)).collect();
         let mut values = Vec::with_capacity(UPLOAD_ROWS.min(rows.len()) * self.dim);
         for part in rows.chunks(UPLOAD_ROWS) {

@@ -5,7 +5,7 @@
 //! to get it, and a build with it reports a missing plugin, driver or device
 //! as [`Unavailable`].
 
-use topk_core::{Metric, Retriever};
+use topk_core::{Metric, Retriever, RowStore};
 use topk_cuda_loader::{EngineErrorKind, LoadError};
 
 use crate::backend::{Backend, Unavailable};
@@ -40,14 +40,38 @@ pub(crate) fn open(
         }
         .into());
     }
-    match topk_cuda_loader::open_rowmajor(data, dim, metric, config) {
-        Ok(engine) => Ok(Box::new(engine)),
-        Err(LoadError::Input(e)) => Err(Error::Core(e)),
-        Err(e) => Err(match unavailable(e) {
+    topk_cuda_loader::open_rowmajor(data, dim, metric, config)
+        .map(|engine| Box::new(engine) as Box<dyn Retriever>)
+        .map_err(from_load_error)
+}
+
+/// The facade's error for a failed open.
+fn from_load_error(e: LoadError) -> Error {
+    match e {
+        LoadError::Input(e) => Error::Core(e),
+        e => match unavailable(e) {
             Ok(why) => Error::Unavailable(why),
             Err(e) => Error::Cuda(e),
-        }),
+        },
     }
+}
+
+/// Builds the GPU engine over the rows of `store`, held on the device as
+/// they are stored.
+pub(crate) fn open_store(
+    store: &RowStore,
+    metric: Metric,
+    config: &CudaConfig,
+) -> Result<Box<dyn Retriever>, Error> {
+    if !Backend::Cuda.compiled() {
+        return Err(Unavailable::NotCompiled {
+            backend: Backend::Cuda,
+        }
+        .into());
+    }
+    topk_cuda_loader::open_store(store, metric, config)
+        .map(|engine| Box::new(engine) as Box<dyn Retriever>)
+        .map_err(from_load_error)
 }
 
 /// Why the engine cannot run here, or the error back when it is not about

@@ -114,9 +114,9 @@ pub struct Options {
     pub progress: Option<BuildProgress>,
     /// How the corpus is stored (docs/CONTRACTS.md §14): `f32` as given, or
     /// `f16` / `bf16`, each value rounded once to the nearest of the type.
-    /// Every backend then searches the rounded values: `cpu` and `oracle`
-    /// hold them at half the bytes; `cuda` and `hnsw` hold them widened to
-    /// `f32` (the same answers, not yet the smaller footprint).
+    /// Every backend then searches the rounded values: `cpu`, `oracle` and
+    /// `cuda` (on the device) hold them at half the bytes; `hnsw` holds them
+    /// widened to `f32` (the same answers, not yet the smaller footprint).
     pub dtype: Dtype,
 }
 
@@ -338,11 +338,7 @@ fn open_stored(
                 None => Hnsw::from_rowmajor(data, dim, metric, params)?,
             })
         }
-        Backend::Cuda => {
-            let data = store.to_f32();
-            drop(store);
-            crate::cuda::open(&data, dim, metric, &options.cuda)?
-        }
+        Backend::Cuda => crate::cuda::open_store(&store, metric, &options.cuda)?,
     })
 }
 

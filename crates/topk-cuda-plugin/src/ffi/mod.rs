@@ -6,6 +6,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use topk_core::Dtype;
 use topk_cuda::CudaRetriever;
 use topk_cuda_loader::abi::{
     self, DeviceSummaryRaw, MessageBuf, PluginConfig, PluginHandle, Status, ABI_VERSION,
@@ -170,7 +171,7 @@ pub unsafe extern "C" fn topk_cuda_plugin_device_summary(
 /// write (each may be null, which is refused); `err` as in `abi`.
 #[no_mangle]
 pub unsafe extern "C" fn topk_cuda_plugin_open(
-    rows: *const f32,
+    rows: *const std::ffi::c_void,
     n: usize,
     dim: usize,
     metric: u32,
@@ -180,10 +181,20 @@ pub unsafe extern "C" fn topk_cuda_plugin_open(
 ) -> i32 {
     let run = || {
         let len = product(n, dim, "corpus values")?;
-        // SAFETY: `rows` is valid for `n * dim` reads (contract).
-        let rows = unsafe { slice(rows, len, "rows") }?;
         // SAFETY: `config` is null or valid for a read (contract).
         let config = *unsafe { config.as_ref() }.ok_or_else(|| Failure::bad("null config"))?;
+        let rows = if config.dtype() == Some(Dtype::F32) {
+            // SAFETY: `rows` is valid for `n * dim` f32 reads (contract: the
+            // values are of `config.dtype`).
+            crate::OpenRows::F32(unsafe { slice(rows.cast::<f32>(), len, "rows") }?)
+        } else {
+            // An unknown storage code is refused before anything is read.
+            crate::storage_type(config)?;
+            // SAFETY: `rows` is valid for `n * dim` u16 reads (contract: the
+            // values are the bits of a half type).
+            let bits = unsafe { slice(rows.cast::<u16>(), len, "rows") }?;
+            crate::OpenRows::Bits16(bits)
+        };
         // SAFETY: `handle` is null or valid for a write (contract).
         let out = unsafe { handle.as_mut() }.ok_or_else(|| Failure::bad("null handle out"))?;
         let engine = crate::open(rows, n, dim, metric, config)?;

@@ -25,10 +25,10 @@ use std::ffi::c_void;
 
 use cust::module::Module;
 use cust::sys as cu;
-use topk_core::Metric;
+use topk_core::{Dtype, Metric};
 
 use crate::device::{DevNeighbor, DevThreshold};
-use crate::driver::{check, DPtr, DevSlice};
+use crate::driver::{check, DPtr, DevSlice, Rows};
 use crate::error::CudaError;
 
 pub(crate) use copy::{
@@ -140,13 +140,18 @@ pub(crate) struct Kernels {
     rescore: [cu::CUfunction; 3],
     select_listed: cu::CUfunction,
     norms: cu::CUfunction,
+    row_norms: cu::CUfunction,
     fetch_query: cu::CUfunction,
     select_small: cu::CUfunction,
     hist: cu::CUfunction,
     gather: cu::CUfunction,
     /// The mutable resident corpus (`kernels/rows.cu`).
-    gather_rows: cu::CUfunction,
-    scatter_rows: cu::CUfunction,
+    /// `topk_gather_rows` (f32 values) and `topk_gather_stored` (stored rows).
+    gather_rows: [cu::CUfunction; 2],
+    /// `topk_scatter_rows` and `topk_scatter_stored`.
+    scatter_rows: [cu::CUfunction; 2],
+    /// Bytes per stored value of the loaded row families.
+    row_width: usize,
     mask_scores: cu::CUfunction,
     score_list: [cu::CUfunction; 3],
     check_queries: cu::CUfunction,
@@ -233,7 +238,7 @@ impl SelectBufs<'_> {
 /// and its row norms `rnorm`), into `scores` (nq × n).
 #[derive(Clone, Copy)]
 pub(crate) struct Operands<'a> {
-    pub(crate) corpus: DevSlice<'a, f32>,
+    pub(crate) corpus: Rows<'a>,
     pub(crate) rnorm: DevSlice<'a, f32>,
     pub(crate) n: u32,
     pub(crate) d: u32,
@@ -435,6 +440,8 @@ pub(crate) struct Modules {
     filter90: Option<Module>,
     rows: Module,
     walk: Module,
+    /// The storage type of the row families loaded.
+    dtype: Dtype,
 }
 
 fn load_module(module: &'static str, ptx: &str) -> Result<Module, CudaError> {
@@ -449,11 +456,25 @@ impl Modules {
     /// a device of `compute_capability`; the Hopper bound kernels only where
     /// it is (9, 0) and `wgmma` allows them (where they fail to load, the
     /// engine keeps the `mma.sync` bounds).
-    pub(crate) fn load(compute_capability: (i32, i32), wgmma: bool) -> Result<Self, CudaError> {
+    pub(crate) fn load(
+        compute_capability: (i32, i32),
+        wgmma: bool,
+        dtype: Dtype,
+    ) -> Result<Self, CudaError> {
         use crate::ptx;
+        // The row families in the build for the corpus's storage type.
+        let rows_of = |family: &'static str| -> Result<Module, CudaError> {
+            let name = ptx::build_name(family, dtype.as_str());
+            let text = ptx::ptx_of(&name).ok_or(CudaError::ModuleLoad {
+                module: family,
+                reason: format!("no embedded PTX build {name}"),
+            })?;
+            load_module(family, text)
+        };
         // The Hopper bounds are an option: a driver that cannot compile
-        // their PTX leaves the engine on mma.sync, with a warning.
-        let filter90 = if wgmma && compute_capability == (9, 0) {
+        // their PTX leaves the engine on mma.sync, with a warning. They take
+        // f32 rows only (TF32 products of staged f32 values).
+        let filter90 = if wgmma && compute_capability == (9, 0) && dtype == Dtype::F32 {
             load_module("filter90", ptx::FILTER90_PTX)
                 .inspect_err(|e| {
                     tracing::warn!("topk-cuda: wgmma bounds not loaded, using mma.sync: {e}")
@@ -463,14 +484,15 @@ impl Modules {
             None
         };
         Ok(Modules {
+            dtype,
             filter90,
-            norms: load_module("norms", ptx::NORMS_PTX)?,
-            single: load_module("score_single", ptx::SCORE_SINGLE_PTX)?,
-            batch: load_module("score_batch", ptx::SCORE_BATCH_PTX)?,
-            ids: load_module("score_ids", ptx::SCORE_IDS_PTX)?,
+            norms: rows_of("norms")?,
+            single: rows_of("score_single")?,
+            batch: rows_of("score_batch")?,
+            ids: rows_of("score_ids")?,
             select: load_module("select", ptx::SELECT_PTX)?,
-            filter: load_module("filter", ptx::FILTER_PTX)?,
-            rows: load_module("rows", ptx::ROWS_PTX)?,
+            filter: rows_of("filter")?,
+            rows: rows_of("rows")?,
             walk: load_module("walk", ptx::WALK_PTX)?,
         })
     }
@@ -489,6 +511,7 @@ impl Kernels {
             filter90,
             rows,
             walk,
+            dtype,
         } = modules;
         let select_small = function(select, "topk_select_small")?;
         let gather = function(select, "topk_gather")?;
@@ -529,12 +552,20 @@ impl Kernels {
             rescore: family!(filter, "topk_rescore"),
             select_listed,
             norms: function(norms, "topk_norms")?,
+            row_norms: function(norms, "topk_row_norms")?,
             fetch_query: function(norms, "topk_fetch_query")?,
             select_small,
             hist: function(select, "topk_hist")?,
             gather,
-            gather_rows: function(rows, "topk_gather_rows")?,
-            scatter_rows: function(rows, "topk_scatter_rows")?,
+            gather_rows: [
+                function(rows, "topk_gather_rows")?,
+                function(rows, "topk_gather_stored")?,
+            ],
+            scatter_rows: [
+                function(rows, "topk_scatter_rows")?,
+                function(rows, "topk_scatter_stored")?,
+            ],
+            row_width: dtype.bytes(),
             mask_scores: function(rows, "topk_mask_scores")?,
             score_list: family!(rows, "topk_score_list"),
             check_queries: function(rows, "topk_check_queries")?,
@@ -620,7 +651,9 @@ mod tests {
         let select: Vec<String> = ["topk_select_small", "topk_hist", "topk_gather"]
             .map(String::from)
             .to_vec();
-        let norms = vec!["topk_norms".to_owned(), "topk_fetch_query".to_owned()];
+        let norms = ["topk_norms", "topk_row_norms", "topk_fetch_query"]
+            .map(String::from)
+            .to_vec();
         for (module, text, names) in [
             ("norms", ptx::NORMS_PTX, norms),
             ("score_single", ptx::SCORE_SINGLE_PTX, single),

@@ -3,10 +3,11 @@
 
 use std::ffi::c_void;
 
+use cust::sys as cu;
 use topk_core::Metric;
 
 use super::{kernel_args, metric_slot, Kernels, Launch, Operands, Queue, SCORE_THREADS};
-use crate::driver::DevSlice;
+use crate::driver::{DevSlice, Rows};
 use crate::error::CudaError;
 
 /// Flag of a `gather_rows` map entry taking the row from the second source
@@ -20,20 +21,42 @@ fn elementwise_blocks(sm_count: u32, total: usize) -> u32 {
 }
 
 impl Kernels {
+    /// The move kernel of views that all store values of one width: the
+    /// f32 one (`f32`, the f32 pair of a move) for 4 bytes, the stored-row
+    /// one of the modules' storage type for theirs; an error naming `what`
+    /// for any other mix.
+    fn moving(
+        &self,
+        what: &'static str,
+        views: [Rows<'_>; 3],
+        f32: [cu::CUfunction; 2],
+    ) -> Result<cu::CUfunction, CudaError> {
+        let width = views[0].width();
+        if views.iter().any(|v| v.width() != width) || (width != 4 && width != self.row_width) {
+            return Err(CudaError::CountMismatch {
+                what,
+                got: width,
+                expected: self.row_width,
+            });
+        }
+        Ok(if width == 4 { f32[0] } else { f32[1] })
+    }
+
     /// Row `j` of `dst` (`j < map.len()`) becomes row `map[j]` of `a`, or
     /// row `map[j] & !FROM_B` of `b` where the flag is set. Every map entry
     /// must name a row of its source (checked by the caller).
     pub(crate) fn gather_rows(
         &self,
         q: Queue<'_>,
-        a: DevSlice<'_, f32>,
-        b: DevSlice<'_, f32>,
+        a: Rows<'_>,
+        b: Rows<'_>,
         map: DevSlice<'_, u32>,
         d: u32,
-        dst: DevSlice<'_, f32>,
+        dst: Rows<'_>,
     ) -> Result<(), CudaError> {
         let m = map.len() as u32;
         dst.need("gathered rows", m as usize * d as usize)?;
+        let f = self.moving("gathered rows", [a, b, dst], self.gather_rows)?;
         kernel_args!(
             args = [
                 src_a = a.ptr(),
@@ -45,12 +68,7 @@ impl Kernels {
             ]
         );
         let blocks = elementwise_blocks(self.sm_count, m as usize * d as usize);
-        let launch = Launch::new(
-            "topk_gather_rows",
-            self.gather_rows,
-            (blocks, 1),
-            SCORE_THREADS,
-        );
+        let launch = Launch::new("topk_gather_rows", f, (blocks, 1), SCORE_THREADS);
         // SAFETY: the parameter list of topk_gather_rows; `dst` holds m rows
         // and the caller guarantees every map entry names a row of its source.
         unsafe { launch.run(q, &mut args) }
@@ -61,21 +79,17 @@ impl Kernels {
     pub(crate) fn scatter_rows(
         &self,
         q: Queue<'_>,
-        src: DevSlice<'_, f32>,
+        src: Rows<'_>,
         rows: DevSlice<'_, u32>,
         d: u32,
-        dst: DevSlice<'_, f32>,
+        dst: Rows<'_>,
     ) -> Result<(), CudaError> {
         let m = rows.len() as u32;
         src.need("scattered rows", m as usize * d as usize)?;
+        let f = self.moving("scattered rows", [src, src, dst], self.scatter_rows)?;
         kernel_args!(args = [src = src.ptr(), rows = rows.ptr(), m, d, dst = dst.ptr()]);
         let blocks = elementwise_blocks(self.sm_count, m as usize * d as usize);
-        let launch = Launch::new(
-            "topk_scatter_rows",
-            self.scatter_rows,
-            (blocks, 1),
-            SCORE_THREADS,
-        );
+        let launch = Launch::new("topk_scatter_rows", f, (blocks, 1), SCORE_THREADS);
         // SAFETY: the parameter list of topk_scatter_rows; `src` holds m rows
         // and the caller guarantees every target row lies in `dst`.
         unsafe { launch.run(q, &mut args) }

@@ -13,7 +13,7 @@ use super::{
     SCORE_THREADS, SEL_THREADS,
 };
 use crate::device::DevThreshold;
-use crate::driver::DevSlice;
+use crate::driver::{DevSlice, Rows};
 use crate::error::CudaError;
 use crate::plan::SINGLE_MAX_DIM;
 
@@ -298,6 +298,27 @@ impl Kernels {
         kernel_args!(args = [x = x.ptr(), n, d, out = out.ptr()]);
         let launch = Launch::new("topk_norms", self.norms, (blocks, 1), SCORE_THREADS);
         // SAFETY: the parameter list of topk_norms; sizes checked above.
+        unsafe { launch.run(q, &mut args) }
+    }
+
+    /// Queues the canonical norms of `n` stored rows of `d` values at `x`
+    /// (the modules' storage type, the width of `x`) into `out`.
+    pub(crate) fn row_norms(
+        &self,
+        q: Queue<'_>,
+        x: Rows<'_>,
+        n: u32,
+        d: u32,
+        out: DevSlice<'_, f32>,
+    ) -> Result<(), CudaError> {
+        x.need("rows", n as usize * d as usize)?;
+        out.need("row norms", n as usize)?;
+        let warps_per_block = SCORE_THREADS / 32;
+        let blocks = n.div_ceil(warps_per_block).clamp(1, self.sm_count * 16);
+        kernel_args!(args = [x = x.ptr(), n, d, out = out.ptr()]);
+        let launch = Launch::new("topk_row_norms", self.row_norms, (blocks, 1), SCORE_THREADS);
+        // SAFETY: the parameter list of topk_row_norms; sizes checked above,
+        // and the rows' width is the storage type of the loaded modules.
         unsafe { launch.run(q, &mut args) }
     }
 

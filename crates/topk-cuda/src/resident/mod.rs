@@ -23,10 +23,10 @@
 mod search;
 
 use cust::memory::DeviceBuffer;
-use topk_core::{validate, IdProblem, Metric, MAX_ID};
+use topk_core::{validate, Dtype, IdProblem, Metric, RowStore, MAX_ID};
 
 use crate::device::{self};
-use crate::driver::{alloc, DevSlice};
+use crate::driver::{alloc, DevSlice, RowBuf, Rows};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue, FROM_B};
@@ -86,7 +86,20 @@ impl ResidentCorpus {
         config: CudaConfig,
         capacity: usize,
     ) -> Result<Self, CudaError> {
-        let engine = Engine::with_capacity(dim, metric, config, capacity)?;
+        Self::with_dtype(dim, Dtype::F32, metric, config, capacity)
+    }
+
+    /// [`Self::new`] for rows stored as `dtype` on the device
+    /// (docs/CONTRACTS.md §14): added rows are rounded once to it, and an
+    /// `f16` value beyond its range is an error that changes nothing.
+    pub fn with_dtype(
+        dim: usize,
+        dtype: Dtype,
+        metric: Metric,
+        config: CudaConfig,
+        capacity: usize,
+    ) -> Result<Self, CudaError> {
+        let engine = Engine::with_capacity(dim, dtype, metric, config, capacity)?;
         engine.ctx().make_current()?;
         let live_dev = alloc::<u64>("live rows", engine.capacity.div_ceil(64))?;
         let ids_dev = alloc::<u64>("stored ids", engine.capacity)?;
@@ -133,6 +146,11 @@ impl ResidentCorpus {
     /// The metric searches score with.
     pub fn metric(&self) -> Metric {
         self.engine.metric()
+    }
+
+    /// How the device stores the rows.
+    pub fn dtype(&self) -> Dtype {
+        self.engine.dtype()
     }
 
     /// The configuration the engine was built with.
@@ -193,24 +211,29 @@ impl ResidentCorpus {
             .filter_map(|&id| self.live_row(id))
             .map(|r| r as u32)
             .collect();
-        let staged = device::upload("upserted rows", &old_rows)?;
+        let staged = self.device_rows("upserted rows", &old_rows)?;
         let rows_dev = device::upload("upserted row numbers", &targets)?;
         let staged_norms = alloc::<f32>("upserted norms", targets.len())?;
         let e = &self.engine;
         {
             let slot = e.slot()?;
             let s = Queue::Stream(slot.stream.as_inner());
-            let (staged, rows_dev) = (DevSlice::of(&staged), DevSlice::of(&rows_dev));
+            let (staged, rows_dev) = (staged.view(), DevSlice::of(&rows_dev));
             e.kernels
-                .scatter_rows(s, staged, rows_dev, d as u32, DevSlice::of(&e.corpus))?;
+                .scatter_rows(s, staged, rows_dev, d as u32, e.corpus.view())?;
             if e.norms {
                 // Only the replaced rows' norms change: computed on the
                 // staged rows and scattered like them.
                 let norms = DevSlice::of(&staged_norms);
                 e.kernels
-                    .norms(s, staged, targets.len() as u32, d as u32, norms)?;
-                e.kernels
-                    .scatter_rows(s, norms, rows_dev, 1, DevSlice::of(&e.rnorm))?;
+                    .row_norms(s, staged, targets.len() as u32, d as u32, norms)?;
+                e.kernels.scatter_rows(
+                    s,
+                    Rows::of_f32(norms),
+                    rows_dev,
+                    1,
+                    Rows::of_f32(DevSlice::of(&e.rnorm)),
+                )?;
             }
             slot.stream
                 .synchronize()
@@ -346,8 +369,15 @@ impl ResidentCorpus {
         }
         let (n, a) = (self.ids.len(), ids.len());
         self.grow_to(n + a)?;
-        let dst = DevSlice::of(&self.engine.corpus).range("corpus", n * d, a * d)?;
-        launch::h2d_upload(dst, sorted_rows)?;
+        let dst = self.engine.corpus.view().range("corpus", n * d, a * d)?;
+        match self.dtype() {
+            Dtype::F32 => launch::h2d_upload(dst.as_f32("corpus")?, sorted_rows)?,
+            dtype => {
+                let store = RowStore::from_f32(sorted_rows.to_vec(), d, dtype)?;
+                let bits = store.as_bits16().unwrap_or_default();
+                launch::h2d_upload(dst.as_bits16("corpus")?, bits)?;
+            }
+        }
         let id_dst = DevSlice::of(&self.ids_dev).range("stored ids", n, a)?;
         launch::h2d_sync(id_dst, &sorted_ids)?;
         self.refresh_norms(n, a)?;
@@ -398,16 +428,9 @@ impl ResidentCorpus {
         } else {
             self.engine.capacity
         };
-        let fresh = device::upload(
-            "added rows",
-            if fresh_rows.is_empty() {
-                &[0.0]
-            } else {
-                fresh_rows
-            },
-        )?;
+        let fresh = self.device_rows("added rows", fresh_rows)?;
         let map_dev = device::upload("row map", if map.is_empty() { &[0] } else { &map[..] })?;
-        let corpus = alloc::<f32>("corpus", capacity * d)?;
+        let corpus = RowBuf::alloc("corpus", self.dtype(), capacity * d)?;
         let ids_dev = if capacity > self.engine.capacity {
             Some(alloc::<u64>("stored ids", capacity)?)
         } else {
@@ -421,11 +444,11 @@ impl ResidentCorpus {
             let map_view = DevSlice::of(&map_dev).range("row map", 0, total)?;
             e.kernels.gather_rows(
                 s,
-                DevSlice::of(&e.corpus),
-                DevSlice::of(&fresh),
+                e.corpus.view(),
+                fresh.view(),
                 map_view,
                 d as u32,
-                DevSlice::of(&corpus),
+                corpus.view(),
             )?;
             slot.stream
                 .synchronize()
@@ -461,13 +484,13 @@ impl ResidentCorpus {
         let d = self.dim();
         let n = self.ids.len();
         let capacity = rows.max(2 * self.engine.capacity);
-        let corpus = alloc::<f32>("corpus", capacity * d)?;
+        let corpus = RowBuf::alloc("corpus", self.dtype(), capacity * d)?;
         let live_dev = alloc::<u64>("live rows", capacity.div_ceil(64))?;
         let ids_dev = alloc::<u64>("stored ids", capacity)?;
         let staged = self.engine.staged_growth(capacity)?;
         if n > 0 {
-            let src = DevSlice::of(&self.engine.corpus).range("corpus", 0, n * d)?;
-            launch::d2d_sync(DevSlice::of(&corpus), src)?;
+            let src = self.engine.corpus.view().range("corpus", 0, n * d)?;
+            launch::d2d_sync(corpus.view().as_words(), src.as_words())?;
             let src = DevSlice::of(&self.ids_dev).range("stored ids", 0, n)?;
             launch::d2d_sync(DevSlice::of(&ids_dev), src)?;
         }
@@ -497,12 +520,29 @@ impl ResidentCorpus {
         let d = self.dim();
         let slot = e.slot()?;
         let s = Queue::Stream(slot.stream.as_inner());
-        let rows = DevSlice::of(&e.corpus).range("corpus", first * d, count * d)?;
+        let rows = e.corpus.view().range("corpus", first * d, count * d)?;
         let out = DevSlice::of(&e.rnorm).range("row norms", first, count)?;
-        e.kernels.norms(s, rows, count as u32, d as u32, out)?;
+        e.kernels.row_norms(s, rows, count as u32, d as u32, out)?;
         slot.stream
             .synchronize()
             .op("cuStreamSynchronize (row norms)")
+    }
+
+    /// `rows` (checked f32 rows) on the device as the corpus stores them
+    /// (one row of zeros when there are none, so the buffer is never empty).
+    fn device_rows(&self, what: &'static str, rows: &[f32]) -> Result<RowBuf, CudaError> {
+        let d = self.dim();
+        let buf = RowBuf::alloc(what, self.dtype(), rows.len().max(d))?;
+        let dst = buf.view().range(what, 0, rows.len())?;
+        match self.dtype() {
+            Dtype::F32 => launch::h2d_sync(dst.as_f32(what)?, rows)?,
+            dtype => {
+                let store = RowStore::from_f32(rows.to_vec(), d, dtype)?;
+                let bits = store.as_bits16().unwrap_or_default();
+                launch::h2d_sync(dst.as_bits16(what)?, bits)?;
+            }
+        }
+        Ok(buf)
     }
 
     /// Copies the live bitset to the device.
@@ -539,7 +579,7 @@ impl Engine {
         if capacity <= self.capacity {
             return Ok(None);
         }
-        let shape = Engine::shape_for(capacity, self.dim(), &self.config, self.lists);
+        let shape = Engine::shape_for(capacity, self.dim(), self.dtype(), &self.config, self.lists);
         let norms = self.metric() == Metric::Cosine || shape.filter_list > 0;
         let rnorm = alloc::<f32>("row norms", if norms { capacity } else { 1 })?;
         let slots = Engine::make_slots(

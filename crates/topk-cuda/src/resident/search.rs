@@ -6,7 +6,7 @@
 use topk_core::{validate, Hit, Metric, Neighbor};
 
 use super::ResidentCorpus;
-use crate::driver::{self, DevSlice};
+use crate::driver::{self, DevSlice, Rows};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue, STATUS_OK, STATUS_OVERFLOW};
@@ -468,14 +468,15 @@ impl ResidentCorpus {
             for j0 in (0..c).step_by(piece) {
                 let p = piece.min(c - j0);
                 let map = DevSlice::of(&slot.list).range("filter rows", j0, p)?;
-                let compact = DevSlice::of(&slot.compact);
-                let corpus = DevSlice::of(&e.corpus);
+                let compact = slot.compact.view();
+                let corpus = e.corpus.view();
                 e.kernels
                     .gather_rows(s, corpus, corpus, map, d as u32, compact)?;
                 let norms = DevSlice::of(&slot.compact_norms);
                 if cosine {
-                    let rnorm = DevSlice::of(&e.rnorm);
-                    e.kernels.gather_rows(s, rnorm, rnorm, map, 1, norms)?;
+                    let rnorm = Rows::of_f32(DevSlice::of(&e.rnorm));
+                    e.kernels
+                        .gather_rows(s, rnorm, rnorm, map, 1, Rows::of_f32(norms))?;
                 }
                 let temp = scores.range("piece scores", cq * c, cq * p)?;
                 let ops = crate::launch::Operands {
