@@ -4,7 +4,8 @@
 //! Usage: `cuda_probe [--quick] [--ns N1,N2,…] [--ds D1,…] [--ks K1,…] [--trials T]
 //! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
-//! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]`
+//! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]
+//! [--dtype f32|f16|bf16]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
@@ -14,7 +15,9 @@
 //! `--no-graphs` clears `Tuning::graphs`, `--no-wgmma`
 //! `Tuning::wgmma_bounds`, `--copy-results`
 //! `Tuning::mapped_results`, `--copy-queries`
-//! `Tuning::mapped_queries`). Rows are seeded Gaussian,
+//! `Tuning::mapped_queries`; `--dtype` stores the rows as that type on the
+//! device, the reference and the floor taken over the stored rows). Rows are
+//! seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
 //! the scalar definition (index and score bits) for its largest K.
 
@@ -22,7 +25,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use topk_core::{order::sort_best_first, Metric, Neighbor};
+use topk_core::{order::sort_best_first, Dtype, Metric, Neighbor, RowStore};
 use topk_cuda::{device_info, measure_d2d_bandwidth, CudaConfig, CudaRetriever, RoundTrip};
 
 fn gaussian_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
@@ -158,19 +161,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batches = flag_list(&args, "--batches");
     let batch_trials = flag_value(&args, "--batch-trials").unwrap_or(10).max(1);
     let single = !args.iter().any(|a| a == "--no-single");
+    let dtype: Dtype = match args.iter().position(|a| a == "--dtype") {
+        Some(i) => args.get(i + 1).map_or("", String::as_str).parse()?,
+        None => Dtype::F32,
+    };
     let cpu_k = *ks.iter().max().unwrap_or(&1000);
     for &n in &ns {
         for &d in &ds {
-            let corpus = gaussian_rows(n, d, 42);
+            let store = RowStore::from_f32(gaussian_rows(n, d, 42), d, dtype)?;
+            // The reference scores the stored values, widened.
+            let corpus = store.to_f32();
             let query = gaussian_rows(1, d, 7);
-            let gpu = CudaRetriever::from_rowmajor(corpus.clone(), d, Metric::Dot, opts.clone())?;
+            let gpu = CudaRetriever::from_store(&store, Metric::Dot, opts.clone())?;
+            drop(store);
             let dq = gpu.upload_query(&query)?;
             let expect = if single {
                 reference(&corpus, d, &query, cpu_k)
             } else {
                 Vec::new()
             };
-            let floor_ms = (n * d * 4) as f64 / bw * 1e3;
+            let floor_ms = (n * d * dtype.bytes()) as f64 / bw * 1e3;
             for &k in ks.iter().filter(|_| single) {
                 let mut out = Vec::new();
                 gpu.search_host(&query, k, &mut out)?;
@@ -199,7 +209,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (dm, dmin, dmax) = stats(td);
                 println!(
                     "{}",
-                    serde_json::json!({"kind": "single", "fuse_rows": fuse_rows,
+                    serde_json::json!({"kind": "single", "dtype": dtype.as_str(), "fuse_rows": fuse_rows,
                         "single_launch_rows": single_launch_rows, "graphs": graphs, "mapped_results": mapped_results, "mapped_queries": mapped_queries, "n": n, "d": d, "k": k, "metric": "dot",
                         "trials": trials, "host_median_ms": hm, "host_min_ms": hmin, "host_max_ms": hmax,
                         "device_median_ms": dm, "device_min_ms": dmin, "device_max_ms": dmax,
@@ -264,7 +274,7 @@ fn time_batch(
     }
     let (bm, bmin, bmax) = stats(tb);
     Ok(
-        serde_json::json!({"kind": "batch", "n": n, "d": d, "k": 100, "q": q,
+        serde_json::json!({"kind": "batch", "dtype": gpu.dtype().as_str(), "n": n, "d": d, "k": 100, "q": q,
         "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok,
         "filter_rows": gpu.config().tuning.filter_rows,
         "filter_queries": gpu.config().tuning.filter_queries, "filter_reruns": gpu.filter_reruns(),

@@ -569,8 +569,9 @@ mod cuda {
             }
         }
 
-        /// A half-width index on the device: its mirror holds the widened
-        /// stored values, so it answers like the host over rounded rows.
+        /// A half-width index on the device: its mirror stores the rows as
+        /// the index does (16 bits a value), so it answers like the host
+        /// over rounded rows.
         #[test]
         fn half_width_histories_on_the_gpu(
             seed in any::<u64>(),
