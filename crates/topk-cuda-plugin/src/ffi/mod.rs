@@ -473,7 +473,15 @@ mod tests {
         let mut handle = std::ptr::null_mut();
         // SAFETY: `rows` holds 3 × 2 values; the other pointers are valid.
         let code = unsafe {
-            topk_cuda_plugin_open(rows.as_ptr(), 3, 2, 0, &config, &mut handle, &mut buf)
+            topk_cuda_plugin_open(
+                rows.as_ptr().cast(),
+                3,
+                2,
+                0,
+                &config,
+                &mut handle,
+                &mut buf,
+            )
         };
         let status = Status::from_code(code);
         let text = String::from_utf8_lossy(&bytes[..buf.len]).into_owned();
