@@ -6,7 +6,9 @@ do not depend on the values), then, with CUDA events:
 
 * single query, K: ``torch.topk(corpus @ q, K)`` in fp32 with TF32 off;
 * a batch of Q queries: ``torch.topk(Q @ corpus.T, K, dim=1)`` in fp32 (TF32
-  off), with TF32 on, and on a bf16 copy of the corpus.
+  off), with TF32 on, and on a bf16 copy of the corpus;
+* the single query and the batch again on f16 (and the single on bf16)
+  copies of the corpus and queries: the anchors of half-width storage.
 
 Also torch's host-to-device copy rate of a 4 GiB tensor from pinned and from
 pageable memory: the reference for topk's corpus upload.
@@ -72,6 +74,10 @@ def measure(n: int, d: int, k: int, batch: int, trials: int) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     cb, qb = c.to(torch.bfloat16), qs.to(torch.bfloat16)
     bf16 = timed(lambda: torch.topk(qb @ cb.T, k, dim=1), 2, 10)
+    single_bf16 = timed(lambda: torch.topk(cb @ qb[0], k), 5, trials)
+    ch, qh = c.to(torch.float16), qs.to(torch.float16)
+    single_f16 = timed(lambda: torch.topk(ch @ qh[0], k), 5, trials)
+    f16 = timed(lambda: torch.topk(qh @ ch.T, k, dim=1), 2, 10)
     return {
         "what": "torch",
         "n": n,
@@ -82,6 +88,9 @@ def measure(n: int, d: int, k: int, batch: int, trials: int) -> dict:
         "batch_fp32_ms": statistics.median(fp32),
         "batch_tf32_ms": statistics.median(tf32),
         "batch_bf16_ms": statistics.median(bf16),
+        "single_f16_ms": statistics.median(single_f16),
+        "single_bf16_ms": statistics.median(single_bf16),
+        "batch_f16_ms": statistics.median(f16),
     }
 
 
