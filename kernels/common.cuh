@@ -249,23 +249,30 @@ __device__ __forceinline__ void topk_cp_async4(void* smem, const void* gmem) {
 __device__ __forceinline__ void topk_cp_async8_s(unsigned smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem), "l"(gmem));
 }
-// Copies 4 consecutive stored values (16 bytes of f32, 8 of a half type;
-// `gmem` aligned to that) to shared memory as they are stored, and 1 value:
-// asynchronously where cp.async can (4 bytes and up), else a plain copy.
-__device__ __forceinline__ void topk_cp_async_row4_s(unsigned smem, const topk_row_t* gmem) {
-    if (sizeof(topk_row_t) == 4) {
+// Copies W consecutive stored values (W * sizeof(topk_row_t) bytes, `gmem`
+// aligned to that) to shared memory as they are stored: cp.async for 4, 8
+// or 16 bytes, a plain copy for a single 2-byte value.
+template <unsigned W>
+__device__ __forceinline__ void topk_cp_async_rows_s(unsigned smem, const topk_row_t* gmem) {
+    constexpr unsigned BYTES = W * sizeof(topk_row_t);
+    static_assert(BYTES == 16 || BYTES == 8 || BYTES == 4 || BYTES == 2, "copy width");
+    if constexpr (BYTES == 16) {
         topk_cp_async16_s(smem, gmem);
-    } else {
+    } else if constexpr (BYTES == 8) {
         topk_cp_async8_s(smem, gmem);
-    }
-}
-__device__ __forceinline__ void topk_cp_async_row1_s(unsigned smem, const topk_row_t* gmem) {
-    if (sizeof(topk_row_t) == 4) {
+    } else if constexpr (BYTES == 4) {
         topk_cp_async4_s(smem, gmem);
     } else {
         const unsigned short v = __ldg(reinterpret_cast<const unsigned short*>(gmem));
         asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(smem), "h"(v));
     }
+}
+// 4 consecutive stored values (16 bytes of f32, 8 of a half type), and 1.
+__device__ __forceinline__ void topk_cp_async_row4_s(unsigned smem, const topk_row_t* gmem) {
+    topk_cp_async_rows_s<4>(smem, gmem);
+}
+__device__ __forceinline__ void topk_cp_async_row1_s(unsigned smem, const topk_row_t* gmem) {
+    topk_cp_async_rows_s<1>(smem, gmem);
 }
 __device__ __forceinline__ void topk_cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);

@@ -34,7 +34,7 @@ struct Stage {
 // Starts the copy of work item `i` of this block (row group i / nchunks of
 // the block's grid stride, column chunk i % nchunks) into its tile; commits a
 // group even when there is no item, so group counting stays uniform.
-template <class ST, bool VEC16, int DEPTH>
+template <class ST, unsigned W, int DEPTH>
 __device__ __forceinline__ void stage_issue(const topk_row_t* __restrict__ corpus, unsigned n,
                                             unsigned d, unsigned nchunks, unsigned items,
                                             unsigned i, topk_row_t* tiles) {
@@ -42,7 +42,6 @@ __device__ __forceinline__ void stage_issue(const topk_row_t* __restrict__ corpu
         const size_t g = blockIdx.x + (size_t)(i / nchunks) * gridDim.x;
         const unsigned c0 = (i % nchunks) * STAGE_CW;
         topk_row_t* tile = tiles + (i % DEPTH) * ST::TILE;
-        constexpr unsigned W = VEC16 ? 4 : 1;
         for (unsigned idx = threadIdx.x; idx < ST::TILE / W; idx += ST::THREADS) {
             const unsigned r = idx / (STAGE_CW / W);
             const unsigned col = (idx % (STAGE_CW / W)) * W;
@@ -50,11 +49,7 @@ __device__ __forceinline__ void stage_issue(const topk_row_t* __restrict__ corpu
             if (row < n && c0 + col < d) {
                 const unsigned dst =
                     (unsigned)__cvta_generic_to_shared(tile + r * STAGE_CW + col);
-                if (VEC16) {
-                    topk_cp_async_row4_s(dst, corpus + row * d + c0 + col);
-                } else {
-                    topk_cp_async_row1_s(dst, corpus + row * d + c0 + col);
-                }
+                topk_cp_async_rows_s<W>(dst, corpus + row * d + c0 + col);
             }
         }
     }
@@ -66,11 +61,11 @@ __device__ __forceinline__ void stage_issue(const topk_row_t* __restrict__ corpu
 // DEPTH tiles, the stored values as they are stored: a half-width tile
 // fills half of its f32-sized room). qn is the query norm (cosine). Ends
 // with every copy done.
-template <int METRIC, bool VEC16, int WARPS, int RT, int DEPTH>
-__device__ __forceinline__ void stage_score(const topk_row_t* __restrict__ corpus,
-                                            const float* __restrict__ rnorm, unsigned n,
-                                            unsigned d, const float* qsh, float qn,
-                                            float* __restrict__ scores, float* tiles_room) {
+template <int METRIC, unsigned W, int WARPS, int RT, int DEPTH>
+__device__ __forceinline__ void stage_score_w(const topk_row_t* __restrict__ corpus,
+                                              const float* __restrict__ rnorm, unsigned n,
+                                              unsigned d, const float* qsh, float qn,
+                                              float* __restrict__ scores, float* tiles_room) {
     topk_row_t* tiles = reinterpret_cast<topk_row_t*>(tiles_room);
     using ST = Stage<WARPS, RT, DEPTH>;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
@@ -82,7 +77,7 @@ __device__ __forceinline__ void stage_score(const topk_row_t* __restrict__ corpu
     const unsigned items = my_groups * nchunks;
 #pragma unroll
     for (unsigned i = 0; i < DEPTH - 1; ++i) {
-        stage_issue<ST, VEC16, DEPTH>(corpus, n, d, nchunks, items, i, tiles);
+        stage_issue<ST, W, DEPTH>(corpus, n, d, nchunks, items, i, tiles);
     }
     float acc[RT];
     for (unsigned i = 0; i < items; ++i) {
@@ -90,7 +85,7 @@ __device__ __forceinline__ void stage_score(const topk_row_t* __restrict__ corpu
         __syncthreads();
         // The tile refilled here was consumed in the previous iteration,
         // which every thread has finished (the barrier above).
-        stage_issue<ST, VEC16, DEPTH>(corpus, n, d, nchunks, items, i + DEPTH - 1, tiles);
+        stage_issue<ST, W, DEPTH>(corpus, n, d, nchunks, items, i + DEPTH - 1, tiles);
         const unsigned c = i % nchunks;
         if (c == 0) {
 #pragma unroll
@@ -127,6 +122,25 @@ __device__ __forceinline__ void stage_score(const topk_row_t* __restrict__ corpu
         }
     }
     topk_cp_async_wait<0>();
+}
+
+// stage_score_w with whole 16-byte copies where the rows allow them (VEC16:
+// D % 4 == 0; a half-width row needs D % 8 == 0 for them, else it takes
+// 8-byte copies of 4 values), else single values.
+template <int METRIC, bool VEC16, int WARPS, int RT, int DEPTH>
+__device__ __forceinline__ void stage_score(const topk_row_t* __restrict__ corpus,
+                                            const float* __restrict__ rnorm, unsigned n,
+                                            unsigned d, const float* qsh, float qn,
+                                            float* __restrict__ scores, float* tiles_room) {
+    if constexpr (VEC16 && sizeof(topk_row_t) == 2) {
+        if (d % 8u == 0u) {
+            stage_score_w<METRIC, 8, WARPS, RT, DEPTH>(corpus, rnorm, n, d, qsh, qn, scores,
+                                                       tiles_room);
+            return;
+        }
+    }
+    stage_score_w<METRIC, VEC16 ? 4u : 1u, WARPS, RT, DEPTH>(corpus, rnorm, n, d, qsh, qn,
+                                                             scores, tiles_room);
 }
 
 // Dynamic shared memory follows the kernel's static shared variables, so its

@@ -529,10 +529,14 @@ impl ResidentCorpus {
     }
 
     /// `rows` (checked f32 rows) on the device as the corpus stores them
-    /// (one row of zeros when there are none, so the buffer is never empty).
+    /// (room for one row when there are none, so the buffer is never empty;
+    /// nothing reads it then).
     fn device_rows(&self, what: &'static str, rows: &[f32]) -> Result<RowBuf, CudaError> {
         let d = self.dim();
         let buf = RowBuf::alloc(what, self.dtype(), rows.len().max(d))?;
+        if rows.is_empty() {
+            return Ok(buf);
+        }
         let dst = buf.view().range(what, 0, rows.len())?;
         match self.dtype() {
             Dtype::F32 => launch::h2d_sync(dst.as_f32(what)?, rows)?,
