@@ -154,31 +154,30 @@ impl<'a, T> DevSlice<'a, T> {
         start: usize,
         len: usize,
     ) -> Result<Self, CudaError> {
-        match start.checked_add(len) {
-            Some(end) if end <= self.len => Ok(DevSlice {
-                ptr: self.ptr + (start * std::mem::size_of::<T>()) as DPtr,
-                len,
-                _buffer: PhantomData,
-            }),
-            _ => Err(CudaError::DeviceBufferTooSmall {
-                what,
-                needed: start.saturating_add(len),
-                len: self.len,
-            }),
-        }
+        within(what, start, len, self.len)?;
+        Ok(DevSlice {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as DPtr,
+            len,
+            _buffer: PhantomData,
+        })
     }
 
     /// Checks that the view holds at least `needed` elements.
     pub(crate) fn need(&self, what: &'static str, needed: usize) -> Result<(), CudaError> {
-        if needed <= self.len {
-            Ok(())
-        } else {
-            Err(CudaError::DeviceBufferTooSmall {
-                what,
-                needed,
-                len: self.len,
-            })
-        }
+        within(what, 0, needed, self.len)
+    }
+}
+
+/// Checks that `len` elements from `start` lie within a view of `total`;
+/// an error naming `what` (and the end needed) past it.
+fn within(what: &'static str, start: usize, len: usize, total: usize) -> Result<(), CudaError> {
+    match start.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(CudaError::DeviceBufferTooSmall {
+            what,
+            needed: start.saturating_add(len),
+            len: total,
+        }),
     }
 }
 
@@ -294,31 +293,17 @@ impl<'a> Rows<'a> {
         start: usize,
         len: usize,
     ) -> Result<Self, CudaError> {
-        match start.checked_add(len) {
-            Some(end) if end <= self.len => Ok(Rows {
-                ptr: self.ptr + (start * self.width) as DPtr,
-                len,
-                ..self
-            }),
-            _ => Err(CudaError::DeviceBufferTooSmall {
-                what,
-                needed: start.saturating_add(len),
-                len: self.len,
-            }),
-        }
+        within(what, start, len, self.len)?;
+        Ok(Rows {
+            ptr: self.ptr + (start * self.width) as DPtr,
+            len,
+            ..self
+        })
     }
 
     /// Checks that the view holds at least `needed` values.
     pub(crate) fn need(&self, what: &'static str, needed: usize) -> Result<(), CudaError> {
-        if needed <= self.len {
-            Ok(())
-        } else {
-            Err(CudaError::DeviceBufferTooSmall {
-                what,
-                needed,
-                len: self.len,
-            })
-        }
+        within(what, 0, needed, self.len)
     }
 }
 

@@ -111,6 +111,8 @@ mod single;
 #[cfg(feature = "cuda")]
 mod slot;
 #[cfg(feature = "cuda")]
+mod stored;
+#[cfg(feature = "cuda")]
 mod tools;
 #[cfg(feature = "cuda")]
 mod walk;

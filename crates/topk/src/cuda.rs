@@ -34,15 +34,22 @@ pub(crate) fn open(
     metric: Metric,
     config: &CudaConfig,
 ) -> Result<Box<dyn Retriever>, Error> {
-    if !Backend::Cuda.compiled() {
-        return Err(Unavailable::NotCompiled {
-            backend: Backend::Cuda,
-        }
-        .into());
-    }
+    compiled()?;
     topk_cuda_loader::open_rowmajor(data, dim, metric, config)
         .map(|engine| Box::new(engine) as Box<dyn Retriever>)
         .map_err(from_load_error)
+}
+
+/// An error saying how to get the backend where this build has no `cuda`.
+fn compiled() -> Result<(), Error> {
+    if Backend::Cuda.compiled() {
+        Ok(())
+    } else {
+        Err(Unavailable::NotCompiled {
+            backend: Backend::Cuda,
+        }
+        .into())
+    }
 }
 
 /// The facade's error for a failed open.
@@ -63,12 +70,7 @@ pub(crate) fn open_store(
     metric: Metric,
     config: &CudaConfig,
 ) -> Result<Box<dyn Retriever>, Error> {
-    if !Backend::Cuda.compiled() {
-        return Err(Unavailable::NotCompiled {
-            backend: Backend::Cuda,
-        }
-        .into());
-    }
+    compiled()?;
     topk_cuda_loader::open_store(store, metric, config)
         .map(|engine| Box::new(engine) as Box<dyn Retriever>)
         .map_err(from_load_error)

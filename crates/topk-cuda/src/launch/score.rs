@@ -13,7 +13,7 @@ use super::{
     SCORE_THREADS, SEL_THREADS,
 };
 use crate::device::DevThreshold;
-use crate::driver::{DevSlice, Rows};
+use crate::driver::{DPtr, DevSlice, Rows};
 use crate::error::CudaError;
 use crate::plan::SINGLE_MAX_DIM;
 
@@ -282,7 +282,8 @@ impl Kernels {
         unsafe { launch.run(q, &mut args) }
     }
 
-    /// Canonical norms of `n` vectors of length `d` at `x` into `out`.
+    /// Queues the canonical norms of `n` f32 vectors of `d` values at `x`
+    /// (queries) into `out`.
     pub(crate) fn norms(
         &self,
         q: Queue<'_>,
@@ -292,13 +293,7 @@ impl Kernels {
         out: DevSlice<'_, f32>,
     ) -> Result<(), CudaError> {
         x.need("norm inputs", n as usize * d as usize)?;
-        out.need("norms", n as usize)?;
-        let warps_per_block = SCORE_THREADS / 32;
-        let blocks = n.div_ceil(warps_per_block).clamp(1, self.sm_count * 16);
-        kernel_args!(args = [x = x.ptr(), n, d, out = out.ptr()]);
-        let launch = Launch::new("topk_norms", self.norms, (blocks, 1), SCORE_THREADS);
-        // SAFETY: the parameter list of topk_norms; sizes checked above.
-        unsafe { launch.run(q, &mut args) }
+        self.norms_of(q, ("topk_norms", self.norms), x.ptr(), n, d, out)
     }
 
     /// Queues the canonical norms of `n` stored rows of `d` values at `x`
@@ -312,13 +307,34 @@ impl Kernels {
         out: DevSlice<'_, f32>,
     ) -> Result<(), CudaError> {
         x.need("rows", n as usize * d as usize)?;
-        out.need("row norms", n as usize)?;
+        if x.width() != self.row_width {
+            return Err(CudaError::CountMismatch {
+                what: "bytes per stored value for the row norms",
+                got: x.width(),
+                expected: self.row_width,
+            });
+        }
+        self.norms_of(q, ("topk_row_norms", self.row_norms), x.ptr(), n, d, out)
+    }
+
+    /// Launches a norm kernel (`topk_norms` or `topk_row_norms`, the same
+    /// parameter list) over `n` vectors at `x`, already checked.
+    fn norms_of(
+        &self,
+        q: Queue<'_>,
+        (name, f): (&'static str, cu::CUfunction),
+        x: DPtr,
+        n: u32,
+        d: u32,
+        out: DevSlice<'_, f32>,
+    ) -> Result<(), CudaError> {
+        out.need("norms", n as usize)?;
         let warps_per_block = SCORE_THREADS / 32;
         let blocks = n.div_ceil(warps_per_block).clamp(1, self.sm_count * 16);
-        kernel_args!(args = [x = x.ptr(), n, d, out = out.ptr()]);
-        let launch = Launch::new("topk_row_norms", self.row_norms, (blocks, 1), SCORE_THREADS);
-        // SAFETY: the parameter list of topk_row_norms; sizes checked above,
-        // and the rows' width is the storage type of the loaded modules.
+        kernel_args!(args = [x, n, d, out = out.ptr()]);
+        let launch = Launch::new(name, f, (blocks, 1), SCORE_THREADS);
+        // SAFETY: the parameter list of both norm kernels; `x` holds n × d
+        // values of the kernel's type (checked by the callers) and `out` n.
         unsafe { launch.run(q, &mut args) }
     }
 
