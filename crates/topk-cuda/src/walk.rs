@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use cust::memory::{DeviceBuffer, LockedBuffer};
 use cust::stream::{Stream, StreamFlags};
-use topk_core::{validate, Neighbor};
+use topk_core::{validate, Dtype, Neighbor};
 
 use crate::device::{pinned, Ctx, DevNeighbor, OwnedDevice};
 use crate::driver::{alloc, DevSlice};
@@ -120,6 +120,14 @@ fn table_slots(ef: usize) -> usize {
 impl Engine {
     /// Checks `layout` against this engine's rows and uploads it.
     pub(crate) fn upload_graph(&self, layout: &GraphLayout<'_>) -> Result<DeviceGraph, CudaError> {
+        if self.dtype() != Dtype::F32 {
+            return Err(CudaError::BadGraph {
+                reason: format!(
+                    "the graph walk reads f32 rows; this corpus stores {}",
+                    self.dtype()
+                ),
+            });
+        }
         layout.check(self.len())?;
         let ctx = self.ctx();
         Ok(DeviceGraph {

@@ -189,3 +189,27 @@ fn stored_values_are_read_back_exactly() {
         }
     }
 }
+
+/// The graph walk reads f32 rows: a half-width engine refuses a graph with
+/// an error naming the storage type, before anything reaches the device.
+#[test]
+fn a_half_width_engine_refuses_a_graph_walk_naming_its_type() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let store = RowStore::from_f32(vec![1.0, 0.0, 0.0, 1.0], 2, Dtype::F16).expect("store");
+    let gpu =
+        CudaRetriever::from_store(&store, Metric::Dot, CudaConfig::default()).expect("engine");
+    // Two nodes, each the other's only neighbour, one layer.
+    let layout = topk_cuda::GraphLayout {
+        layer0: &[1, 1, 1, 0],
+        m0: 1,
+        upper: &[],
+        upper_offset: &[0, 0],
+        levels: &[0, 0],
+        m: 1,
+        entry: 0,
+    };
+    let e = gpu.upload_graph(&layout).err().expect("refused");
+    assert!(e.to_string().contains("stores f16"), "{e}");
+}
