@@ -165,8 +165,32 @@ fn as_refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+/// Flags of `cargo xtask gpu-bundle`. Every binary links the engine's
+/// PTX (each storage type's build), so a bundle of all of them passes the
+/// 64 MiB a device call carries: these pick the binaries a call needs.
+#[derive(clap::Args)]
+pub struct BundleArgs {
+    /// Keep only the binaries whose bundle name contains one of these
+    /// (comma-separated), e.g. `topk-cuda,cuda_probe`. The plugin is always
+    /// kept.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Leave out the binaries whose bundle name contains one of these
+    /// (comma-separated), e.g. `test-topk-cpu,sweep`.
+    #[arg(long, value_delimiter = ',')]
+    skip: Vec<String>,
+}
+
+impl BundleArgs {
+    /// Whether the binary named `file` in the bundle is kept.
+    fn keeps(&self, file: &str) -> bool {
+        (self.only.is_empty() || self.only.iter().any(|p| file.contains(p.as_str())))
+            && !self.skip.iter().any(|p| file.contains(p.as_str()))
+    }
+}
+
 /// Entry point.
-pub fn bundle_cmd() -> XResult<()> {
+pub fn bundle_cmd(args: &BundleArgs) -> XResult<()> {
     crate::ptx::ptx_cmd(true)?;
     let out = bundle_dir();
     if out.exists() {
@@ -202,6 +226,9 @@ pub fn bundle_cmd() -> XResult<()> {
         } else {
             name.clone()
         };
+        if !args.keeps(&file) {
+            continue;
+        }
         if kind.ends_with("-test") {
             // `name` is `<package>-<test target>`; target names have no `-`.
             let pkg = name.rsplit_once('-').map_or(name.as_str(), |(p, _)| p);
@@ -283,7 +310,10 @@ pub fn bundle_cmd() -> XResult<()> {
         names.join(", ")
     );
     if size > 64 << 20 {
-        return Err(format!("bundle is {size} bytes, over the 64 MiB limit"));
+        return Err(format!(
+            "bundle is {size} bytes, over the 64 MiB limit: pick what the call needs with \
+             --only / --skip (e.g. --skip test-topk-cpu,sweep)"
+        ));
     }
     Ok(())
 }
@@ -404,4 +434,27 @@ cat "$SUMMARY"
         cpu = list(cpu_tests),
         sanitized = sanitized,
     )
+}
+
+#[cfg(test)]
+mod pick_tests {
+    use super::BundleArgs;
+
+    #[test]
+    fn only_and_skip_pick_binaries_by_name() {
+        let pick = |only: &[&str], skip: &[&str]| BundleArgs {
+            only: only.iter().map(|s| (*s).to_owned()).collect(),
+            skip: skip.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let all = pick(&[], &[]);
+        assert!(all.keeps("test-topk-cpu-storage") && all.keeps("cuda_probe"));
+        let some = pick(&["topk-cuda", "cuda_probe"], &["bounds"]);
+        assert!(some.keeps("test-topk-cuda-storage"));
+        assert!(some.keeps("cuda_probe"));
+        assert!(!some.keeps("test-topk-cuda-bounds"));
+        assert!(!some.keeps("test-topk-index-lifecycle"));
+        let skipped = pick(&[], &["test-topk-cpu", "sweep"]);
+        assert!(!skipped.keeps("test-topk-cpu-storage") && !skipped.keeps("graph_sweep"));
+        assert!(skipped.keeps("test-topk-cuda-gpu"));
+    }
 }

@@ -40,7 +40,7 @@ enum Cmd {
     CudaToolchain,
     /// Build gpu-bundle/: release GPU and CPU test binaries, CUDA binaries,
     /// PTX, anchors and run.sh, for a GPU machine without Rust.
-    GpuBundle,
+    GpuBundle(bundle::BundleArgs),
     /// Compile kernels/*.cu with the pinned nvcc into the committed
     /// kernels/*.ptx.
     Ptx(PtxArgs),
@@ -102,7 +102,7 @@ impl Cmd {
         match self {
             Cmd::AnchorVenv => "anchor-venv",
             Cmd::CudaToolchain => "cuda-toolchain",
-            Cmd::GpuBundle => "gpu-bundle",
+            Cmd::GpuBundle(_) => "gpu-bundle",
             Cmd::Ptx(_) => "ptx",
             Cmd::CudaTest(_) => "cuda-test",
             Cmd::Bench(_) => "bench",
@@ -124,7 +124,7 @@ fn main() -> ExitCode {
         Cmd::CudaToolchain => cuda::toolchain_cmd(),
         Cmd::CudaTest(a) => cuda::test_cmd(&a.extra),
         Cmd::Ptx(a) => ptx::ptx_cmd(a.check),
-        Cmd::GpuBundle => bundle::bundle_cmd(),
+        Cmd::GpuBundle(a) => bundle::bundle_cmd(&a),
         Cmd::Bench(a) => bench::bench_cmd(&a),
         Cmd::Plots(a) => bench::plots_cmd(&a.dir),
         Cmd::BenchTable(a) => bench::table_cmd(&a),
