@@ -46,12 +46,7 @@ impl Source<'_> {
                 std::mem::size_of_val(flat)
             }
             Source::Bits16(bits, _) => {
-                let dst = buf.view().as_bits16("corpus")?;
-                if std::mem::size_of_val(bits) >= launch::STAGED_MIN_BYTES {
-                    launch::h2d_staged(dst, bits, d, &|_: &[u16]| true)?;
-                } else {
-                    launch::h2d_sync(dst, bits)?;
-                }
+                launch::h2d_upload(buf.view().as_bits16("corpus")?, bits)?;
                 std::mem::size_of_val(bits)
             }
         };
