@@ -215,3 +215,24 @@ fn a_half_width_engine_refuses_a_graph_walk_naming_its_type() {
         Err(e) => assert!(e.to_string().contains("stores f16"), "{e}"),
     }
 }
+
+/// A half-width resident corpus checks a whole call against its type
+/// before anything changes: an upsert whose replaced row holds a value past
+/// f16's range adds none of its new rows either.
+#[test]
+fn a_half_width_upsert_past_the_type_changes_nothing() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let mut c =
+        topk_cuda::ResidentCorpus::with_dtype(2, Dtype::F16, Metric::Dot, CudaConfig::default(), 4)
+            .expect("corpus");
+    c.add(&[1, 2], &[1.0, 0.0, 0.0, 1.0]).expect("add");
+    // Id 3 is new, id 1 is replaced by a row f16 cannot hold.
+    let e = c
+        .upsert(&[3, 1], &[0.5, 0.5, 1.0e5, 0.0])
+        .expect_err("past f16's range");
+    assert!(e.to_string().contains("does not fit f16"), "{e}");
+    assert_eq!(c.len(), 2);
+    assert!(!c.contains(3));
+}

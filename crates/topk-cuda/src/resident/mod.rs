@@ -22,6 +22,8 @@
 
 mod search;
 
+use std::borrow::Cow;
+
 use cust::memory::DeviceBuffer;
 use topk_core::{validate, Dtype, IdProblem, Metric, RowStore, MAX_ID};
 
@@ -175,18 +177,18 @@ impl ResidentCorpus {
     /// are errors that change nothing; so is running out of device memory.
     pub fn add(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), CudaError> {
         self.engine.ctx().make_current()?;
-        self.check_call(ids, rows)?;
+        let rows = self.check_call(ids, rows)?;
         if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| self.contains(id)) {
             return Err(CudaError::IdPresent { id, position });
         }
-        self.insert(ids, rows)
+        self.insert(ids, &rows)
     }
 
     /// Replaces the rows of live ids and adds the others, all or nothing
     /// (the checks of [`Self::add`], except that a live id is expected).
     pub fn upsert(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), CudaError> {
         self.engine.ctx().make_current()?;
-        self.check_call(ids, rows)?;
+        let rows = self.check_call(ids, rows)?;
         let d = self.dim();
         let (mut fresh_ids, mut fresh_rows) = (Vec::new(), Vec::new());
         let (mut old_ids, mut old_rows) = (Vec::new(), Vec::new());
@@ -304,7 +306,12 @@ impl ResidentCorpus {
     }
 
     /// The checks every mutation makes before anything changes.
-    fn check_call(&self, ids: &[u64], rows: &[f32]) -> Result<(), CudaError> {
+    /// Checks a call's ids and rows, the rows by the rules of the storage
+    /// type (for a half type: finite once rounded, and the overflow rule on
+    /// the rounded rows), before anything changes. Returns the rows as they
+    /// will be stored, widened (the rows themselves for f32), so that the
+    /// later conversions cannot fail.
+    fn check_call<'r>(&self, ids: &[u64], rows: &'r [f32]) -> Result<Cow<'r, [f32]>, CudaError> {
         let d = self.dim();
         if rows.len() % d != 0 {
             return Err(topk_core::Error::RaggedCorpus {
@@ -330,9 +337,14 @@ impl ResidentCorpus {
                 CudaError::DuplicateId { id, first, second }
             }
         })?;
-        if !rows.is_empty() {
-            validate::corpus(rows, d)?;
-        }
+        let stored = match self.dtype() {
+            _ if rows.is_empty() => Cow::Borrowed(rows),
+            Dtype::F32 => {
+                validate::corpus(rows, d)?;
+                Cow::Borrowed(rows)
+            }
+            dtype => Cow::Owned(RowStore::from_f32(rows.to_vec(), d, dtype)?.to_f32()),
+        };
         let total = self.ids.len() + ids.len();
         if total > u32::MAX as usize / 2 {
             return Err(topk_core::Error::TooManyRows {
@@ -341,7 +353,7 @@ impl ResidentCorpus {
             }
             .into());
         }
-        Ok(())
+        Ok(stored)
     }
 
     /// Stores checked rows under ids that are not live.
@@ -370,14 +382,7 @@ impl ResidentCorpus {
         let (n, a) = (self.ids.len(), ids.len());
         self.grow_to(n + a)?;
         let dst = self.engine.corpus.view().range("corpus", n * d, a * d)?;
-        match self.dtype() {
-            Dtype::F32 => launch::h2d_upload(dst.as_f32("corpus")?, sorted_rows)?,
-            dtype => {
-                let store = RowStore::from_f32(sorted_rows.to_vec(), d, dtype)?;
-                let bits = store.as_bits16().unwrap_or_default();
-                launch::h2d_upload(dst.as_bits16("corpus")?, bits)?;
-            }
-        }
+        self.upload_stored("corpus", dst, sorted_rows)?;
         let id_dst = DevSlice::of(&self.ids_dev).range("stored ids", n, a)?;
         launch::h2d_sync(id_dst, &sorted_ids)?;
         self.refresh_norms(n, a)?;
@@ -537,16 +542,29 @@ impl ResidentCorpus {
         if rows.is_empty() {
             return Ok(buf);
         }
-        let dst = buf.view().range(what, 0, rows.len())?;
+        self.upload_stored(what, buf.view(), rows)?;
+        Ok(buf)
+    }
+
+    /// Copies `rows` (checked rows of stored values, widened: see
+    /// [`Self::check_call`]) into the start of `dst` as the corpus stores
+    /// them; narrowing them again is exact.
+    fn upload_stored(
+        &self,
+        what: &'static str,
+        dst: Rows<'_>,
+        rows: &[f32],
+    ) -> Result<(), CudaError> {
+        let dst = dst.range(what, 0, rows.len())?;
         match self.dtype() {
-            Dtype::F32 => launch::h2d_sync(dst.as_f32(what)?, rows)?,
+            Dtype::F32 => launch::h2d_upload(dst.as_f32(what)?, rows),
             dtype => {
-                let store = RowStore::from_f32(rows.to_vec(), d, dtype)?;
+                let mut store = RowStore::empty(self.dim(), dtype)?;
+                store.push_checked(rows);
                 let bits = store.as_bits16().unwrap_or_default();
-                launch::h2d_sync(dst.as_bits16(what)?, bits)?;
+                launch::h2d_upload(dst.as_bits16(what)?, bits)
             }
         }
-        Ok(buf)
     }
 
     /// Copies the live bitset to the device.
