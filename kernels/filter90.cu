@@ -3,26 +3,45 @@
 // products (wgmma) whose operands the tensor cores read from shared memory
 // themselves, so that no lane converts or moves an operand. Built for
 // sm_90a only (its own PTX, loaded where the device is compute capability
-// 9.0); every other device runs filter.cu's mma.sync kernel.
+// 9.0); every other device runs filter.cu's mma.sync kernel. Built once
+// per storage type (TOPK_ROW_DTYPE, common.cuh): f32 rows are multiplied
+// as TF32, f16 and bf16 rows as they are stored.
 //
 // Block tile (W9Shape): WGQ x WGR warpgroups, each multiplying 64 queries
 // (the M of one wgmma) by 128 rows (its N), so 64 WGQ queries by 128 WGR
-// rows, staged W9_BK = 32 columns (128 bytes, one swizzle row) at a time,
-// STAGES deep, with cp.async; the engine runs 2 x 2 (W9_WGQ, W9_WGR). Both
-// operands are K-major (a query or a row is 128 contiguous bytes of a
-// stage), in the 128-byte swizzle the descriptors name: 16-byte piece c of
-// vector v sits at v * 128 + ((c ^ (v % 8)) * 16) from a 1024-byte aligned
-// base.
+// rows, staged 128 bytes of each vector (W9_BK = 32 f32 or 64 half
+// columns, one swizzle row) at a time, STAGES deep, with cp.async; the
+// engine runs 2 x 2 (W9_WGQ, W9_WGR). Both operands are K-major (a query
+// or a row is 128 contiguous bytes of a stage), in the 128-byte swizzle the
+// descriptors name: 16-byte piece c of vector v sits at v * 128 +
+// ((c ^ (v % 8)) * 16) from a 1024-byte aligned base. One wgmma takes 32
+// bytes of K (8 TF32 or 16 half columns), so a stage is 4 of them whatever
+// the type.
 //
 // TF32 operands: the tensor cores use the top 19 bits of each fp32 input,
 // a relative error below 2^-10 each whether they round or truncate, so the
 // product of a pair is within 2^-9 Σ|q_i x_i| <= 2^-9 |q| |x| of the exact
 // one before accumulation; bounds.cuh's width allows 2^-8 for it (and
 // D 2^-22 for the accumulation).
+//
+// Half operands (docs/CONTRACTS.md §5): the stored rows are the operand,
+// exact; each query is scaled by a power of two s (max_i |s q_i| in
+// [2^13, 2^14), s at most 2^127) and rounded to the rows' type to nearest
+// even by topk_queries16, so |s q_i - h_i| <= 2^-11 |s q_i| (f16) or
+// 2^-9 |s q_i| (bf16), plus half a subnormal step (2^-25 for f16, whose
+// effect after the 1/s below is at most 2^-38 |q| per unit of |x_i|). A
+// product of two halves is exact in fp32, so the products are within
+// 2^-9 |q| |x| of the exact ones, as for TF32, and the same width holds.
+// The accumulation is scaled back by 1/s exactly (a power of two; a result
+// below 2^-126 loses at most 2^-150, inside the width's absolute part; one
+// past 2^128 comes from a pair that is always listed).
 #include "bounds.cuh"
 
+// f32 columns of a stage (128 bytes); a half type's stage holds twice as
+// many.
 #define W9_BK 32
 #define W9_ALIGN 1024
+
 
 // A block of WGQ x WGR warpgroups: warpgroup (i, j) multiplies queries
 // 64 i .. + 64 by rows 128 j .. + 128 of the block tile, STAGES stages.
@@ -53,30 +72,52 @@ __device__ __forceinline__ unsigned long long w9_desc(unsigned saddr) {
            (1ull << 62);
 }
 
-// acc (64 per thread) += A B^T over k = 8 columns: A the 64 x 8 queries, B
-// the 128 x 8 rows, both K-major in shared memory.
+// The 64 accumulator registers of one wgmma, as asm operands and their
+// placeholders.
+#define W9_ACC_REGS                                                                          \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "       \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "       \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define W9_ACC_OPERANDS(d)                                                                   \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),      \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),           \
+        "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),        \
+        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),        \
+        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),        \
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),        \
+        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),        \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),        \
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),        \
+        "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// acc (64 per thread) += A B^T over 32 bytes of K: A the 64 queries, B the
+// 128 rows, both K-major in shared memory, of the operand type of T (TF32
+// for f32, k = 8; f16 or bf16, k = 16, neither transposed).
 __device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,
-                                       unsigned long long db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
-          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
-          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
-          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db));
+                                       unsigned long long db, float) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " W9_ACC_REGS
+                 ", %64, %65, p, 1, 1;\n}\n"
+                 : W9_ACC_OPERANDS(d)
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,
+                                       unsigned long long db, TopkF16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " W9_ACC_REGS
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : W9_ACC_OPERANDS(d)
+                 : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,
+                                       unsigned long long db, TopkBf16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " W9_ACC_REGS
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : W9_ACC_OPERANDS(d)
+                 : "l"(da), "l"(db));
 }
 
 // Keeps the compiler from moving accesses of the accumulators across the
@@ -88,19 +129,20 @@ __device__ __forceinline__ void w9_fence_acc(float (&d)[64]) {
     }
 }
 
-// Stages columns k0..k0 + W9_BK of the block's queries and rows into the
-// stage at shared address `st` (swizzled, see the top), zeros past nq, n
-// and d. D % 4 == 0, so a 16-byte piece is wholly inside a vector or past it.
-template <class SH>
-__device__ __forceinline__ void w9_stage(unsigned st, const float* __restrict__ corpus,
-                                         unsigned n, unsigned d,
-                                         const float* __restrict__ queries, unsigned nq,
+// Stages columns k0 .. k0 + 128 / sizeof(T) of the block's queries and rows into
+// the stage at shared address `st` (swizzled, see the top), zeros past nq,
+// n and d. A 16-byte piece is 16 / sizeof(T) values and D is a multiple of
+// it, so a piece is wholly inside a vector or past it.
+template <class SH, class T>
+__device__ __forceinline__ void w9_stage(unsigned st, const T* __restrict__ corpus, unsigned n,
+                                         unsigned d, const T* __restrict__ queries, unsigned nq,
                                          size_t q0, size_t r0, unsigned k0) {
-    constexpr unsigned PIECES = W9_BK / 4;
+    constexpr unsigned PIECES = 8;
+    constexpr unsigned PER_PIECE = 16 / sizeof(T);
     for (unsigned i = threadIdx.x; i < (SH::BQ + SH::BR) * PIECES; i += SH::THREADS) {
         const unsigned v = i / PIECES;
         const unsigned c = i % PIECES;
-        const unsigned col = k0 + c * 4;
+        const unsigned col = k0 + c * PER_PIECE;
         const unsigned dst = st + v * 128u + ((c ^ (v & 7u)) * 16u);
         const bool is_q = v < SH::BQ;
         const size_t idx = is_q ? q0 + v : r0 + (v - SH::BQ);
@@ -114,20 +156,24 @@ __device__ __forceinline__ void w9_stage(unsigned st, const float* __restrict__ 
 }
 
 // Lower bounds of the canonical scores of nq queries against n rows into
-// scores[q * n + row], as filter.cu's approx_scores. Blocks take (query
-// tile, row tile) pairs with the query tile varying fastest, so the blocks
-// that share a row tile run together and read it from L2. Warpgroup
-// (gq, gr) owns queries 64 gq .. + 64 and rows 128 gr .. + 128 of the block
-// tile; warp w of it queries 16 w .. + 16 of those.
+// scores[q * n + row], as filter.cu's approx_scores. Rows and queries are
+// both of type T: f32 queries as they are for f32 rows; for half rows, the
+// queries topk_queries16 scaled and rounded, and `qinv` the inverse of
+// each query's scale (nullptr for f32). Blocks take (query tile, row tile)
+// pairs with the query tile varying fastest, so the blocks that share a
+// row tile run together and read it from L2. Warpgroup (gq, gr) owns
+// queries 64 gq .. + 64 and rows 128 gr .. + 128 of the block tile; warp w
+// of it queries 16 w .. + 16 of those.
 // Dynamic shared memory: STAGES stages plus W9_ALIGN bytes of slack.
 // LAB (bench/gpu/lab/wgmma_lab.cu only; the engine's kernels pass 0):
 // 1 leaves the products out, 2 the copies after the first stages.
-template <int METRIC, int WGQ, int WGR, int STAGES, int LAB = 0>
-__device__ void w9_scores(const float* __restrict__ corpus, const float* __restrict__ rnorm,
-                          unsigned n, unsigned d, const float* __restrict__ queries,
-                          unsigned nq, const float* __restrict__ qnorm,
+template <int METRIC, int WGQ, int WGR, int STAGES, int LAB = 0, class T = float>
+__device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict__ rnorm,
+                          unsigned n, unsigned d, const T* __restrict__ queries, unsigned nq,
+                          const float* __restrict__ qnorm, const float* __restrict__ qinv,
                           float* __restrict__ scores) {
     using SH = W9Shape<WGQ, WGR, STAGES>;
+    constexpr unsigned BK = 128u / sizeof(T);
     extern __shared__ float4 topk_dyn_smem[];
     const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
     const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
@@ -138,7 +184,7 @@ __device__ void w9_scores(const float* __restrict__ corpus, const float* __restr
     const unsigned gr = (threadIdx.x / 128u) % WGR;
     const unsigned warp = (threadIdx.x / TOPK_WARP) % 4u;
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
-    const unsigned nk = (d + W9_BK - 1) / W9_BK;
+    const unsigned nk = (d + BK - 1) / BK;
 
     float acc[64];
 #pragma unroll
@@ -151,7 +197,7 @@ __device__ void w9_scores(const float* __restrict__ corpus, const float* __restr
 #pragma unroll
     for (unsigned s = 0; s + 2 < STAGES; ++s) {
         if (s < nk) {
-            w9_stage<SH>(sm + s * SH::STAGE_BYTES, corpus, n, d, queries, nq, q0, r0, s * W9_BK);
+            w9_stage<SH>(sm + s * SH::STAGE_BYTES, corpus, n, d, queries, nq, q0, r0, s * BK);
         } else {
             topk_cp_async_commit();
         }
@@ -167,7 +213,7 @@ __device__ void w9_scores(const float* __restrict__ corpus, const float* __restr
         const unsigned next = kt + STAGES - 2;
         if (next < nk && LAB != 2) {
             w9_stage<SH>(sm + (next % STAGES) * SH::STAGE_BYTES, corpus, n, d, queries, nq, q0,
-                     r0, next * W9_BK);
+                         r0, next * BK);
         } else {
             topk_cp_async_commit();
         }
@@ -177,9 +223,9 @@ __device__ void w9_scores(const float* __restrict__ corpus, const float* __restr
         w9_fence_acc(acc);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (unsigned kk = 0; kk < (LAB == 1 ? 0 : W9_BK / 8); ++kk) {
-            // Eight TF32 columns are 32 bytes along the swizzled row.
-            w9_mma(acc, w9_desc(a + kk * 32u), w9_desc(b + kk * 32u));
+        for (unsigned kk = 0; kk < (LAB == 1 ? 0 : 4); ++kk) {
+            // One product's K is 32 bytes along the swizzled row.
+            w9_mma(acc, w9_desc(a + kk * 32u), w9_desc(b + kk * 32u), T{});
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -192,7 +238,7 @@ __device__ void w9_scores(const float* __restrict__ corpus, const float* __restr
     // once every warpgroup is done), so that the lower bounds are written a
     // query's rows at a time. acc[4 j + 2 h + c] is query 16 warp + lane / 4
     // + 8 h, row 8 j + 2 (lane % 4) + c of the warpgroup's 64 x 128 (PTX
-    // ISA, "Register Fragments", wgmma .m64nNk8 accumulators).
+    // ISA, "Register Fragments", wgmma .m64nNk8 / k16 accumulators).
     __syncthreads();
     float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
     const unsigned g = lane / 4;
@@ -214,8 +260,59 @@ __device__ void w9_scores(const float* __restrict__ corpus, const float* __restr
         const size_t q = q0 + qi;
         const size_t row = r0 + ri;
         if (q < nq && row < n) {
-            scores[q * n + row] =
-                topk_approx_lower<METRIC>(tile[qi * SH::LD + ri], qnorm[q], rnorm[row], d);
+            float a = tile[qi * SH::LD + ri];
+            if constexpr (sizeof(T) == 2) {
+                a = __fmul_rn(a, qinv[q]);
+            }
+            scores[q * n + row] = topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row], d);
+        }
+    }
+}
+
+// 2^e as a float, e in [-149, 127] (exact).
+__device__ __forceinline__ float w9_pow2(int e) {
+    return e >= -126 ? __int_as_float((e + 127) << 23) : __int_as_float(1 << (e + 149));
+}
+
+// An f32 value rounded to nearest even to the half types.
+__device__ __forceinline__ TopkF16 w9_round(float x, TopkF16) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
+    return TopkF16{h};
+}
+__device__ __forceinline__ TopkBf16 w9_round(float x, TopkBf16) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
+    return TopkBf16{h};
+}
+
+// The half operands of nq f32 queries (nq x d, finite): query j scaled by
+// s = 2^k, k = min(13 - floor(log2 max_i |q_ji|), 127) (k = 0 for a zero
+// query), each value rounded to T into out[j * d + i], and 1 / s into
+// inv[j] (see the top). A warp per query.
+template <class T>
+__device__ void w9_queries16(const float* __restrict__ queries, unsigned nq, unsigned d,
+                             T* __restrict__ out, float* __restrict__ inv) {
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / TOPK_WARP);
+    for (size_t j = (size_t)blockIdx.x * (blockDim.x / TOPK_WARP) + threadIdx.x / TOPK_WARP;
+         j < nq; j += warps) {
+        const float* v = queries + j * d;
+        float m = 0.0f;
+        for (unsigned i = lane; i < d; i += TOPK_WARP) {
+            m = fmaxf(m, fabsf(v[i]));
+        }
+#pragma unroll
+        for (int o = TOPK_WARP / 2; o > 0; o /= 2) {
+            m = fmaxf(m, __shfl_xor_sync(TOPK_FULL_MASK, m, o));
+        }
+        const int k = m > 0.0f ? min(13 - ilogbf(m), 127) : 0;
+        const float s = w9_pow2(k);
+        for (unsigned i = lane; i < d; i += TOPK_WARP) {
+            out[j * d + i] = w9_round(__fmul_rn(v[i], s), T{});
+        }
+        if (lane == 0) {
+            inv[j] = w9_pow2(-k);
         }
     }
 }
@@ -224,16 +321,36 @@ __device__ void w9_scores(const float* __restrict__ corpus, const float* __restr
 #define W9_WGQ 2
 #define W9_WGR 2
 #define W9_STAGES 4
+#define W9_QUERY_THREADS 256
 using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
 
+#if TOPK_ROW_DTYPE == 0
 #define TOPK_FILTER90_KERNELS(NAME, METRIC)                                                  \
     extern "C" __global__ void __launch_bounds__(W9Engine::THREADS) topk_approx90_##NAME(    \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
         unsigned d, const float* __restrict__ queries, unsigned nq,                         \
         const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
         w9_scores<METRIC, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm, \
-                                                     scores);                                \
+                                                     nullptr, scores);                       \
     }
+#else
+// Half rows: `queries` are topk_queries16's, `qinv` their inverse scales.
+#define TOPK_FILTER90_KERNELS(NAME, METRIC)                                                  \
+    extern "C" __global__ void __launch_bounds__(W9Engine::THREADS) topk_approx90_##NAME(    \
+        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
+        unsigned d, const topk_row_t* __restrict__ queries, unsigned nq,                    \
+        const float* __restrict__ qnorm, float* __restrict__ scores,                         \
+        const float* __restrict__ qinv) {                                                    \
+        w9_scores<METRIC, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm, \
+                                                     qinv, scores);                          \
+    }
+
+extern "C" __global__ void __launch_bounds__(W9_QUERY_THREADS)
+    topk_queries16(const float* __restrict__ queries, unsigned nq, unsigned d,
+                   topk_row_t* __restrict__ out, float* __restrict__ inv) {
+    w9_queries16(queries, nq, d, out, inv);
+}
+#endif
 
 TOPK_FILTER90_KERNELS(dot, TOPK_DOT)
 TOPK_FILTER90_KERNELS(cosine, TOPK_COSINE)

@@ -30,7 +30,8 @@ __global__ void __launch_bounds__(W9Shape<WGQ, WGR, ST>::THREADS)
     lab_w9(const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,
            unsigned d, const float* __restrict__ queries, unsigned nq,
            const float* __restrict__ qnorm, float* __restrict__ scores) {
-    w9_scores<TOPK_DOT, WGQ, WGR, ST, LAB>(corpus, rnorm, n, d, queries, nq, qnorm, scores);
+    w9_scores<TOPK_DOT, WGQ, WGR, ST, LAB>(corpus, rnorm, n, d, queries, nq, qnorm, nullptr,
+                                           scores);
 }
 
 typedef void (*Approx)(const float*, const float*, unsigned, unsigned, const float*, unsigned,

@@ -1,4 +1,4 @@
-//! The filtered batch chunk (`kernels/filter.cu`): TF32 tensor-core lower
+//! The filtered batch chunk (`kernels/filter.cu`): tensor-core lower
 //! bounds of every score, the selection over them, the listing of the rows
 //! whose upper bound reaches the K-th lower bound, their canonical scores
 //! and the exact selection among them; and the canonical rerun of a chunk
@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use crate::driver::DevSlice;
 use crate::engine::Engine;
 use crate::error::CudaError;
-use crate::launch::{Listed, Queue};
+use crate::launch::{HalfQueries, Listed, Queue};
 use crate::slot::Slot;
 
 impl Engine {
@@ -55,7 +55,11 @@ impl Engine {
         let ops = self.operands(slot, queries, nq);
         let (k32, metric, ks) = (k as u32, self.metric(), &self.kernels);
         ks.norms(s, queries, ops.nq, ops.d, ops.qnorm)?;
-        ks.approx(s, metric, &ops)?;
+        let half = HalfQueries {
+            values: slot.q16.view(),
+            inv: DevSlice::of(&slot.q16_inv),
+        };
+        ks.approx(s, metric, &ops, (slot.q16_inv.len() >= nq).then_some(half))?;
         if let Some(words) = allow {
             ks.mask_scores(s, ops.scores, ops.n, ops.nq, words, 0)?;
         }

@@ -37,12 +37,14 @@ pub const KERNEL_NAMES: &[&str] = &[
     "score_batch.f16",
     "score_ids.f16",
     "filter.f16",
+    "filter90.f16",
     "rows.f16",
     "norms.bf16",
     "score_single.bf16",
     "score_batch.bf16",
     "score_ids.bf16",
     "filter.bf16",
+    "filter90.bf16",
     "rows.bf16",
 ];
 
@@ -54,6 +56,7 @@ pub const ROW_FAMILIES: &[&str] = &[
     "score_batch",
     "score_ids",
     "filter",
+    "filter90",
     "rows",
 ];
 
@@ -177,6 +180,10 @@ pub const ALL_PTX: &[(&str, &str)] = &[
         "filter.f16",
         include_str!("../../../kernels/filter.f16.ptx"),
     ),
+    (
+        "filter90.f16",
+        include_str!("../../../kernels/filter90.f16.ptx"),
+    ),
     ("rows.f16", include_str!("../../../kernels/rows.f16.ptx")),
     (
         "norms.bf16",
@@ -197,6 +204,10 @@ pub const ALL_PTX: &[(&str, &str)] = &[
     (
         "filter.bf16",
         include_str!("../../../kernels/filter.bf16.ptx"),
+    ),
+    (
+        "filter90.bf16",
+        include_str!("../../../kernels/filter90.bf16.ptx"),
     ),
     ("rows.bf16", include_str!("../../../kernels/rows.bf16.ptx")),
 ];

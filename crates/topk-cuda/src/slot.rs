@@ -54,6 +54,10 @@ pub(crate) struct Slot {
     pub(crate) fcount: DeviceBuffer<u32>,
     /// `fcount` copied back after a filtered turn.
     pub(crate) fcount_host: LockedBuffer<u32>,
+    /// A filtered chunk's queries as the Hopper bounds of half-width rows
+    /// multiply them, and their inverse scales (empty for f32 rows).
+    pub(crate) q16: RowBuf,
+    pub(crate) q16_inv: DeviceBuffer<f32>,
     pub(crate) q_host: LockedBuffer<f32>,
     pub(crate) out_host: LockedBuffer<DevNeighbor>,
     /// `out_host` as the device sees it, where results are mapped: the
@@ -108,6 +112,16 @@ pub(crate) struct SlotShape {
 }
 
 impl SlotShape {
+    /// Queries whose half operands a slot holds: a filtered chunk's where
+    /// the rows are a half type, none otherwise.
+    fn half_queries(&self) -> usize {
+        if self.dtype == Dtype::F32 || self.filter_list == 0 {
+            0
+        } else {
+            self.sizes.chunk
+        }
+    }
+
     /// Device bytes one slot needs, for the up-front memory check.
     pub(crate) fn bytes(&self) -> usize {
         let Sizes { staged, chunk } = self.sizes;
@@ -125,6 +139,7 @@ impl SlotShape {
             + (self.sizes.turn_chunks() + staged) * 4
             + self.lists * 12
             + compact_rows(self.lists, d) * (d * self.dtype.bytes() + 4)
+            + self.half_queries() * (d * self.dtype.bytes() + 4)
             + chunk * self.lists.div_ceil(64) * 8
     }
 }
@@ -191,6 +206,8 @@ impl Slot {
             flist: alloc("filtered rows", filter_list.max(1))?,
             fcount: alloc("filter counts", counts)?,
             fcount_host: pinned(counts)?,
+            q16: RowBuf::alloc("half queries", dtype, shape.half_queries() * d)?,
+            q16_inv: alloc("half query scales", shape.half_queries())?,
             q_host: pinned(staged * d)?,
             out_host: pinned(staged * (max_k + 1))?,
             scores_host: pinned(n)?,

@@ -5,6 +5,7 @@
 
 use std::ffi::c_void;
 
+use cust::sys as cu;
 use topk_core::Metric;
 
 use super::{
@@ -12,7 +13,7 @@ use super::{
     SCORE_THREADS, SEL_THREADS,
 };
 use crate::device::DevNeighbor;
-use crate::driver::DevSlice;
+use crate::driver::{DevSlice, Rows};
 use crate::error::CudaError;
 
 /// Block tile of `topk_approx_*` (`AX_BQ` queries × `AX_BR` rows, 256
@@ -35,6 +36,9 @@ const FILTER_THREADS: u32 = 256;
 /// queries: enough loads in flight to stream the lower bounds.
 const FILTER_BLOCKS_PER_SM: u32 = 16;
 
+/// Threads of `topk_queries16` (`W9_QUERY_THREADS`, a warp per query).
+const QUERIES16_THREADS: u32 = 256;
+
 /// Checks the alignment the tensor-core kernel's 16-byte copies need.
 fn check_aligned(ops: &Operands<'_>) -> Result<(), CudaError> {
     if ops.d % 4 != 0 || ops.corpus.ptr() % 16 != 0 || ops.queries.ptr() % 16 != 0 {
@@ -47,20 +51,42 @@ fn check_aligned(ops: &Operands<'_>) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Room for the half operands of a chunk's queries that the Hopper bounds
+/// of half-width rows multiply (`topk_queries16`): the queries scaled and
+/// rounded to the rows' type, and each query's inverse scale.
+#[derive(Clone, Copy)]
+pub(crate) struct HalfQueries<'a> {
+    pub(crate) values: Rows<'a>,
+    pub(crate) inv: DevSlice<'a, f32>,
+}
+
 impl Kernels {
     /// Lower bounds of the canonical scores of the queries against the
-    /// corpus, from TF32 tensor cores, into `ops.scores` (every norm read).
+    /// corpus, from tensor cores, into `ops.scores` (every norm read).
+    /// `half` is the room the Hopper bounds of half-width rows need; without
+    /// it (or with D % 8 != 0) such rows take the `mma.sync` bounds.
     pub(crate) fn approx(
         &self,
         q: Queue<'_>,
         metric: Metric,
         ops: &Operands<'_>,
+        half: Option<HalfQueries<'_>>,
     ) -> Result<(), CudaError> {
         ops.check(true, true)?;
         check_aligned(ops)?;
+        if let (Some(f), Some(prep), Some(h), 2, 0) = (
+            self.approx90,
+            self.queries16,
+            half,
+            ops.corpus.width(),
+            ops.d % 8,
+        ) {
+            return self.approx90_half(q, metric, ops, f, prep, h);
+        }
         let mut raw = ops.batch_args();
         let mut args = raw.pointers();
-        let launch = match self.approx90 {
+        let wgmma = self.approx90.filter(|_| ops.corpus.width() == 4);
+        let launch = match wgmma {
             Some(f) => {
                 let blocks = ops.nq.div_ceil(APPROX90_QUERIES) * ops.n.div_ceil(APPROX90_ROWS);
                 Launch::new(
@@ -85,6 +111,76 @@ impl Kernels {
         // SAFETY: the parameter list of topk_approx_* and topk_approx90_*
         // (BatchArgs, the same); buffers and alignment checked above; the
         // dynamic shared memory was allowed at load.
+        unsafe { launch.run(q, &mut args) }
+    }
+
+    /// The Hopper bounds of half-width rows: the queries' half operands into
+    /// `h`, then the products of the stored rows and those.
+    fn approx90_half(
+        &self,
+        q: Queue<'_>,
+        metric: Metric,
+        ops: &Operands<'_>,
+        f: [cu::CUfunction; 3],
+        prep: cu::CUfunction,
+        h: HalfQueries<'_>,
+    ) -> Result<(), CudaError> {
+        let (n, d, nq) = (ops.n, ops.d, ops.nq);
+        let count = nq as usize * d as usize;
+        h.values.need("half queries", count)?;
+        h.inv.need("query scales", nq as usize)?;
+        if h.values.width() != ops.corpus.width() || h.values.ptr() % 16 != 0 {
+            return Err(CudaError::CountMismatch {
+                what: "bytes per half query value",
+                got: h.values.width(),
+                expected: ops.corpus.width(),
+            });
+        }
+        kernel_args!(
+            args = [
+                queries = ops.queries.ptr(),
+                nq,
+                d,
+                out = h.values.ptr(),
+                inv = h.inv.ptr()
+            ]
+        );
+        let warps = QUERIES16_THREADS / 32;
+        let convert = Launch::new(
+            "topk_queries16",
+            prep,
+            (nq.div_ceil(warps).max(1), 1),
+            QUERIES16_THREADS,
+        );
+        // SAFETY: the parameter list of topk_queries16; nq × d queries (the
+        // operands' check) and room for as many values and nq scales
+        // (checked above).
+        unsafe { convert.run(q, &mut args)? };
+        kernel_args!(
+            args = [
+                corpus = ops.corpus.ptr(),
+                rnorm = ops.rnorm.ptr(),
+                n,
+                d,
+                queries = h.values.ptr(),
+                nq,
+                qnorm = ops.qnorm.ptr(),
+                scores = ops.scores.ptr(),
+                inv = h.inv.ptr()
+            ]
+        );
+        let blocks = nq.div_ceil(APPROX90_QUERIES) * n.div_ceil(APPROX90_ROWS);
+        let launch = Launch::new(
+            "topk_approx90",
+            f[metric_slot(metric)],
+            (blocks, 1),
+            APPROX90_THREADS,
+        )
+        .shared(APPROX90_SMEM);
+        // SAFETY: the parameter list of a half build's topk_approx90_*;
+        // buffers checked above and by the caller (D % 8 == 0, so each
+        // 16-byte copy of 8 values is aligned); the dynamic shared memory
+        // was allowed at load.
         unsafe { launch.run(q, &mut args) }
     }
 
@@ -278,6 +374,10 @@ mod tests {
         assert_eq!((bq as u32, br as u32), (APPROX_QUERIES, APPROX_ROWS));
         assert_eq!(define(FILTER_CU, "AX_THREADS"), SCORE_THREADS as usize);
         assert_eq!(define(FILTER_CU, "FILTER_THREADS"), FILTER_THREADS as usize);
+        assert_eq!(
+            define(FILTER90_CU, "W9_QUERY_THREADS"),
+            QUERIES16_THREADS as usize
+        );
         let ld = define(FILTER_CU, "AX_BK") + 4;
         assert_eq!(
             APPROX_SMEM,

@@ -35,6 +35,7 @@ pub(crate) use copy::{
     d2d, d2d_2d, d2d_sync, d2h, h2d, h2d_staged, h2d_sync, h2d_upload, zero32, zero_async,
     zero_sync, STAGED_MIN_BYTES,
 };
+pub(crate) use filter::HalfQueries;
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use rows::FROM_B;
 pub(crate) use score::{single_path, FusedThreshold, ScorePlan};
@@ -136,6 +137,9 @@ pub(crate) struct Kernels {
     /// The same bounds from Hopper's warpgroup products
     /// (`kernels/filter90.cu`), where the device runs them.
     approx90: Option<[cu::CUfunction; 3]>,
+    /// The half operands of the queries of those bounds (`topk_queries16`),
+    /// where the rows are a half type.
+    queries16: Option<cu::CUfunction>,
     filter: [cu::CUfunction; 3],
     rescore: [cu::CUfunction; 3],
     select_listed: cu::CUfunction,
@@ -472,10 +476,11 @@ impl Modules {
             load_module(family, text)
         };
         // The Hopper bounds are an option: a driver that cannot compile
-        // their PTX leaves the engine on mma.sync, with a warning. They take
-        // f32 rows only (TF32 products of staged f32 values).
-        let filter90 = if wgmma && compute_capability == (9, 0) && dtype == Dtype::F32 {
-            load_module("filter90", ptx::FILTER90_PTX)
+        // their PTX leaves the engine on mma.sync, with a warning. Their
+        // build for the storage type multiplies f32 rows as TF32, half rows
+        // as they are stored.
+        let filter90 = if wgmma && compute_capability == (9, 0) {
+            rows_of("filter90")
                 .inspect_err(|e| {
                     tracing::warn!("topk-cuda: wgmma bounds not loaded, using mma.sync: {e}")
                 })
@@ -517,15 +522,19 @@ impl Kernels {
         let gather = function(select, "topk_gather")?;
         let approx = family!(filter, "topk_approx");
         let select_listed = function(filter, "topk_select_listed")?;
-        let approx90 = match filter90 {
+        let (approx90, queries16) = match filter90 {
             Some(m) => {
                 let f = family!(m, "topk_approx90");
                 for &k in &f {
                     allow_shared(k, filter::APPROX90_SMEM)?;
                 }
-                Some(f)
+                let q16 = match dtype {
+                    Dtype::F32 => None,
+                    _ => Some(function(m, "topk_queries16")?),
+                };
+                (Some(f), q16)
             }
-            None => None,
+            None => (None, None),
         };
         for (f, dynamic) in [
             (select_small, select::small_smem(select::STASH_ROWS)),
@@ -548,6 +557,7 @@ impl Kernels {
             ids: family!(ids, "topk_score_ids"),
             approx,
             approx90,
+            queries16,
             filter: family!(filter, "topk_filter"),
             rescore: family!(filter, "topk_rescore"),
             select_listed,
@@ -651,6 +661,7 @@ mod tests {
         let select: Vec<String> = ["topk_select_small", "topk_hist", "topk_gather"]
             .map(String::from)
             .to_vec();
+        let filter90_half = [metrics("topk_approx90"), vec!["topk_queries16".into()]].concat();
         let norms = ["topk_norms", "topk_row_norms", "topk_fetch_query"]
             .map(String::from)
             .to_vec();
@@ -662,6 +673,16 @@ mod tests {
             ("select", ptx::SELECT_PTX, select),
             ("filter", ptx::FILTER_PTX, filter),
             ("filter90", ptx::FILTER90_PTX, metrics("topk_approx90")),
+            (
+                "filter90.f16",
+                ptx::ptx_of("filter90.f16").unwrap_or_default(),
+                filter90_half.clone(),
+            ),
+            (
+                "filter90.bf16",
+                ptx::ptx_of("filter90.bf16").unwrap_or_default(),
+                filter90_half,
+            ),
             ("walk", ptx::WALK_PTX, metrics("topk_walk")),
         ] {
             for name in &names {
