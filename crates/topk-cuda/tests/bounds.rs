@@ -3,8 +3,10 @@
 //! near 8 on every row's score lies within the bounds' width of the K-th and
 //! the list of rows to rescore is long, and past the list's capacity the
 //! chunk runs again on the canonical path. Either bound kernel (`wgmma` on
-//! compute capability 9.0, `mma.sync` everywhere) must give the oracle's
-//! bytes.
+//! compute capability 9.0, `mma.sync` everywhere), over rows stored as f32,
+//! f16 or bf16 (whose `wgmma` bounds multiply the stored halves by each
+//! query scaled and rounded to the same type), must give the oracle's bytes
+//! over the same store.
 //!
 //! Device cases skip with a printed reason where there is no device, and
 //! fail instead under `TOPK_REQUIRE_GPU=1`. `TOPK_GPU_CASES` sets the number
@@ -14,7 +16,7 @@ use ndarray::ArrayView2;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use topk_core::{Metric, Retriever};
+use topk_core::{Dtype, Metric, Retriever, RowStore};
 use topk_cpu::Oracle;
 use topk_cuda::{CudaConfig, CudaRetriever, PlanPath};
 use topk_testkit::corpora::bitwise_diff;
@@ -68,21 +70,23 @@ fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
     c
 }
 
-/// Every query of the batch against the oracle, bit for bit; the engine's
-/// count of chunks run again.
-fn check(
+/// Every query of the batch against the oracle over the same store (`data`
+/// rounded to `dtype`), bit for bit; the engine's count of chunks run again.
+#[allow(clippy::too_many_arguments)]
+fn check_as(
     data: &[f32],
     d: usize,
+    dtype: Dtype,
     metric: Metric,
     config: CudaConfig,
     qs: &[f32],
     k: usize,
     ctx: &str,
 ) -> Result<usize, String> {
-    let gpu = CudaRetriever::from_rowmajor(data.to_vec(), d, metric, config)
+    let store = RowStore::from_f32(data.to_vec(), d, dtype).map_err(|e| format!("{ctx}: {e}"))?;
+    let gpu = CudaRetriever::from_store(&store, metric, config)
         .map_err(|e| format!("{ctx}: engine: {e}"))?;
-    let oracle =
-        Oracle::from_rowmajor(data.to_vec(), d, metric).map_err(|e| format!("{ctx}: {e}"))?;
+    let oracle = Oracle::from_store(store, metric).map_err(|e| format!("{ctx}: {e}"))?;
     let nq = qs.len() / d;
     let view = ArrayView2::from_shape((nq, d), qs).map_err(|e| e.to_string())?;
     let got = gpu
@@ -97,6 +101,19 @@ fn check(
         }
     }
     Ok(gpu.filter_reruns())
+}
+
+/// [`check_as`] over f32 rows.
+fn check(
+    data: &[f32],
+    d: usize,
+    metric: Metric,
+    config: CudaConfig,
+    qs: &[f32],
+    k: usize,
+    ctx: &str,
+) -> Result<usize, String> {
+    check_as(data, d, Dtype::F32, metric, config, qs, k, ctx)
 }
 
 #[test]
@@ -115,19 +132,33 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
         0usize..3,
         any::<bool>(),
         any::<bool>(),
+        prop::sample::select(vec![Dtype::F32, Dtype::F16, Dtype::Bf16]),
     );
     runner
-        .run(&strategy, |(seed, n, d, e, dup, nq, k, m, wgmma, small)| {
-            let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
-            let data = near_ties(seed, n, d, e, dup);
-            let qs = queries(seed, nq, d, &data);
-            let ctx = format!(
-                "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} wgmma {wgmma} small {small}"
+        .run(
+            &strategy,
+            |(seed, n, d, e, dup, nq, k, m, wgmma, small, dtype)| {
+                let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
+                let data = near_ties(seed, n, d, e, dup);
+                let qs = queries(seed, nq, d, &data);
+                let ctx = format!(
+                "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} wgmma {wgmma} small {small} \
+                 {dtype}"
             );
-            check(&data, d, metric, filtered(wgmma, small), &qs, k, &ctx)
+                check_as(
+                    &data,
+                    d,
+                    dtype,
+                    metric,
+                    filtered(wgmma, small),
+                    &qs,
+                    k,
+                    &ctx,
+                )
                 .map(|_| ())
                 .map_err(TestCaseError::fail)
-        })
+            },
+        )
         .expect("near ties");
 }
 
@@ -149,6 +180,13 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
             let ctx = format!("spread rows, wgmma {wgmma} small {small}");
             let reruns = check(&data, d, Metric::Dot, config(), &qs, 100, &ctx).expect("spread");
             assert_eq!(reruns, 0, "{ctx}: chunks ran again");
+            // The same rows stored as halves: their bounds separate too.
+            for dtype in [Dtype::F16, Dtype::Bf16] {
+                let ctx = format!("{ctx} {dtype}");
+                let reruns = check_as(&data, d, dtype, Metric::Dot, config(), &qs, 100, &ctx)
+                    .expect("spread halves");
+                assert_eq!(reruns, 0, "{ctx}: chunks ran again");
+            }
             // 4,000 rows within 2^-22 of each other: every row can reach the
             // top K, so every one is listed (the list's capacity is 4,096)
             // or, where tied lower bounds stop the first selection, the
