@@ -95,30 +95,18 @@ __device__ __forceinline__ unsigned long long w9_desc(unsigned saddr) {
 // acc (64 per thread) += A B^T over 32 bytes of K: A the 64 queries, B the
 // 128 rows, both K-major in shared memory, of the operand type of T (TF32
 // for f32, k = 8; f16 or bf16, k = 16, neither transposed).
-__device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,
-                                       unsigned long long db, float) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " W9_ACC_REGS
-                 ", %64, %65, p, 1, 1;\n}\n"
-                 : W9_ACC_OPERANDS(d)
-                 : "l"(da), "l"(db));
-}
-__device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,
-                                       unsigned long long db, TopkF16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " W9_ACC_REGS
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : W9_ACC_OPERANDS(d)
-                 : "l"(da), "l"(db));
-}
-__device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,
-                                       unsigned long long db, TopkBf16) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " W9_ACC_REGS
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : W9_ACC_OPERANDS(d)
-                 : "l"(da), "l"(db));
-}
+#define W9_MMA(T, SHAPE, IMM)                                                                \
+    __device__ __forceinline__ void w9_mma(float (&d)[64], unsigned long long da,           \
+                                           unsigned long long db, T) {                       \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                               \
+                     "wgmma.mma_async.sync.aligned." SHAPE " " W9_ACC_REGS                   \
+                     ", %64, %65, p, " IMM ";\n}\n"                                          \
+                     : W9_ACC_OPERANDS(d)                                                    \
+                     : "l"(da), "l"(db));                                                    \
+    }
+W9_MMA(float, "m64n128k8.f32.tf32.tf32", "1, 1")
+W9_MMA(TopkF16, "m64n128k16.f32.f16.f16", "1, 1, 0, 0")
+W9_MMA(TopkBf16, "m64n128k16.f32.bf16.bf16", "1, 1, 0, 0")
 
 // Keeps the compiler from moving accesses of the accumulators across the
 // asynchronous products (which read and write them without its knowledge).

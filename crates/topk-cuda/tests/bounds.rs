@@ -73,7 +73,7 @@ fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
 /// Every query of the batch against the oracle over the same store (`data`
 /// rounded to `dtype`), bit for bit; the engine's count of chunks run again.
 #[allow(clippy::too_many_arguments)]
-fn check_as(
+fn check(
     data: &[f32],
     d: usize,
     dtype: Dtype,
@@ -101,19 +101,6 @@ fn check_as(
         }
     }
     Ok(gpu.filter_reruns())
-}
-
-/// [`check_as`] over f32 rows.
-fn check(
-    data: &[f32],
-    d: usize,
-    metric: Metric,
-    config: CudaConfig,
-    qs: &[f32],
-    k: usize,
-    ctx: &str,
-) -> Result<usize, String> {
-    check_as(data, d, Dtype::F32, metric, config, qs, k, ctx)
 }
 
 #[test]
@@ -145,7 +132,7 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
                 "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} wgmma {wgmma} small {small} \
                  {dtype}"
             );
-                check_as(
+                check(
                     &data,
                     d,
                     dtype,
@@ -178,12 +165,13 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
             let data = near_ties(11, 20_000, d, -2, 0);
             let qs = queries(12, 130, d, &data);
             let ctx = format!("spread rows, wgmma {wgmma} small {small}");
-            let reruns = check(&data, d, Metric::Dot, config(), &qs, 100, &ctx).expect("spread");
+            let reruns =
+                check(&data, d, Dtype::F32, Metric::Dot, config(), &qs, 100, &ctx).expect("spread");
             assert_eq!(reruns, 0, "{ctx}: chunks ran again");
             // The same rows stored as halves: their bounds separate too.
             for dtype in [Dtype::F16, Dtype::Bf16] {
                 let ctx = format!("{ctx} {dtype}");
-                let reruns = check_as(&data, d, dtype, Metric::Dot, config(), &qs, 100, &ctx)
+                let reruns = check(&data, d, dtype, Metric::Dot, config(), &qs, 100, &ctx)
                     .expect("spread halves");
                 assert_eq!(reruns, 0, "{ctx}: chunks ran again");
             }
@@ -194,13 +182,24 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
             let data = near_ties(13, 4_000, d, 22, 3);
             let qs = queries(14, 70, d, &data);
             let ctx = format!("4,000 near ties, wgmma {wgmma} small {small}");
-            check(&data, d, Metric::Cosine, config(), &qs, 10, &ctx).expect("long lists");
+            check(
+                &data,
+                d,
+                Dtype::F32,
+                Metric::Cosine,
+                config(),
+                &qs,
+                10,
+                &ctx,
+            )
+            .expect("long lists");
             // 6,000 such rows: more than the list holds; every chunk runs
             // again on the canonical path, still exact.
             let data = near_ties(15, 6_000, d, 22, 0);
             let qs = queries(16, 70, d, &data);
             let ctx = format!("6,000 near ties, wgmma {wgmma} small {small}");
-            let reruns = check(&data, d, Metric::L2, config(), &qs, 1000, &ctx).expect("overflow");
+            let reruns = check(&data, d, Dtype::F32, Metric::L2, config(), &qs, 1000, &ctx)
+                .expect("overflow");
             assert!(reruns > 0, "{ctx}: an overflowing list must run again");
         }
     }
