@@ -62,4 +62,20 @@ __device__ __forceinline__ float topk_approx_lower(float a, float qn, float rn, 
     return (isfinite(s) && isfinite(w) && isfinite(lo)) ? lo : __int_as_float(0xff800000u);
 }
 
+// Writes the lower bound `lo` of (query q, row) into scores[q * n + row]
+// and, where sub_shift > 0 and the row is a multiple of 2^sub_shift, into
+// the sampled bounds sub[q * ceil(n / 2^sub_shift) + row / 2^sub_shift]:
+// the rows whose K-th best lower bound the filtered batch selects first
+// (docs/CONTRACTS.md §5; at most the K-th best of all rows, so still a
+// valid threshold).
+__device__ __forceinline__ void topk_write_lower(float* __restrict__ scores,
+                                                 float* __restrict__ sub, unsigned sub_shift,
+                                                 unsigned n, size_t q, size_t row, float lo) {
+    scores[q * n + row] = lo;
+    if (sub_shift != 0u && (row & ((1u << sub_shift) - 1u)) == 0u) {
+        const size_t ns = ((size_t)n + (1u << sub_shift) - 1u) >> sub_shift;
+        sub[q * ns + (row >> sub_shift)] = lo;
+    }
+}
+
 #endif  // TOPK_BOUNDS_CUH

@@ -12,10 +12,12 @@
 // with lower = s(a) - w (s the metric's score of `a`).
 //
 // A filtered batch then runs, per chunk of queries:
-// 1. topk_approx_*: the lower bounds, into the score buffer;
-// 2. the usual selection (select.cu) over the lower bounds: its K-th result
-//    is T, at most the K-th best canonical score (K rows have lower bounds
-//    of at least T, and each canonical score is at least its lower bound);
+// 1. topk_approx_*: the lower bounds, into the score buffer, and those of
+//    every 2^s-th row (s >= 0, the host's choice) into a sampled buffer;
+// 2. the usual selection (select.cu) over the sampled lower bounds: its
+//    K-th result is T, at most the K-th best canonical score (K rows have
+//    lower bounds of at least T, and each canonical score is at least its
+//    lower bound);
 // 3. topk_filter_*: rows whose upper bound reaches T are listed (at most
 //    TOPK_CAND_CAP per query). Every row whose canonical score is at least
 //    the K-th best, ties included, is listed;
@@ -115,7 +117,8 @@ template <int METRIC>
 __device__ void approx_scores(const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm,
                               unsigned n, unsigned d, const float* __restrict__ queries,
                               unsigned nq, const float* __restrict__ qnorm,
-                              float* __restrict__ scores) {
+                              float* __restrict__ scores, float* __restrict__ sub,
+                              unsigned sub_shift) {
     extern __shared__ float4 topk_dyn_smem[];
     float* sm = reinterpret_cast<float*>(topk_dyn_smem);
     constexpr unsigned STAGE = (AX_BQ + AX_BR) * AX_LD;
@@ -210,8 +213,9 @@ __device__ void approx_scores(const topk_row_t* __restrict__ corpus, const float
                 for (int c = 0; c < 2; ++c) {
                     const size_t row = r0 + wr * 32 + j * 8 + 2 * t + c;
                     if (row < n) {
-                        scores[q * n + row] =
-                            topk_approx_lower<METRIC>(acc[i][j][2 * h + c], qn, rnorm[row], d);
+                        topk_write_lower(
+                            scores, sub, sub_shift, n, q, row,
+                            topk_approx_lower<METRIC>(acc[i][j][2 * h + c], qn, rnorm[row], d));
                     }
                 }
             }
@@ -332,8 +336,9 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
     extern "C" __global__ void __launch_bounds__(AX_THREADS) topk_approx_##NAME(             \
         const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
         unsigned d, const float* __restrict__ queries, unsigned nq,                         \
-        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
-        approx_scores<METRIC>(corpus, rnorm, n, d, queries, nq, qnorm, scores);              \
+        const float* __restrict__ qnorm, float* __restrict__ scores, float* __restrict__ sub, \
+        unsigned sub_shift) {                                                                \
+        approx_scores<METRIC>(corpus, rnorm, n, d, queries, nq, qnorm, scores, sub, sub_shift); \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(FILTER_THREADS) topk_filter_##NAME(         \
         const float* __restrict__ scores, const float* __restrict__ rnorm, unsigned n,       \

@@ -159,7 +159,8 @@ template <int METRIC, int WGQ, int WGR, int STAGES, int LAB = 0, class T = float
 __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict__ rnorm,
                           unsigned n, unsigned d, const T* __restrict__ queries, unsigned nq,
                           const float* __restrict__ qnorm, const float* __restrict__ qinv,
-                          float* __restrict__ scores) {
+                          float* __restrict__ scores, float* __restrict__ sub,
+                          unsigned sub_shift) {
     using SH = W9Shape<WGQ, WGR, STAGES>;
     constexpr unsigned BK = 128u / sizeof(T);
     extern __shared__ float4 topk_dyn_smem[];
@@ -252,7 +253,8 @@ __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict_
             if constexpr (sizeof(T) == 2) {
                 a = __fmul_rn(a, qinv[q]);
             }
-            scores[q * n + row] = topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row], d);
+            topk_write_lower(scores, sub, sub_shift, n, q, row,
+                             topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row], d));
         }
     }
 }
@@ -312,14 +314,16 @@ __device__ void w9_queries16(const float* __restrict__ queries, unsigned nq, uns
 #define W9_QUERY_THREADS 256
 using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
 
+// Each kernel also writes the sampled lower bounds (topk_write_lower).
 #if TOPK_ROW_DTYPE == 0
 #define TOPK_FILTER90_KERNELS(NAME, METRIC)                                                  \
     extern "C" __global__ void __launch_bounds__(W9Engine::THREADS) topk_approx90_##NAME(    \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
         unsigned d, const float* __restrict__ queries, unsigned nq,                         \
-        const float* __restrict__ qnorm, float* __restrict__ scores) {                       \
+        const float* __restrict__ qnorm, float* __restrict__ scores, float* __restrict__ sub, \
+        unsigned sub_shift) {                                                                \
         w9_scores<METRIC, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm, \
-                                                     nullptr, scores);                       \
+                                                     nullptr, scores, sub, sub_shift);       \
     }
 #else
 // Half rows: `queries` are topk_queries16's, `qinv` their inverse scales.
@@ -328,9 +332,9 @@ using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
         const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
         unsigned d, const topk_row_t* __restrict__ queries, unsigned nq,                    \
         const float* __restrict__ qnorm, float* __restrict__ scores,                         \
-        const float* __restrict__ qinv) {                                                    \
+        const float* __restrict__ qinv, float* __restrict__ sub, unsigned sub_shift) {       \
         w9_scores<METRIC, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm, \
-                                                     qinv, scores);                          \
+                                                     qinv, scores, sub, sub_shift);          \
     }
 
 extern "C" __global__ void __launch_bounds__(W9_QUERY_THREADS)

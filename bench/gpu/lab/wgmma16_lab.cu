@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(W9Engine::THREADS)
             const T* __restrict__ queries, unsigned nq, const float* __restrict__ qnorm,
             const float* __restrict__ qinv, float* __restrict__ scores) {
     w9_scores<TOPK_DOT, W9_WGQ, W9_WGR, W9_STAGES, LAB>(corpus, rnorm, n, d, queries, nq, qnorm,
-                                                        qinv, scores);
+                                                        qinv, scores, nullptr, 0);
 }
 
 __global__ void __launch_bounds__(W9Engine::THREADS)
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(W9Engine::THREADS)
             unsigned d, const float* __restrict__ queries, unsigned nq,
             const float* __restrict__ qnorm, float* __restrict__ scores) {
     w9_scores<TOPK_DOT, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm,
-                                                   nullptr, scores);
+                                                   nullptr, scores, nullptr, 0);
 }
 
 template <class T>

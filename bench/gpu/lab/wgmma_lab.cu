@@ -29,13 +29,14 @@ template <int WGQ, int WGR, int ST, int LAB>
 __global__ void __launch_bounds__(W9Shape<WGQ, WGR, ST>::THREADS)
     lab_w9(const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,
            unsigned d, const float* __restrict__ queries, unsigned nq,
-           const float* __restrict__ qnorm, float* __restrict__ scores) {
+           const float* __restrict__ qnorm, float* __restrict__ scores, float* __restrict__ sub,
+           unsigned sub_shift) {
     w9_scores<TOPK_DOT, WGQ, WGR, ST, LAB>(corpus, rnorm, n, d, queries, nq, qnorm, nullptr,
-                                           scores);
+                                           scores, sub, sub_shift);
 }
 
 typedef void (*Approx)(const float*, const float*, unsigned, unsigned, const float*, unsigned,
-                       const float*, float*);
+                       const float*, float*, float*, unsigned);
 
 struct Data {
     unsigned n, d, nq;
@@ -111,7 +112,7 @@ static Kernel w9_kernel(const char* name) {
 
 static void launch(const Kernel& k, const Data& a) {
     const unsigned blocks = ((a.nq + k.bq - 1) / k.bq) * ((a.n + k.br - 1) / k.br);
-    k.f<<<blocks, k.threads, k.smem>>>(a.dx, a.dxn, a.n, a.d, a.dq, a.nq, a.dqn, a.ds);
+    k.f<<<blocks, k.threads, k.smem>>>(a.dx, a.dxn, a.n, a.d, a.dq, a.nq, a.dqn, a.ds, nullptr, 0);
     CK(cudaGetLastError());
 }
 

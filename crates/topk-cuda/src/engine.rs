@@ -37,6 +37,10 @@ use crate::{CudaConfig, DeviceInfo};
 const SCRATCH_FALLBACKS: [usize; 2] = [256 << 20, 0];
 
 /// The engine: everything [`crate::CudaRetriever`] owns on the device.
+/// The smallest stride of a filtered chunk's sampled lower bounds
+/// (`Tuning::filter_sample`): the slots hold a quarter of the rows' bounds.
+pub(crate) const MIN_SAMPLE: usize = 4;
+
 pub(crate) struct Engine {
     /// Rows in use (the resident corpus's stored rows, removed ones included).
     pub(crate) n: usize,
@@ -226,6 +230,11 @@ impl Engine {
             filter_list,
             lists: if lists { capacity } else { 0 },
             dtype,
+            sampled: if filter_list > 0 && tuning.filter_sample >= MIN_SAMPLE {
+                capacity.div_ceil(MIN_SAMPLE)
+            } else {
+                0
+            },
         }
     }
 

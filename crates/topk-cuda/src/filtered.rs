@@ -7,10 +7,31 @@
 use std::sync::atomic::Ordering;
 
 use crate::driver::DevSlice;
-use crate::engine::Engine;
+use crate::engine::{Engine, MIN_SAMPLE};
 use crate::error::CudaError;
-use crate::launch::{HalfQueries, Listed, Queue};
+use crate::launch::{HalfQueries, Listed, Queue, Sampled, SelectBufs, CAND_CAP};
 use crate::slot::Slot;
+
+/// log2 of the stride of the rows whose lower bounds give a filtered
+/// chunk's threshold (`Tuning::filter_sample`): the largest power of two
+/// s <= `max` with s · k · 4 <= CAND_CAP, at least MIN_SAMPLE, whose sample
+/// of `n` rows fits `room` bounds a query and holds 4 k of them; 0 (every
+/// row) where there is none.
+pub(crate) fn sample_shift(max: usize, k: usize, n: usize, room: usize) -> u32 {
+    let mut s = if max >= MIN_SAMPLE {
+        1usize << max.ilog2()
+    } else {
+        return 0;
+    };
+    while s >= MIN_SAMPLE {
+        let rows = n.div_ceil(s);
+        if s * k * 4 <= CAND_CAP && rows <= room && rows >= 4 * k {
+            return s.ilog2();
+        }
+        s /= 2;
+    }
+    0
+}
 
 impl Engine {
     /// Queues the filtered path for `nq` queries of a batch chunk, results
@@ -59,12 +80,43 @@ impl Engine {
             values: slot.q16.view(),
             inv: DevSlice::of(&slot.q16_inv),
         };
-        ks.approx(s, metric, &ops, (slot.q16_inv.len() >= nq).then_some(half))?;
+        // The threshold from every 2^shift-th row's bound (none hidden by
+        // an allow set, whose mask comes after the bounds).
+        let shift = match allow {
+            Some(_) => 0,
+            None => sample_shift(
+                self.config.tuning.filter_sample,
+                k,
+                self.n,
+                slot.fsample.len() / nq.max(1),
+            ),
+        };
+        let sampled = Sampled {
+            bounds: DevSlice::of(&slot.fsample),
+            shift,
+        };
+        ks.approx(
+            s,
+            metric,
+            &ops,
+            (slot.q16_inv.len() >= nq).then_some(half),
+            sampled,
+        )?;
         if let Some(words) = allow {
             ks.mask_scores(s, ops.scores, ops.n, ops.nq, words, 0)?;
         }
-        ks.hist(s, &bufs, ops.n, ops.nq, k32)?;
-        ks.gather(s, &bufs, ops.n, ops.nq, k32)?;
+        let (sel, sel_n) = match shift {
+            0 => (bufs, ops.n),
+            _ => (
+                SelectBufs {
+                    scores: sampled.bounds,
+                    ..bufs
+                },
+                ops.n.div_ceil(1 << shift),
+            ),
+        };
+        ks.hist(s, &sel, sel_n, ops.nq, k32)?;
+        ks.gather(s, &sel, sel_n, ops.nq, k32)?;
         ks.filter(s, metric, &ops, bufs.out, k32, &lists)?;
         ks.rescore(s, metric, &ops, &lists)?;
         ks.select_listed(s, &ops, &lists, k32, bufs.out)
@@ -103,5 +155,32 @@ impl Engine {
             }
         }
         Ok(again)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_stride_keeps_the_list_and_the_sample_large_enough() {
+        let room = 1_000_000usize.div_ceil(MIN_SAMPLE);
+        // K = 100 over 1M rows: every 8th row.
+        assert_eq!(sample_shift(8, 100, 1_000_000, room), 3);
+        // A larger maximum is cut to what the list holds: 8 · 128 · 4 = 4,096.
+        assert_eq!(sample_shift(64, 128, 1_000_000, room), 3);
+        assert_eq!(sample_shift(8, 200, 1_000_000, room), 2);
+        assert_eq!(sample_shift(8, 256, 1_000_000, room), 2);
+        // Past that, or below MIN_SAMPLE, every row.
+        assert_eq!(sample_shift(8, 257, 1_000_000, room), 0);
+        assert_eq!(sample_shift(2, 10, 1_000_000, room), 0);
+        assert_eq!(sample_shift(1, 10, 1_000_000, room), 0);
+        assert_eq!(sample_shift(0, 10, 1_000_000, room), 0);
+        // Not a power of two: the largest power below it.
+        assert_eq!(sample_shift(7, 10, 1_000_000, room), 2);
+        // The sample must hold 4 K bounds, and fit the slot's room.
+        assert_eq!(sample_shift(8, 100, 3_000, 750), 2);
+        assert_eq!(sample_shift(8, 100, 1_000, 250), 0);
+        assert_eq!(sample_shift(8, 10, 1_000_000, 0), 0);
     }
 }

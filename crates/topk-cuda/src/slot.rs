@@ -54,6 +54,8 @@ pub(crate) struct Slot {
     pub(crate) fcount: DeviceBuffer<u32>,
     /// `fcount` copied back after a filtered turn.
     pub(crate) fcount_host: LockedBuffer<u32>,
+    /// A filtered chunk's sampled lower bounds (`Tuning::filter_sample`).
+    pub(crate) fsample: DeviceBuffer<f32>,
     /// A filtered chunk's queries as the Hopper bounds of half-width rows
     /// multiply them, and their inverse scales (empty for f32 rows).
     pub(crate) q16: RowBuf,
@@ -109,6 +111,8 @@ pub(crate) struct SlotShape {
     pub(crate) lists: usize,
     /// How the corpus stores its values (the gathered rows are stored alike).
     pub(crate) dtype: Dtype,
+    /// Sampled lower bounds a filtered chunk's query holds (0: none).
+    pub(crate) sampled: usize,
 }
 
 impl SlotShape {
@@ -140,6 +144,7 @@ impl SlotShape {
             + self.lists * 12
             + compact_rows(self.lists, d) * (d * self.dtype.bytes() + 4)
             + self.half_queries() * (d * self.dtype.bytes() + 4)
+            + chunk * self.sampled * 4
             + chunk * self.lists.div_ceil(64) * 8
     }
 }
@@ -186,6 +191,7 @@ impl Slot {
             filter_list,
             lists,
             dtype,
+            sampled,
         } = *shape;
         let Sizes { staged, chunk } = sizes;
         let allow_words = chunk * lists.div_ceil(64);
@@ -206,6 +212,7 @@ impl Slot {
             flist: alloc("filtered rows", filter_list.max(1))?,
             fcount: alloc("filter counts", counts)?,
             fcount_host: pinned(counts)?,
+            fsample: alloc("sampled lower bounds", chunk * sampled)?,
             q16: RowBuf::alloc("half queries", dtype, shape.half_queries() * d)?,
             q16_inv: alloc("half query scales", shape.half_queries())?,
             q_host: pinned(staged * d)?,

@@ -60,14 +60,23 @@ fn queries(seed: u64, nq: usize, d: usize, corpus: &[f32]) -> Vec<f32> {
 }
 
 /// The filtered path for every chunk, with or without `wgmma`, chunks of
-/// 64 queries (`small_chunks`) or as many as the default scratch holds.
-fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
+/// 64 queries (`small_chunks`) or as many as the default scratch holds; the
+/// threshold from a sample of the rows (the default) or from all of them.
+fn filtered_as(wgmma: bool, small_chunks: bool, sample: bool) -> CudaConfig {
     let mut c = CudaConfig::for_path(PlanPath::FilteredBatch);
     c.tuning.wgmma_bounds = wgmma;
+    if !sample {
+        c.tuning.filter_sample = 1;
+    }
     if small_chunks {
         c.tuning.batch_scratch = 0;
     }
     c
+}
+
+/// [`filtered_as`] with the default sampled threshold.
+fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
+    filtered_as(wgmma, small_chunks, true)
 }
 
 /// Every query of the batch against the oracle over the same store (`data`
@@ -115,37 +124,26 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
         4i32..24,
         prop::sample::select(vec![0usize, 2, 7]),
         1usize..200,
-        prop::sample::select(vec![1usize, 10, 100, 1000, 1024]),
+        prop::sample::select(vec![1usize, 10, 100, 200, 1000, 1024]),
         0usize..3,
-        any::<bool>(),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>(), any::<bool>()),
         prop::sample::select(vec![Dtype::F32, Dtype::F16, Dtype::Bf16]),
     );
     runner
-        .run(
-            &strategy,
-            |(seed, n, d, e, dup, nq, k, m, wgmma, small, dtype)| {
-                let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
-                let data = near_ties(seed, n, d, e, dup);
-                let qs = queries(seed, nq, d, &data);
-                let ctx = format!(
-                "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} wgmma {wgmma} small {small} \
-                 {dtype}"
+        .run(&strategy, |(seed, n, d, e, dup, nq, k, m, flags, dtype)| {
+            let (wgmma, small, sample) = flags;
+            let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
+            let data = near_ties(seed, n, d, e, dup);
+            let qs = queries(seed, nq, d, &data);
+            let ctx = format!(
+                "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} {dtype} wgmma {wgmma} \
+                 small {small} sample {sample}"
             );
-                check(
-                    &data,
-                    d,
-                    dtype,
-                    metric,
-                    filtered(wgmma, small),
-                    &qs,
-                    k,
-                    &ctx,
-                )
+            let config = filtered_as(wgmma, small, sample);
+            check(&data, d, dtype, metric, config, &qs, k, &ctx)
                 .map(|_| ())
                 .map_err(TestCaseError::fail)
-            },
-        )
+        })
         .expect("near ties");
 }
 
@@ -201,6 +199,23 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
             let reruns = check(&data, d, Dtype::F32, Metric::L2, config(), &qs, 1000, &ctx)
                 .expect("overflow");
             assert!(reruns > 0, "{ctx}: an overflowing list must run again");
+            // Every sampled row (every 8th, K = 100) far from the queries,
+            // the others near them: the sample's K-th bound is far below
+            // the answer's, the list overflows and the chunk runs again,
+            // still exact.
+            let mut data = near_ties(17, 20_000, d, 6, 0);
+            for r in (0..20_000).step_by(8) {
+                data[r * d..(r + 1) * d].iter_mut().for_each(|v| *v = -*v);
+            }
+            let qs: Vec<f32> = (0..70)
+                .flat_map(|i| data[(8 * i + 1) * d..(8 * i + 2) * d].to_vec())
+                .collect();
+            let ctx = format!("sampled rows far, wgmma {wgmma} small {small}");
+            let got = check(&data, d, Dtype::F32, Metric::Dot, config(), &qs, 100, &ctx);
+            assert!(
+                got.expect("sampled far") > 0,
+                "{ctx}: the list must overflow"
+            );
         }
     }
 }

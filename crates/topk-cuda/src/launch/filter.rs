@@ -60,20 +60,36 @@ pub(crate) struct HalfQueries<'a> {
     pub(crate) inv: DevSlice<'a, f32>,
 }
 
+/// Where a filtered chunk's bound kernel also writes the lower bounds of
+/// every 2^`shift`-th row (`shift` 0: nowhere), `ceil(n / 2^shift)` a query.
+#[derive(Clone, Copy)]
+pub(crate) struct Sampled<'a> {
+    pub(crate) bounds: DevSlice<'a, f32>,
+    pub(crate) shift: u32,
+}
+
 impl Kernels {
     /// Lower bounds of the canonical scores of the queries against the
     /// corpus, from tensor cores, into `ops.scores` (every norm read).
     /// `half` is the room the Hopper bounds of half-width rows need; without
     /// it (or with D % 8 != 0) such rows take the `mma.sync` bounds.
+    /// `sampled` also gets the bounds of every 2^shift-th row.
     pub(crate) fn approx(
         &self,
         q: Queue<'_>,
         metric: Metric,
         ops: &Operands<'_>,
         half: Option<HalfQueries<'_>>,
+        sampled: Sampled<'_>,
     ) -> Result<(), CudaError> {
         ops.check(true, true)?;
         check_aligned(ops)?;
+        if sampled.shift > 0 {
+            let per_query = (ops.n as usize).div_ceil(1 << sampled.shift);
+            sampled
+                .bounds
+                .need("sampled lower bounds", ops.nq as usize * per_query)?;
+        }
         if let (Some(f), Some(prep), Some(h), 2, 0) = (
             self.approx90,
             self.queries16,
@@ -81,10 +97,22 @@ impl Kernels {
             ops.corpus.width(),
             ops.d % 8,
         ) {
-            return self.approx90_half(q, metric, ops, f, prep, h);
+            return self.approx90_half(q, metric, ops, f, prep, h, sampled);
         }
-        let mut raw = ops.batch_args();
-        let mut args = raw.pointers();
+        kernel_args!(
+            args = [
+                corpus = ops.corpus.ptr(),
+                rnorm = ops.rnorm.ptr(),
+                n = ops.n,
+                d = ops.d,
+                queries = ops.queries.ptr(),
+                nq = ops.nq,
+                qnorm = ops.qnorm.ptr(),
+                scores = ops.scores.ptr(),
+                sub = sampled.bounds.ptr(),
+                shift = sampled.shift
+            ]
+        );
         let wgmma = self.approx90.filter(|_| ops.corpus.width() == 4);
         let launch = match wgmma {
             Some(f) => {
@@ -109,13 +137,14 @@ impl Kernels {
             }
         };
         // SAFETY: the parameter list of topk_approx_* and topk_approx90_*
-        // (BatchArgs, the same); buffers and alignment checked above; the
-        // dynamic shared memory was allowed at load.
+        // (the same); buffers and alignment checked above; the dynamic
+        // shared memory was allowed at load.
         unsafe { launch.run(q, &mut args) }
     }
 
     /// The Hopper bounds of half-width rows: the queries' half operands into
     /// `h`, then the products of the stored rows and those.
+    #[allow(clippy::too_many_arguments)]
     fn approx90_half(
         &self,
         q: Queue<'_>,
@@ -124,6 +153,7 @@ impl Kernels {
         f: [cu::CUfunction; 3],
         prep: cu::CUfunction,
         h: HalfQueries<'_>,
+        sampled: Sampled<'_>,
     ) -> Result<(), CudaError> {
         let (n, d, nq) = (ops.n, ops.d, ops.nq);
         let count = nq as usize * d as usize;
@@ -166,7 +196,9 @@ impl Kernels {
                 nq,
                 qnorm = ops.qnorm.ptr(),
                 scores = ops.scores.ptr(),
-                inv = h.inv.ptr()
+                inv = h.inv.ptr(),
+                sub = sampled.bounds.ptr(),
+                shift = sampled.shift
             ]
         );
         let blocks = nq.div_ceil(APPROX90_QUERIES) * n.div_ceil(APPROX90_ROWS);

@@ -35,7 +35,7 @@ pub(crate) use copy::{
     d2d, d2d_2d, d2d_sync, d2h, h2d, h2d_staged, h2d_sync, h2d_upload, zero32, zero_async,
     zero_sync, STAGED_MIN_BYTES,
 };
-pub(crate) use filter::HalfQueries;
+pub(crate) use filter::{HalfQueries, Sampled};
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use rows::FROM_B;
 pub(crate) use score::{single_path, FusedThreshold, ScorePlan};
