@@ -100,7 +100,8 @@ pub struct Tuning {
     pub wgmma_bounds: bool,
     /// The filtered path finds its threshold T from the lower bounds of
     /// every s-th row only, s the largest power of two up to this value
-    /// with s · K · 4 <= 4,096 (the list's capacity), and at least 4: the
+    /// with s · K · 4 <= 4,096 (the list's capacity) and s · K · D <= 2^19,
+    /// and at least 4: the
     /// K-th best of a sample is at most the K-th best of all, so T stays a
     /// valid threshold and the answers are the same bit for bit, while the
     /// selection reads 1/s of the bounds (about s · K rows are then listed

@@ -12,12 +12,19 @@ use crate::error::CudaError;
 use crate::launch::{HalfQueries, Listed, Queue, Sampled, SelectBufs, CAND_CAP};
 use crate::slot::Slot;
 
+/// Values a query's rescoring may read for a sampled threshold: s · K rows
+/// of D values at most. About s · K rows are listed and scored
+/// canonically; past this the extra rescoring costs what the smaller
+/// selection saves (measured on an H200 at 1M rows, K = 100: s = 8 pays at
+/// D <= 512, s = 4 at D = 768 and 1024, `bench/gpu/NOTES.md`).
+const SAMPLE_VALUES: usize = 1 << 19;
+
 /// log2 of the stride of the rows whose lower bounds give a filtered
 /// chunk's threshold (`Tuning::filter_sample`): the largest power of two
-/// s <= `max` with s · k · 4 <= CAND_CAP, at least MIN_SAMPLE, whose sample
-/// of `n` rows fits `room` bounds a query and holds 4 k of them; 0 (every
-/// row) where there is none.
-pub(crate) fn sample_shift(max: usize, k: usize, n: usize, room: usize) -> u32 {
+/// s <= `max` with s · k · 4 <= CAND_CAP and s · k · d <= SAMPLE_VALUES,
+/// at least MIN_SAMPLE, whose sample of `n` rows fits `room` bounds a query
+/// and holds 4 k of them; 0 (every row) where there is none.
+pub(crate) fn sample_shift(max: usize, k: usize, n: usize, d: usize, room: usize) -> u32 {
     let mut s = if max >= MIN_SAMPLE {
         1usize << max.ilog2()
     } else {
@@ -25,7 +32,8 @@ pub(crate) fn sample_shift(max: usize, k: usize, n: usize, room: usize) -> u32 {
     };
     while s >= MIN_SAMPLE {
         let rows = n.div_ceil(s);
-        if s * k * 4 <= CAND_CAP && rows <= room && rows >= 4 * k {
+        let listed = s * k;
+        if listed * 4 <= CAND_CAP && listed * d <= SAMPLE_VALUES && rows <= room && rows >= 4 * k {
             return s.ilog2();
         }
         s /= 2;
@@ -88,6 +96,7 @@ impl Engine {
                 self.config.tuning.filter_sample,
                 k,
                 self.n,
+                self.dim(),
                 slot.fsample.len() / nq.max(1),
             ),
         };
@@ -165,22 +174,28 @@ mod tests {
     #[test]
     fn the_sample_stride_keeps_the_list_and_the_sample_large_enough() {
         let room = 1_000_000usize.div_ceil(MIN_SAMPLE);
-        // K = 100 over 1M rows: every 8th row.
-        assert_eq!(sample_shift(8, 100, 1_000_000, room), 3);
+        let at = sample_shift;
+        // K = 100 over 1M rows: every 8th row up to D = 512, every 4th at
+        // D = 768 and 1024 (s · K · D <= 2^19).
+        assert_eq!(at(8, 100, 1_000_000, 384, room), 3);
+        assert_eq!(at(8, 100, 1_000_000, 512, room), 3);
+        assert_eq!(at(8, 100, 1_000_000, 768, room), 2);
+        assert_eq!(at(8, 100, 1_000_000, 1024, room), 2);
+        assert_eq!(at(8, 100, 1_000_000, 4096, room), 0);
         // A larger maximum is cut to what the list holds: 8 · 128 · 4 = 4,096.
-        assert_eq!(sample_shift(64, 128, 1_000_000, room), 3);
-        assert_eq!(sample_shift(8, 200, 1_000_000, room), 2);
-        assert_eq!(sample_shift(8, 256, 1_000_000, room), 2);
+        assert_eq!(at(64, 128, 1_000_000, 128, room), 3);
+        assert_eq!(at(8, 200, 1_000_000, 128, room), 2);
+        assert_eq!(at(8, 256, 1_000_000, 128, room), 2);
         // Past that, or below MIN_SAMPLE, every row.
-        assert_eq!(sample_shift(8, 257, 1_000_000, room), 0);
-        assert_eq!(sample_shift(2, 10, 1_000_000, room), 0);
-        assert_eq!(sample_shift(1, 10, 1_000_000, room), 0);
-        assert_eq!(sample_shift(0, 10, 1_000_000, room), 0);
+        assert_eq!(at(8, 257, 1_000_000, 128, room), 0);
+        assert_eq!(at(2, 10, 1_000_000, 128, room), 0);
+        assert_eq!(at(1, 10, 1_000_000, 128, room), 0);
+        assert_eq!(at(0, 10, 1_000_000, 128, room), 0);
         // Not a power of two: the largest power below it.
-        assert_eq!(sample_shift(7, 10, 1_000_000, room), 2);
+        assert_eq!(at(7, 10, 1_000_000, 128, room), 2);
         // The sample must hold 4 K bounds, and fit the slot's room.
-        assert_eq!(sample_shift(8, 100, 3_000, 750), 2);
-        assert_eq!(sample_shift(8, 100, 1_000, 250), 0);
-        assert_eq!(sample_shift(8, 10, 1_000_000, 0), 0);
+        assert_eq!(at(8, 100, 3_000, 128, 750), 2);
+        assert_eq!(at(8, 100, 1_000, 128, 250), 0);
+        assert_eq!(at(8, 10, 1_000_000, 128, 0), 0);
     }
 }
