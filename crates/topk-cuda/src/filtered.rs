@@ -174,28 +174,38 @@ mod tests {
     #[test]
     fn the_sample_stride_keeps_the_list_and_the_sample_large_enough() {
         let room = 1_000_000usize.div_ceil(MIN_SAMPLE);
-        let at = sample_shift;
-        // K = 100 over 1M rows: every 8th row up to D = 512, every 4th at
-        // D = 768 and 1024 (s · K · D <= 2^19).
-        assert_eq!(at(8, 100, 1_000_000, 384, room), 3);
-        assert_eq!(at(8, 100, 1_000_000, 512, room), 3);
-        assert_eq!(at(8, 100, 1_000_000, 768, room), 2);
-        assert_eq!(at(8, 100, 1_000_000, 1024, room), 2);
-        assert_eq!(at(8, 100, 1_000_000, 4096, room), 0);
-        // A larger maximum is cut to what the list holds: 8 · 128 · 4 = 4,096.
-        assert_eq!(at(64, 128, 1_000_000, 128, room), 3);
-        assert_eq!(at(8, 200, 1_000_000, 128, room), 2);
-        assert_eq!(at(8, 256, 1_000_000, 128, room), 2);
-        // Past that, or below MIN_SAMPLE, every row.
-        assert_eq!(at(8, 257, 1_000_000, 128, room), 0);
-        assert_eq!(at(2, 10, 1_000_000, 128, room), 0);
-        assert_eq!(at(1, 10, 1_000_000, 128, room), 0);
-        assert_eq!(at(0, 10, 1_000_000, 128, room), 0);
-        // Not a power of two: the largest power below it.
-        assert_eq!(at(7, 10, 1_000_000, 128, room), 2);
-        // The sample must hold 4 K bounds, and fit the slot's room.
-        assert_eq!(at(8, 100, 3_000, 128, 750), 2);
-        assert_eq!(at(8, 100, 1_000, 128, 250), 0);
-        assert_eq!(at(8, 10, 1_000_000, 128, 0), 0);
+        let m = 1_000_000;
+        // (max, k, n, d, room, shift)
+        let cases = [
+            // K = 100 over 1M rows: every 8th row up to D = 512, every 4th
+            // at D = 768 and 1024 (s · K · D <= 2^19), none at 4096.
+            (8, 100, m, 384, room, 3),
+            (8, 100, m, 512, room, 3),
+            (8, 100, m, 768, room, 2),
+            (8, 100, m, 1024, room, 2),
+            (8, 100, m, 4096, room, 0),
+            // A larger maximum is cut to what the list holds (8 · 128 · 4).
+            (64, 128, m, 128, room, 3),
+            (8, 200, m, 128, room, 2),
+            (8, 256, m, 128, room, 2),
+            // Past that, or below MIN_SAMPLE, every row.
+            (8, 257, m, 128, room, 0),
+            (2, 10, m, 128, room, 0),
+            (1, 10, m, 128, room, 0),
+            (0, 10, m, 128, room, 0),
+            // Not a power of two: the largest power below it.
+            (7, 10, m, 128, room, 2),
+            // The sample must hold 4 K bounds, and fit the slot's room.
+            (8, 100, 3_000, 128, 750, 2),
+            (8, 100, 1_000, 128, 250, 0),
+            (8, 10, m, 128, 0, 0),
+        ];
+        for (max, k, n, d, room, shift) in cases {
+            assert_eq!(
+                sample_shift(max, k, n, d, room),
+                shift,
+                "max {max} k {k} n {n} d {d} room {room}"
+            );
+        }
     }
 }
