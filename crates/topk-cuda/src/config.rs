@@ -101,11 +101,10 @@ pub struct Tuning {
     /// The filtered path finds its threshold T from the lower bounds of
     /// every s-th row only, s the largest power of two up to this value
     /// with s · K · 4 <= 4,096 (the list's capacity) and s · K · D <= 2^19,
-    /// and at least 4: the
-    /// K-th best of a sample is at most the K-th best of all, so T stays a
-    /// valid threshold and the answers are the same bit for bit, while the
-    /// selection reads 1/s of the bounds (about s · K rows are then listed
-    /// and rescored instead of K). Chunks with an allow set, and K where no
+    /// and at least 4: the K-th best of a sample is at most the K-th best
+    /// of all, so T stays a valid threshold and the answers are the same
+    /// bit for bit, while the selection reads 1/s of the bounds (about
+    /// s · K rows are then listed and rescored instead of K). Chunks with an allow set, and K where no
     /// such s exists, select over every row; 1 turns sampling off.
     pub filter_sample: usize,
 }

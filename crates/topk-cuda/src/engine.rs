@@ -36,11 +36,11 @@ use crate::{CudaConfig, DeviceInfo};
 /// queries, whatever the rows). Answers are the same bytes at every size.
 const SCRATCH_FALLBACKS: [usize; 2] = [256 << 20, 0];
 
-/// The engine: everything [`crate::CudaRetriever`] owns on the device.
 /// The smallest stride of a filtered chunk's sampled lower bounds
 /// (`Tuning::filter_sample`): the slots hold a quarter of the rows' bounds.
 pub(crate) const MIN_SAMPLE: usize = 4;
 
+/// The engine: everything [`crate::CudaRetriever`] owns on the device.
 pub(crate) struct Engine {
     /// Rows in use (the resident corpus's stored rows, removed ones included).
     pub(crate) n: usize,

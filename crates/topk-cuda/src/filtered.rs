@@ -104,13 +104,7 @@ impl Engine {
             bounds: DevSlice::of(&slot.fsample),
             shift,
         };
-        ks.approx(
-            s,
-            metric,
-            &ops,
-            (slot.q16_inv.len() >= nq).then_some(half),
-            sampled,
-        )?;
+        ks.approx(s, metric, &ops, half, sampled)?;
         if let Some(words) = allow {
             ks.mask_scores(s, ops.scores, ops.n, ops.nq, words, 0)?;
         }

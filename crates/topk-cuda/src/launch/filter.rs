@@ -51,6 +51,19 @@ fn check_aligned(ops: &Operands<'_>) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// The launch of `topk_approx90_*` (`f`, any storage type's build) over
+/// the operands' queries and rows.
+fn approx90_launch(f: [cu::CUfunction; 3], metric: Metric, ops: &Operands<'_>) -> Launch {
+    let blocks = ops.nq.div_ceil(APPROX90_QUERIES) * ops.n.div_ceil(APPROX90_ROWS);
+    Launch::new(
+        "topk_approx90",
+        f[metric_slot(metric)],
+        (blocks, 1),
+        APPROX90_THREADS,
+    )
+    .shared(APPROX90_SMEM)
+}
+
 /// Room for the half operands of a chunk's queries that the Hopper bounds
 /// of half-width rows multiply (`topk_queries16`): the queries scaled and
 /// rounded to the rows' type, and each query's inverse scale.
@@ -71,15 +84,15 @@ pub(crate) struct Sampled<'a> {
 impl Kernels {
     /// Lower bounds of the canonical scores of the queries against the
     /// corpus, from tensor cores, into `ops.scores` (every norm read).
-    /// `half` is the room the Hopper bounds of half-width rows need; without
-    /// it (or with D % 8 != 0) such rows take the `mma.sync` bounds.
+    /// `half` is the room the Hopper bounds of half-width rows need (with
+    /// D % 8 != 0 such rows take the `mma.sync` bounds).
     /// `sampled` also gets the bounds of every 2^shift-th row.
     pub(crate) fn approx(
         &self,
         q: Queue<'_>,
         metric: Metric,
         ops: &Operands<'_>,
-        half: Option<HalfQueries<'_>>,
+        half: HalfQueries<'_>,
         sampled: Sampled<'_>,
     ) -> Result<(), CudaError> {
         ops.check(true, true)?;
@@ -90,14 +103,10 @@ impl Kernels {
                 .bounds
                 .need("sampled lower bounds", ops.nq as usize * per_query)?;
         }
-        if let (Some(f), Some(prep), Some(h), 2, 0) = (
-            self.approx90,
-            self.queries16,
-            half,
-            ops.corpus.width(),
-            ops.d % 8,
-        ) {
-            return self.approx90_half(q, metric, ops, f, prep, h, sampled);
+        if let (Some(f), Some(prep), 2, 0) =
+            (self.approx90, self.queries16, ops.corpus.width(), ops.d % 8)
+        {
+            return self.approx90_half(q, metric, ops, f, prep, half, sampled);
         }
         kernel_args!(
             args = [
@@ -115,16 +124,7 @@ impl Kernels {
         );
         let wgmma = self.approx90.filter(|_| ops.corpus.width() == 4);
         let launch = match wgmma {
-            Some(f) => {
-                let blocks = ops.nq.div_ceil(APPROX90_QUERIES) * ops.n.div_ceil(APPROX90_ROWS);
-                Launch::new(
-                    "topk_approx90",
-                    f[metric_slot(metric)],
-                    (blocks, 1),
-                    APPROX90_THREADS,
-                )
-                .shared(APPROX90_SMEM)
-            }
+            Some(f) => approx90_launch(f, metric, ops),
             None => {
                 let blocks = ops.nq.div_ceil(APPROX_QUERIES) * ops.n.div_ceil(APPROX_ROWS);
                 Launch::new(
@@ -159,11 +159,18 @@ impl Kernels {
         let count = nq as usize * d as usize;
         h.values.need("half queries", count)?;
         h.inv.need("query scales", nq as usize)?;
-        if h.values.width() != ops.corpus.width() || h.values.ptr() % 16 != 0 {
+        if h.values.width() != ops.corpus.width() {
             return Err(CudaError::CountMismatch {
                 what: "bytes per half query value",
                 got: h.values.width(),
                 expected: ops.corpus.width(),
+            });
+        }
+        if h.values.ptr() % 16 != 0 {
+            return Err(CudaError::InvalidOption {
+                name: "half queries of a filtered batch",
+                value: h.values.ptr() as usize,
+                reason: "the 16-byte copies need a 16-byte aligned buffer",
             });
         }
         kernel_args!(
@@ -201,14 +208,7 @@ impl Kernels {
                 shift = sampled.shift
             ]
         );
-        let blocks = nq.div_ceil(APPROX90_QUERIES) * n.div_ceil(APPROX90_ROWS);
-        let launch = Launch::new(
-            "topk_approx90",
-            f[metric_slot(metric)],
-            (blocks, 1),
-            APPROX90_THREADS,
-        )
-        .shared(APPROX90_SMEM);
+        let launch = approx90_launch(f, metric, ops);
         // SAFETY: the parameter list of a half build's topk_approx90_*;
         // buffers checked above and by the caller (D % 8 == 0, so each
         // 16-byte copy of 8 values is aligned); the dynamic shared memory
