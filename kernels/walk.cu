@@ -33,10 +33,15 @@
 // CPU path, which gives the same answer an OK walk would.
 #include "common.cuh"
 
-#define WALK_THREADS 256
-#define WALK_WARPS (WALK_THREADS / TOPK_WARP)
-// Largest layer-0 degree (m0) and upper-layer degree (m) the kernel takes
-// (at most one neighbour per thread when a list is read).
+// Threads of one query's block: a team of WALK_TEAMS sizes, one kernel per
+// size and metric (topk_walk_<metric>_<threads>). Large batches run small
+// blocks, so that more queries share a multiprocessor; a single query runs
+// the largest. The team size changes how the work of a step is spread over
+// threads, never which nodes are expanded or how a score is computed.
+#define WALK_MAX_THREADS 256
+// Largest layer-0 degree (m0) and upper-layer degree (m) the kernel takes;
+// a block of T threads takes at most min(T, WALK_MAX_DEGREE) (at most one
+// neighbour per thread when a list is read).
 #define WALK_MAX_DEGREE 128
 #define WALK_EXPANDED 1u
 #define WALK_ALLOWED 2u
@@ -156,11 +161,12 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
     }
 }
 
-// The walk of query blockIdx.x. Dynamic shared memory, in order: the query
-// (d floats, rounded up to 16 bytes), two beam buffers of cap + WALK_MAX_DEGREE
-// entries, the scored and the sorted neighbours (WALK_MAX_DEGREE entries
-// each), their ids, and the seen-set table (mask + 1 slots).
-template <int METRIC>
+// The walk of query blockIdx.x by a block of THREADS threads. With
+// DEG = min(THREADS, WALK_MAX_DEGREE), the dynamic shared memory holds, in
+// order: the query (d floats, rounded up to 16 bytes), two beam buffers of
+// cap + DEG entries, the scored and the sorted neighbours (DEG entries each),
+// their ids, and the seen-set table (mask + 1 slots).
+template <int METRIC, unsigned THREADS>
 __device__ __forceinline__ void walk_query(
     const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,
     const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,
@@ -168,6 +174,9 @@ __device__ __forceinline__ void walk_query(
     unsigned entry, unsigned top, const unsigned* __restrict__ allow, unsigned ef,
     unsigned want, unsigned cap, unsigned mask, TopkNeighbor* __restrict__ out,
     unsigned* __restrict__ status) {
+    constexpr unsigned WARPS = THREADS / TOPK_WARP;
+    constexpr unsigned DEG = THREADS < WALK_MAX_DEGREE ? THREADS : WALK_MAX_DEGREE;
+    static_assert(WARPS * TOPK_WARP == THREADS && THREADS <= WALK_MAX_THREADS, "walk block shape");
     extern __shared__ __align__(16) unsigned char walk_smem[];
     const unsigned tid = threadIdx.x;
     const unsigned lane = tid & (TOPK_WARP - 1);
@@ -177,27 +186,27 @@ __device__ __forceinline__ void walk_query(
     float* qs = reinterpret_cast<float*>(walk_smem);
     size_t off = ((size_t)d * sizeof(float) + 15u) & ~(size_t)15u;
     WalkEntry* beam = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += (size_t)(cap + WALK_MAX_DEGREE) * sizeof(WalkEntry);
+    off += (size_t)(cap + DEG) * sizeof(WalkEntry);
     WalkEntry* spare = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += (size_t)(cap + WALK_MAX_DEGREE) * sizeof(WalkEntry);
+    off += (size_t)(cap + DEG) * sizeof(WalkEntry);
     WalkEntry* fresh = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += WALK_MAX_DEGREE * sizeof(WalkEntry);
+    off += DEG * sizeof(WalkEntry);
     WalkEntry* sorted = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += WALK_MAX_DEGREE * sizeof(WalkEntry);
+    off += DEG * sizeof(WalkEntry);
     unsigned* fresh_ids = reinterpret_cast<unsigned*>(walk_smem + off);
-    off += WALK_MAX_DEGREE * sizeof(unsigned);
+    off += DEG * sizeof(unsigned);
     unsigned* seen = reinterpret_cast<unsigned*>(walk_smem + off);
 
-    __shared__ unsigned s_warp[WALK_WARPS];
+    __shared__ unsigned s_warp[WARPS];
     __shared__ unsigned s_nb, s_first, s_fresh, s_moved, s_overflow;
     __shared__ unsigned long long s_worst;
     __shared__ float s_qn;
     __shared__ WalkEntry s_cur;
 
-    for (unsigned i = tid; i < d; i += WALK_THREADS) {
+    for (unsigned i = tid; i < d; i += THREADS) {
         qs[i] = queries[q * d + i];
     }
-    for (unsigned i = tid; i <= mask; i += WALK_THREADS) {
+    for (unsigned i = tid; i <= mask; i += THREADS) {
         seen[i] = WALK_EMPTY;
     }
     __syncthreads();
@@ -231,7 +240,7 @@ __device__ __forceinline__ void walk_query(
             }
             __syncthreads();
             for (unsigned base = warp * WALK_ROWS_PER_WARP; base < cnt;
-                 base += WALK_WARPS * WALK_ROWS_PER_WARP) {
+                 base += WARPS * WALK_ROWS_PER_WARP) {
                 const unsigned c = min(cnt - base, (unsigned)WALK_ROWS_PER_WARP);
                 float s[WALK_ROWS_PER_WARP];
                 walk_score_rows<METRIC>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
@@ -304,7 +313,7 @@ __device__ __forceinline__ void walk_query(
         const unsigned nf = s_fresh;
         const unsigned long long worst = s_worst;
         for (unsigned base = warp * WALK_ROWS_PER_WARP; base < nf;
-             base += WALK_WARPS * WALK_ROWS_PER_WARP) {
+             base += WARPS * WALK_ROWS_PER_WARP) {
             const unsigned c = min(nf - base, (unsigned)WALK_ROWS_PER_WARP);
             float s[WALK_ROWS_PER_WARP];
             walk_score_rows<METRIC>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
@@ -355,10 +364,10 @@ __device__ __forceinline__ void walk_query(
         }
         __syncthreads();
         // Merge beam and sorted neighbours into the spare buffer.
-        for (unsigned i = tid; i < nb; i += WALK_THREADS) {
+        for (unsigned i = tid; i < nb; i += THREADS) {
             spare[i + walk_count_above(sorted, nv, beam[i].key)] = beam[i];
         }
-        for (unsigned j = tid; j < nv; j += WALK_THREADS) {
+        for (unsigned j = tid; j < nv; j += THREADS) {
             spare[j + walk_count_above(beam, nb, sorted[j].key)] = sorted[j];
         }
         const unsigned total = nb + nv;
@@ -375,7 +384,7 @@ __device__ __forceinline__ void walk_query(
                 new_worst = spare[ef - 1u].key;
             }
         } else {
-            const unsigned seg = (total + WALK_THREADS - 1u) / WALK_THREADS;
+            const unsigned seg = (total + THREADS - 1u) / THREADS;
             const unsigned lo = min(tid * seg, total);
             const unsigned hi = min(lo + seg, total);
             unsigned c = 0;
@@ -384,7 +393,7 @@ __device__ __forceinline__ void walk_query(
             }
             unsigned allowed = 0;
             const unsigned before =
-                topk_block_exclusive_scan<WALK_THREADS, true>(c, s_warp, &allowed);
+                topk_block_exclusive_scan<THREADS, true>(c, s_warp, &allowed);
             if (before < ef && before + c >= ef) {
                 unsigned a = before;
                 for (unsigned i = lo; i < hi; ++i) {
@@ -410,7 +419,7 @@ __device__ __forceinline__ void walk_query(
                 cut = cap;
             }
         }
-        for (unsigned i = tid; i < cut; i += WALK_THREADS) {
+        for (unsigned i = tid; i < cut; i += THREADS) {
             if ((spare[i].flags & WALK_EXPANDED) == 0u) {
                 atomicMin(&s_first, i);
             }
@@ -430,7 +439,7 @@ __device__ __forceinline__ void walk_query(
     const unsigned nb = s_nb;
     TopkNeighbor* row = out + q * want;
     if (allow == nullptr) {
-        for (unsigned i = tid; i < want && i < nb; i += WALK_THREADS) {
+        for (unsigned i = tid; i < want && i < nb; i += THREADS) {
             row[i].index = topk_key_index(beam[i].key);
             row[i].score = beam[i].score;
         }
@@ -452,18 +461,23 @@ __device__ __forceinline__ void walk_query(
     }
 }
 
-#define TOPK_WALK_KERNEL(NAME, METRIC)                                                        \
-    extern "C" __global__ void __launch_bounds__(WALK_THREADS) topk_walk_##NAME(              \
+#define TOPK_WALK_KERNEL(NAME, METRIC, THREADS)                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS) topk_walk_##NAME##_##THREADS(       \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,        \
         const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,  \
         const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off,           \
         unsigned m, unsigned entry, unsigned top, const unsigned* __restrict__ allow,         \
         unsigned ef, unsigned want, unsigned cap, unsigned mask,                              \
         TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {                      \
-        walk_query<METRIC>(corpus, rnorm, d, queries, layer0, m0, upper, upper_off, m, entry, \
-                           top, allow, ef, want, cap, mask, out, status);                     \
+        walk_query<METRIC, THREADS>(corpus, rnorm, d, queries, layer0, m0, upper, upper_off,  \
+                                    m, entry, top, allow, ef, want, cap, mask, out, status);  \
     }
+#define TOPK_WALK_TEAMS(NAME, METRIC)    \
+    TOPK_WALK_KERNEL(NAME, METRIC, 32)   \
+    TOPK_WALK_KERNEL(NAME, METRIC, 64)   \
+    TOPK_WALK_KERNEL(NAME, METRIC, 128)  \
+    TOPK_WALK_KERNEL(NAME, METRIC, 256)
 
-TOPK_WALK_KERNEL(dot, TOPK_DOT)
-TOPK_WALK_KERNEL(cosine, TOPK_COSINE)
-TOPK_WALK_KERNEL(l2, TOPK_L2)
+TOPK_WALK_TEAMS(dot, TOPK_DOT)
+TOPK_WALK_TEAMS(cosine, TOPK_COSINE)
+TOPK_WALK_TEAMS(l2, TOPK_L2)

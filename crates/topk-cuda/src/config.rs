@@ -107,6 +107,12 @@ pub struct Tuning {
     /// s · K rows are then listed and rescored instead of K). Chunks with an allow set, and K where no
     /// such s exists, select over every row; 1 turns sampling off.
     pub filter_sample: usize,
+    /// Threads of each query's block in a graph walk (32, 64, 128 or 256;
+    /// at least the graph's largest degree), or 0 for the engine's choice
+    /// by batch size (`Kernels::walk_team`). The answers do not depend on
+    /// it: a team spreads one walk's steps over its threads, and every
+    /// score is one warp's canonical sum whatever the team.
+    pub walk_threads: u32,
 }
 
 impl Default for CudaConfig {
@@ -135,6 +141,7 @@ impl Default for Tuning {
             filter_queries: DEFAULT_FILTER_QUERIES,
             wgmma_bounds: true,
             filter_sample: 8,
+            walk_threads: 0,
         }
     }
 }
@@ -188,6 +195,14 @@ impl CudaConfig {
                 name: "max_batch",
                 value: 0,
                 reason: "must be at least 1",
+            });
+        }
+        let wt = self.tuning.walk_threads;
+        if wt != 0 && !matches!(wt, 32 | 64 | 128 | 256) {
+            return Err(CudaError::InvalidOption {
+                name: "walk_threads",
+                value: wt as usize,
+                reason: "must be 0 (the engine's choice) or 32, 64, 128 or 256",
             });
         }
         if self.streams == 0 || self.streams > 64 {
@@ -264,6 +279,8 @@ mod tests {
             ("max_batch", |c| c.max_batch = 0),
             ("streams", |c| c.streams = 0),
             ("streams", |c| c.streams = 65),
+            ("walk_threads", |c| c.tuning.walk_threads = 48),
+            ("walk_threads", |c| c.tuning.walk_threads = 512),
         ] {
             let mut c = CudaConfig::default();
             set(&mut c);

@@ -257,6 +257,7 @@ impl Engine {
                 want: want as u32,
                 cap: cap.min(u32::MAX as usize) as u32,
                 table_slots: table_slots(ef) as u32,
+                threads: self.config.tuning.walk_threads,
                 out,
                 status: st,
             };

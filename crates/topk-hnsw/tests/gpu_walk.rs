@@ -136,6 +136,69 @@ fn a_query_answer_does_not_depend_on_its_batch() {
     }
 }
 
+/// Every block size the walk has gives the CPU bits, with and without an
+/// allow-list; a team narrower than the graph's lists is refused by name.
+#[test]
+fn every_team_size_gives_the_cpu_bits() {
+    let Some(()) = gpu_or_skip() else { return };
+    let n = 5_000;
+    for (dim, m) in [(40, 12), (96, 16), (33, 64)] {
+        let data = synth::gaussian_clusters(n, dim, 20, 0.6, 40 + dim as u64);
+        let queries = synth::cluster_queries(120, dim, 20, 0.6, 41);
+        let qs = ArrayView2::from_shape((120, dim), &queries[..]).unwrap();
+        let filter = SlotFilter::from_fn(n, |s| s % 3 != 0);
+        for metric in Metric::ALL {
+            let index = Hnsw::build(&data, dim, metric, params(m, 6)).unwrap();
+            let want = index.search_batch_with_ef(qs, 10, 60).unwrap();
+            let want_filtered: Vec<Vec<Neighbor>> = queries
+                .chunks(dim)
+                .map(|q| {
+                    let mut w = Vec::new();
+                    index
+                        .search_filtered_with_ef(q, 10, 60, &filter, &mut w)
+                        .unwrap();
+                    w
+                })
+                .collect();
+            for threads in [32u32, 64, 128, 256] {
+                let mut config = CudaConfig::default();
+                config.tuning.walk_threads = threads;
+                let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
+                let g = index.upload_graph(&gpu).unwrap();
+                let got = index.search_graph_gpu_counted(&g, qs, 10, 60, None);
+                if (threads as usize) < 2 * m {
+                    let e = got.unwrap_err().to_string();
+                    assert!(
+                        e.contains("walk threads") && e.contains(&threads.to_string()),
+                        "{e}"
+                    );
+                    continue;
+                }
+                let (got, counts) = got.unwrap();
+                assert_eq!(counts.device, 120, "{metric} d {dim} team {threads}");
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        bits(a),
+                        bits(b),
+                        "{metric} d {dim} team {threads} query {i}"
+                    );
+                }
+                let got = index
+                    .search_graph_gpu_counted(&g, qs, 10, 60, Some(&filter))
+                    .unwrap()
+                    .0;
+                for (i, (a, b)) in got.iter().zip(&want_filtered).enumerate() {
+                    assert_eq!(
+                        bits(a),
+                        bits(b),
+                        "{metric} d {dim} team {threads} filtered query {i}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn deletions_and_allow_lists_match_the_cpu_walk() {
     let Some(()) = gpu_or_skip() else { return };

@@ -160,8 +160,9 @@ pub(crate) struct Kernels {
     score_list: [cu::CUfunction; 3],
     check_queries: cu::CUfunction,
     resolve_ids: cu::CUfunction,
-    /// The graph walk (`kernels/walk.cu`).
-    walk: [cu::CUfunction; 3],
+    /// The graph walk (`kernels/walk.cu`), per team size of
+    /// `walk::WALK_TEAMS` and metric.
+    walk: [[cu::CUfunction; 3]; 4],
     sm_count: u32,
 }
 
@@ -187,6 +188,13 @@ macro_rules! family {
             function($module, concat!($prefix, "_dot"))?,
             function($module, concat!($prefix, "_cosine"))?,
             function($module, concat!($prefix, "_l2"))?,
+        ]
+    };
+    ($module:expr, $prefix:literal, $suffix:literal) => {
+        [
+            function($module, concat!($prefix, "_dot", $suffix))?,
+            function($module, concat!($prefix, "_cosine", $suffix))?,
+            function($module, concat!($prefix, "_l2", $suffix))?,
         ]
     };
 }
@@ -580,7 +588,12 @@ impl Kernels {
             score_list: family!(rows, "topk_score_list"),
             check_queries: function(rows, "topk_check_queries")?,
             resolve_ids: function(rows, "topk_resolve_ids")?,
-            walk: family!(walk, "topk_walk"),
+            walk: [
+                family!(walk, "topk_walk", "_32"),
+                family!(walk, "topk_walk", "_64"),
+                family!(walk, "topk_walk", "_128"),
+                family!(walk, "topk_walk", "_256"),
+            ],
             sm_count: sm_count.max(1),
         })
     }

@@ -11,8 +11,16 @@ use crate::driver::DevSlice;
 use crate::error::CudaError;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
 
-/// Threads per block of the walk (`WALK_THREADS`).
-pub(crate) const WALK_THREADS: u32 = 256;
+/// The walk's block sizes (`TOPK_WALK_TEAMS`): a team of `t` threads walks
+/// graphs of degree at most `t` (and [`WALK_MAX_DEGREE`]).
+pub(crate) const WALK_TEAMS: [u32; 4] = [32, 64, 128, 256];
+/// The team of small batches and of graphs no smaller team takes.
+const WALK_LARGE_TEAM: u32 = 256;
+/// The smallest team of large batches.
+const WALK_SMALL_TEAM: u32 = 64;
+/// Batches of at least this many queries per multiprocessor walk in small
+/// teams.
+const WALK_SMALL_TEAM_QUERIES_PER_SM: u32 = 8;
 /// Bytes of one beam entry (`WalkEntry`).
 const ENTRY_BYTES: usize = 16;
 
@@ -47,21 +55,37 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) want: u32,
     pub(crate) cap: u32,
     pub(crate) table_slots: u32,
+    /// Threads of each query's block, one of [`WALK_TEAMS`], or 0 for
+    /// [`Kernels::walk_team`]'s choice.
+    pub(crate) threads: u32,
     pub(crate) out: DevSlice<'a, DevNeighbor>,
     pub(crate) status: DevSlice<'a, u32>,
 }
 
-/// Dynamic shared memory of a walk block (the layout of `walk_query`).
-fn walk_smem(d: usize, cap: usize, table_slots: usize) -> usize {
+/// Dynamic shared memory of a walk block of `threads` threads (the layout
+/// of `walk_query`).
+fn walk_smem(d: usize, cap: usize, table_slots: usize, threads: u32) -> usize {
+    let deg = (threads as usize).min(WALK_MAX_DEGREE);
     let query = (d * 4).div_ceil(16) * 16;
-    query
-        + 2 * (cap + WALK_MAX_DEGREE) * ENTRY_BYTES
-        + 2 * WALK_MAX_DEGREE * ENTRY_BYTES
-        + WALK_MAX_DEGREE * 4
-        + table_slots * 4
+    query + 2 * (cap + deg) * ENTRY_BYTES + 2 * deg * ENTRY_BYTES + deg * 4 + table_slots * 4
 }
 
 impl Kernels {
+    /// The block size of a walk of `nq` queries over a graph whose widest
+    /// list holds `degree` neighbours: WALK_LARGE_TEAM threads while the
+    /// batch leaves multiprocessors room, else the smallest team of at
+    /// least WALK_SMALL_TEAM threads and `degree` (more walks side by side
+    /// on each multiprocessor; `bench/gpu/NOTES.md`).
+    pub(crate) fn walk_team(&self, nq: u32, degree: u32) -> u32 {
+        if nq < WALK_SMALL_TEAM_QUERIES_PER_SM * self.sm_count {
+            return WALK_LARGE_TEAM;
+        }
+        WALK_TEAMS
+            .into_iter()
+            .find(|&t| t >= degree.max(WALK_SMALL_TEAM))
+            .unwrap_or(WALK_LARGE_TEAM)
+    }
+
     /// Launches the walk of every query on `q`. Checks every buffer
     /// against the sizes the kernel reads and writes; the graph's ids and
     /// offsets were checked on the host when it was uploaded.
@@ -99,6 +123,24 @@ impl Kernels {
                 "the GPU walk takes at most 128 neighbours per list",
             );
         }
+        let threads = match a.threads {
+            0 => self.walk_team(a.nq, g.m0.max(g.m)),
+            t => t,
+        };
+        let Some(team) = WALK_TEAMS.iter().position(|&t| t == threads) else {
+            return bad(
+                "walk threads",
+                threads as usize,
+                "must be one of 32, 64, 128, 256",
+            );
+        };
+        if g.m0.max(g.m) > threads {
+            return bad(
+                "walk threads",
+                threads as usize,
+                "a block needs a thread per neighbour of the graph's widest list",
+            );
+        }
         if a.ef == 0 || a.want == 0 || a.want > a.ef || a.cap < a.ef {
             return bad("walk ef", a.ef as usize, "need 1 <= want <= ef <= cap");
         }
@@ -119,8 +161,8 @@ impl Kernels {
         if nq == 0 {
             return Ok(());
         }
-        let smem = walk_smem(d, a.cap as usize, a.table_slots as usize);
-        let f = self.walk[metric_slot(metric)];
+        let smem = walk_smem(d, a.cap as usize, a.table_slots as usize, threads);
+        let f = self.walk[team][metric_slot(metric)];
         if !fits_shared(f, smem)? {
             return bad(
                 "walk shared memory (bytes)",
@@ -151,7 +193,7 @@ impl Kernels {
                 status = a.status.ptr()
             ]
         );
-        let launch = Launch::new("topk_walk", f, (a.nq, 1), WALK_THREADS).shared(smem);
+        let launch = Launch::new("topk_walk", f, (a.nq, 1), threads).shared(smem);
         // SAFETY: the parameter list of topk_walk_*; every buffer checked
         // above; list ids and upper offsets in range by the upload's host
         // check; the dynamic shared memory is allowed just above.
@@ -166,7 +208,14 @@ mod tests {
 
     #[test]
     fn host_constants_mirror_the_walk_kernel() {
-        assert_eq!(define(WALK_CU, "WALK_THREADS"), WALK_THREADS as usize);
         assert_eq!(define(WALK_CU, "WALK_MAX_DEGREE"), WALK_MAX_DEGREE);
+        assert_eq!(
+            define(WALK_CU, "WALK_MAX_THREADS"),
+            *WALK_TEAMS.last().unwrap() as usize
+        );
+        for t in WALK_TEAMS {
+            let line = format!("TOPK_WALK_KERNEL(NAME, METRIC, {t})");
+            assert!(WALK_CU.contains(&line), "walk.cu builds no team of {t}");
+        }
     }
 }

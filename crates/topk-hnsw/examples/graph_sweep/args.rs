@@ -87,6 +87,14 @@ pub(crate) struct Args {
     /// Queries the exact GPU engine stages per turn (`CudaConfig::max_batch`).
     #[arg(long, default_value_t = 1024)]
     pub(crate) exact_max_batch: usize,
+    /// Threads of each query's block in the GPU walk
+    /// (`Tuning::walk_threads`: 32, 64, 128, 256, or 0 for the engine's
+    /// choice by batch size).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) walk_threads: u32,
+    /// Skip the GPU build (and its graph's points).
+    #[arg(long)]
+    pub(crate) no_gpu_build: bool,
     /// Skip every GPU part; the ground truth comes from the CPU oracle.
     #[arg(long)]
     pub(crate) cpu_only: bool,

@@ -65,6 +65,7 @@ pub(crate) fn run_dataset(
         let t = Instant::now();
         let mut config = CudaConfig::default();
         config.max_batch = a.exact_max_batch;
+        config.tuning.walk_threads = a.walk_threads;
         let gpu = CudaRetriever::from_rowmajor(flat.clone(), d, metric, config)?;
         pb.finish_and_clear();
         let dev = gpu.info();
@@ -124,7 +125,7 @@ pub(crate) fn run_dataset(
     pb.finish_and_clear();
     tracing::info!(target: LOG, "CPU build: {cpu_build_s:.1} s");
     let gpu_index = match &gpu {
-        Some(g) => {
+        Some(g) if !a.no_gpu_build => {
             let pb = spinner("GPU build");
             let t = Instant::now();
             let built = gpu_build(&flat, d, metric, params, g);
@@ -141,7 +142,7 @@ pub(crate) fn run_dataset(
                 }
             }
         }
-        None => None,
+        _ => None,
     };
 
     // One-call passes over all queries: recall per ef, and the references
