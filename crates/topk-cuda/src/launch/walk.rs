@@ -14,13 +14,6 @@ use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
 /// The walk's block sizes (`TOPK_WALK_TEAMS`): a team of `t` threads walks
 /// graphs of degree at most `t` (and [`WALK_MAX_DEGREE`]).
 pub(crate) const WALK_TEAMS: [u32; 4] = [32, 64, 128, 256];
-/// The team of small batches and of graphs no smaller team takes.
-const WALK_LARGE_TEAM: u32 = 256;
-/// The smallest team of large batches.
-const WALK_SMALL_TEAM: u32 = 64;
-/// Batches of at least this many queries per multiprocessor walk in small
-/// teams.
-const WALK_SMALL_TEAM_QUERIES_PER_SM: u32 = 8;
 /// Bytes of one beam entry (`WalkEntry`).
 const ENTRY_BYTES: usize = 16;
 
@@ -70,20 +63,27 @@ fn walk_smem(d: usize, cap: usize, table_slots: usize, threads: u32) -> usize {
     query + 2 * (cap + deg) * ENTRY_BYTES + 2 * deg * ENTRY_BYTES + deg * 4 + table_slots * 4
 }
 
+/// [`Kernels::walk_team`] on a device of `sm_count` multiprocessors.
+fn walk_team(nq: u32, sm_count: u32, degree: u32) -> u32 {
+    let team = match nq / sm_count.max(1) {
+        0..=1 => 256,
+        2..=31 => 128,
+        _ => 64,
+    };
+    WALK_TEAMS
+        .into_iter()
+        .find(|&t| t >= team.max(degree))
+        .unwrap_or(256)
+}
+
 impl Kernels {
     /// The block size of a walk of `nq` queries over a graph whose widest
-    /// list holds `degree` neighbours: WALK_LARGE_TEAM threads while the
-    /// batch leaves multiprocessors room, else the smallest team of at
-    /// least WALK_SMALL_TEAM threads and `degree` (more walks side by side
-    /// on each multiprocessor; `bench/gpu/NOTES.md`).
+    /// list holds `degree` neighbours: 256 threads for fewer than 2
+    /// queries per multiprocessor, 128 for fewer than 32, else 64 (more
+    /// walks side by side on each multiprocessor), never fewer than
+    /// `degree` (measured on an H200: `bench/gpu/NOTES.md`, "Walk teams").
     pub(crate) fn walk_team(&self, nq: u32, degree: u32) -> u32 {
-        if nq < WALK_SMALL_TEAM_QUERIES_PER_SM * self.sm_count {
-            return WALK_LARGE_TEAM;
-        }
-        WALK_TEAMS
-            .into_iter()
-            .find(|&t| t >= degree.max(WALK_SMALL_TEAM))
-            .unwrap_or(WALK_LARGE_TEAM)
+        walk_team(nq, self.sm_count, degree)
     }
 
     /// Launches the walk of every query on `q`. Checks every buffer
@@ -205,6 +205,26 @@ impl Kernels {
 mod tests {
     use super::super::tests::{define, WALK_CU};
     use super::*;
+
+    #[test]
+    fn teams_shrink_with_the_batch_but_never_below_the_degree() {
+        // (queries, multiprocessors, degree, team)
+        for (nq, sms, deg, team) in [
+            (1, 132, 32, 256),
+            (263, 132, 32, 256),
+            (264, 132, 32, 128),
+            (4_223, 132, 32, 128),
+            (4_224, 132, 32, 64),
+            (100_000, 132, 32, 64),
+            (100_000, 132, 24, 64),
+            (100_000, 132, 96, 128),
+            (100_000, 132, 128, 128),
+            (1_000, 132, 128, 128),
+            (10, 0, 32, 128),
+        ] {
+            assert_eq!(walk_team(nq, sms, deg), team, "{nq} {sms} {deg}");
+        }
+    }
 
     #[test]
     fn host_constants_mirror_the_walk_kernel() {
