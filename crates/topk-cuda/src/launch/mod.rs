@@ -696,7 +696,18 @@ mod tests {
                 ptx::ptx_of("filter90.bf16").unwrap_or_default(),
                 filter90_half,
             ),
-            ("walk", ptx::WALK_PTX, metrics("topk_walk")),
+            (
+                "walk",
+                ptx::WALK_PTX,
+                super::walk::WALK_TEAMS
+                    .iter()
+                    .flat_map(|t| {
+                        metrics("topk_walk")
+                            .into_iter()
+                            .map(move |m| format!("{m}_{t}"))
+                    })
+                    .collect(),
+            ),
         ] {
             for name in &names {
                 assert!(
