@@ -107,9 +107,9 @@ pub struct Tuning {
     /// s · K rows are then listed and rescored instead of K). Chunks with an allow set, and K where no
     /// such s exists, select over every row; 1 turns sampling off.
     pub filter_sample: usize,
-    /// Threads of each query's block in a graph walk (32, 64, 128 or 256;
-    /// at least the graph's largest degree), or 0 for the engine's choice
-    /// by batch size (`Kernels::walk_team`). The answers do not depend on
+    /// Threads of each query's block in a graph walk (one of
+    /// [`WALK_TEAMS`]; at least the graph's largest degree), or 0 for the
+    /// engine's choice by batch size. The answers do not depend on
     /// it: a team spreads one walk's steps over its threads, and every
     /// score is one warp's canonical sum whatever the team.
     pub walk_threads: u32,
@@ -168,6 +168,11 @@ pub const DEFAULT_FUSE_ROWS: usize = 16_384;
 /// `bench/gpu/NOTES.md`).
 pub const DEFAULT_SINGLE_LAUNCH_ROWS: usize = 131_072;
 
+/// The graph walk's block sizes (`TOPK_WALK_TEAMS` in `kernels/walk.cu`):
+/// a block of `t` threads walks graphs whose lists hold at most `t`
+/// neighbours.
+pub const WALK_TEAMS: [u32; 4] = [32, 64, 128, 256];
+
 /// Largest `max_k`: half the device's candidate buffer, so that K plus the
 /// rows tied at the threshold bin still fit.
 pub const MAX_DEVICE_K: usize = 2048;
@@ -198,7 +203,7 @@ impl CudaConfig {
             });
         }
         let wt = self.tuning.walk_threads;
-        if wt != 0 && !matches!(wt, 32 | 64 | 128 | 256) {
+        if wt != 0 && !WALK_TEAMS.contains(&wt) {
             return Err(CudaError::InvalidOption {
                 name: "walk_threads",
                 value: wt as usize,

@@ -160,7 +160,7 @@ fn every_team_size_gives_the_cpu_bits() {
                     w
                 })
                 .collect();
-            for threads in [32u32, 64, 128, 256] {
+            for threads in topk_cuda::WALK_TEAMS {
                 let mut config = CudaConfig::default();
                 config.tuning.walk_threads = threads;
                 let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();

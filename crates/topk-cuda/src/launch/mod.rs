@@ -161,7 +161,7 @@ pub(crate) struct Kernels {
     check_queries: cu::CUfunction,
     resolve_ids: cu::CUfunction,
     /// The graph walk (`kernels/walk.cu`), per team size of
-    /// `walk::WALK_TEAMS` and metric.
+    /// [`crate::config::WALK_TEAMS`] and metric.
     walk: [[cu::CUfunction; 3]; 4],
     sm_count: u32,
 }
@@ -184,11 +184,7 @@ fn metric_slot(m: Metric) -> usize {
 /// The kernels of one family for each metric, in `metric_slot` order.
 macro_rules! family {
     ($module:expr, $prefix:literal) => {
-        [
-            function($module, concat!($prefix, "_dot"))?,
-            function($module, concat!($prefix, "_cosine"))?,
-            function($module, concat!($prefix, "_l2"))?,
-        ]
+        family!($module, $prefix, "")
     };
     ($module:expr, $prefix:literal, $suffix:literal) => {
         [

@@ -81,7 +81,7 @@ fn every_kernel_the_host_loads_is_an_entry_of_its_ptx() {
         (
             "walk",
             ptx::WALK_PTX,
-            super::walk::WALK_TEAMS
+            crate::config::WALK_TEAMS
                 .iter()
                 .flat_map(|t| {
                     metrics("topk_walk")

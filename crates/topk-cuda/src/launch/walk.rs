@@ -6,14 +6,12 @@ use std::ffi::c_void;
 use topk_core::Metric;
 
 use super::{allow_shared, fits_shared, kernel_args, metric_slot, Kernels, Launch, Queue};
+use crate::config::WALK_TEAMS;
 use crate::device::DevNeighbor;
 use crate::driver::DevSlice;
 use crate::error::CudaError;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
 
-/// The walk's block sizes (`TOPK_WALK_TEAMS`): a team of `t` threads walks
-/// graphs of degree at most `t` (and [`WALK_MAX_DEGREE`]).
-pub(crate) const WALK_TEAMS: [u32; 4] = [32, 64, 128, 256];
 /// Bytes of one beam entry (`WalkEntry`).
 const ENTRY_BYTES: usize = 16;
 
@@ -49,7 +47,7 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) cap: u32,
     pub(crate) table_slots: u32,
     /// Threads of each query's block, one of [`WALK_TEAMS`], or 0 for
-    /// [`Kernels::walk_team`]'s choice.
+    /// [`walk_team`]'s choice.
     pub(crate) threads: u32,
     pub(crate) out: DevSlice<'a, DevNeighbor>,
     pub(crate) status: DevSlice<'a, u32>,
@@ -63,7 +61,12 @@ fn walk_smem(d: usize, cap: usize, table_slots: usize, threads: u32) -> usize {
     query + 2 * (cap + deg) * ENTRY_BYTES + 2 * deg * ENTRY_BYTES + deg * 4 + table_slots * 4
 }
 
-/// [`Kernels::walk_team`] on a device of `sm_count` multiprocessors.
+/// The block size of a walk of `nq` queries on a device of `sm_count`
+/// multiprocessors over a graph whose widest list holds `degree`
+/// neighbours: 256 threads for fewer than 2 queries per multiprocessor, 128
+/// for fewer than 32, else 64 (more walks side by side on each
+/// multiprocessor), never fewer than `degree` (measured on an H200:
+/// `bench/gpu/NOTES.md`, "Walk teams").
 fn walk_team(nq: u32, sm_count: u32, degree: u32) -> u32 {
     let team = match nq / sm_count.max(1) {
         0..=1 => 256,
@@ -77,15 +80,6 @@ fn walk_team(nq: u32, sm_count: u32, degree: u32) -> u32 {
 }
 
 impl Kernels {
-    /// The block size of a walk of `nq` queries over a graph whose widest
-    /// list holds `degree` neighbours: 256 threads for fewer than 2
-    /// queries per multiprocessor, 128 for fewer than 32, else 64 (more
-    /// walks side by side on each multiprocessor), never fewer than
-    /// `degree` (measured on an H200: `bench/gpu/NOTES.md`, "Walk teams").
-    pub(crate) fn walk_team(&self, nq: u32, degree: u32) -> u32 {
-        walk_team(nq, self.sm_count, degree)
-    }
-
     /// Launches the walk of every query on `q`. Checks every buffer
     /// against the sizes the kernel reads and writes; the graph's ids and
     /// offsets were checked on the host when it was uploaded.
@@ -116,15 +110,16 @@ impl Kernels {
                 reason,
             })
         };
-        if g.m0 as usize > WALK_MAX_DEGREE || g.m as usize > WALK_MAX_DEGREE {
+        let degree = g.m0.max(g.m);
+        if degree as usize > WALK_MAX_DEGREE {
             return bad(
                 "graph degree",
-                g.m0.max(g.m) as usize,
+                degree as usize,
                 "the GPU walk takes at most 128 neighbours per list",
             );
         }
         let threads = match a.threads {
-            0 => self.walk_team(a.nq, g.m0.max(g.m)),
+            0 => walk_team(a.nq, self.sm_count, degree),
             t => t,
         };
         let Some(team) = WALK_TEAMS.iter().position(|&t| t == threads) else {
@@ -134,7 +129,7 @@ impl Kernels {
                 "must be one of 32, 64, 128, 256",
             );
         };
-        if g.m0.max(g.m) > threads {
+        if degree > threads {
             return bad(
                 "walk threads",
                 threads as usize,
