@@ -50,13 +50,18 @@
 #define WALK_STATUS_SHORT 2u
 // An empty slot of the seen-set table (never a node: ids are below n < 2^32 - 1).
 #define WALK_EMPTY 0xffffffffu
-// Slots probed before a node is taken as unseen.
+// Slots probed before a node is taken as unseen (wide table), and the slots
+// of one bucket of the narrow table (log2: WALK_BUCKET_BITS).
 #define WALK_PROBES 8
+#define WALK_BUCKET 8
+#define WALK_BUCKET_BITS 3
+// An empty slot of the narrow table (no tag reaches it: tags have at most 15 bits).
+#define WALK_EMPTY16 0xffffu
 // Rows a warp scores at once, their canonical chains interleaved so that
 // their loads are in flight together.
 #define WALK_ROWS_PER_WARP 4
 // Steps of 32 values per lane whose loads are issued before their additions.
-#define WALK_LOAD_STEPS 8
+#define WALK_LOAD_STEPS 12
 
 // One node of the beam: its ranking key (§3; 0 marks no node, as no id
 // reaches 2^32 - 1), its score as computed, and the WALK_* flags.
@@ -66,22 +71,70 @@ struct WalkEntry {
     unsigned flags;
 };
 
-// Marks `id` seen; true if it was not seen before (or the table is too
-// crowded around it to tell, which costs a second scoring and nothing else).
-__device__ __forceinline__ bool walk_visit(unsigned* table, unsigned mask, unsigned id) {
-    unsigned h = (id * 2654435761u) & mask;
+// The set of nodes a walk has seen: an open-addressing table in shared
+// memory that may forget (a node it cannot place is taken as unseen, which
+// costs a second scoring and nothing else), in one of two forms:
+// - wide (`id_bits` 0): `mask + 1` slots of node ids, linear probing;
+// - narrow (`id_bits` k > 0, every id below 2^k): `mask + 1` 16-bit slots in
+//   buckets of WALK_BUCKET. The odd multiplier permutes [0, 2^k), so a node
+//   is known by its bucket (the high bits of the product) and its tag (the
+//   low k - log2(buckets) bits, at most 15, never WALK_EMPTY16): half the
+//   bytes of the wide table for the same slots.
+struct WalkSeen {
+    unsigned* table;
+    unsigned mask;
+    unsigned id_bits;
+
+    // Marks `id` seen; true if it was not seen before (or the table is too
+    // crowded around it to tell).
+    __device__ __forceinline__ bool visit(unsigned id) const { return probe<true>(id); }
+
+    // True if `id` is marked seen; marks nothing.
+    __device__ __forceinline__ bool has(unsigned id) const { return !probe<false>(id); }
+
+    template <bool MARK>
+    __device__ __forceinline__ bool probe(unsigned id) const {
+        const unsigned x = id * 2654435761u;
+        if (id_bits == 0u) {
+            unsigned h = x & mask;
 #pragma unroll 1
-    for (int p = 0; p < WALK_PROBES; ++p) {
-        const unsigned prev = atomicCAS(&table[h], WALK_EMPTY, id);
-        if (prev == WALK_EMPTY) {
+            for (int p = 0; p < WALK_PROBES; ++p) {
+                const unsigned prev = MARK ? atomicCAS(&table[h], WALK_EMPTY, id) : table[h];
+                if (prev == WALK_EMPTY) {
+                    return true;
+                }
+                if (prev == id) {
+                    return false;
+                }
+                h = (h + 1u) & mask;
+            }
             return true;
         }
-        if (prev == id) {
-            return false;
+        const unsigned tag_bits = id_bits - (__popc(mask) - WALK_BUCKET_BITS);
+        const unsigned h = x & ((1u << id_bits) - 1u);
+        const unsigned short tag = (unsigned short)(h & ((1u << tag_bits) - 1u));
+        unsigned short* bucket = reinterpret_cast<unsigned short*>(table) + (h >> tag_bits) * WALK_BUCKET;
+#pragma unroll 1
+        for (int p = 0; p < WALK_BUCKET; ++p) {
+            const unsigned short prev =
+                MARK ? atomicCAS(&bucket[p], (unsigned short)WALK_EMPTY16, tag) : bucket[p];
+            if (prev == WALK_EMPTY16) {
+                return true;
+            }
+            if (prev == tag) {
+                return false;
+            }
         }
-        h = (h + 1u) & mask;
+        return true;
     }
-    return true;
+};
+
+// Asks L2 for the lines of `bytes` bytes at `p` (no register waits on it).
+__device__ __forceinline__ void walk_prefetch(const void* p, unsigned bytes) {
+    const size_t a = reinterpret_cast<size_t>(p);
+    for (size_t line = a & ~(size_t)127u; line < a + bytes; line += 128u) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
 }
 
 // Entries of `a[0..n)` (sorted by key, best first) whose key is above `key`.
@@ -165,14 +218,15 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
 // DEG = min(THREADS, WALK_MAX_DEGREE), the dynamic shared memory holds, in
 // order: the query (d floats, rounded up to 16 bytes), two beam buffers of
 // cap + DEG entries, the scored and the sorted neighbours (DEG entries each),
-// their ids, and the seen-set table (mask + 1 slots).
+// their ids, and the seen-set table (mask + 1 slots of 4 bytes, or of 2
+// when `id_bits` is not 0: WalkSeen).
 template <int METRIC, unsigned THREADS>
 __device__ __forceinline__ void walk_query(
     const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,
     const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,
     const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off, unsigned m,
     unsigned entry, unsigned top, const unsigned* __restrict__ allow, unsigned ef,
-    unsigned want, unsigned cap, unsigned mask, TopkNeighbor* __restrict__ out,
+    unsigned want, unsigned cap, unsigned mask, unsigned id_bits, TopkNeighbor* __restrict__ out,
     unsigned* __restrict__ status) {
     constexpr unsigned WARPS = THREADS / TOPK_WARP;
     constexpr unsigned DEG = THREADS < WALK_MAX_DEGREE ? THREADS : WALK_MAX_DEGREE;
@@ -195,7 +249,7 @@ __device__ __forceinline__ void walk_query(
     off += DEG * sizeof(WalkEntry);
     unsigned* fresh_ids = reinterpret_cast<unsigned*>(walk_smem + off);
     off += DEG * sizeof(unsigned);
-    unsigned* seen = reinterpret_cast<unsigned*>(walk_smem + off);
+    const WalkSeen seen{reinterpret_cast<unsigned*>(walk_smem + off), mask, id_bits};
 
     __shared__ unsigned s_warp[WARPS];
     __shared__ unsigned s_nb, s_first, s_fresh, s_moved, s_overflow;
@@ -206,8 +260,9 @@ __device__ __forceinline__ void walk_query(
     for (unsigned i = tid; i < d; i += THREADS) {
         qs[i] = queries[q * d + i];
     }
-    for (unsigned i = tid; i <= mask; i += THREADS) {
-        seen[i] = WALK_EMPTY;
+    const unsigned table_words = id_bits == 0u ? mask + 1u : (mask + 1u) / 2u;
+    for (unsigned i = tid; i < table_words; i += THREADS) {
+        seen.table[i] = WALK_EMPTY;
     }
     __syncthreads();
     if (METRIC == TOPK_COSINE && warp == 0) {
@@ -275,7 +330,7 @@ __device__ __forceinline__ void walk_query(
     // Beam search of layer 0 from the node the descent ended on.
     if (tid == 0) {
         const unsigned start = topk_key_index(s_cur.key);
-        walk_visit(seen, mask, start);
+        seen.visit(start);
         const bool ok = walk_allowed(allow, start);
         beam[0].key = s_cur.key;
         beam[0].score = s_cur.score;
@@ -293,6 +348,14 @@ __device__ __forceinline__ void walk_query(
             break;
         }
         const unsigned node = topk_key_index(beam[first].key);
+        // The node this step's successor is most likely to be: the next
+        // unexpanded one of B (within 32 places), which the next step
+        // expands unless one of this step's neighbours enters above it.
+        // Every warp finds it from the same entries.
+        const unsigned at = first + 1u + lane;
+        const unsigned ahead =
+            __ballot_sync(0xffffffffu, at < nb && (beam[at].flags & WALK_EXPANDED) == 0u);
+        const unsigned spec = ahead != 0u ? topk_key_index(beam[first + __ffs(ahead)].key) : node;
         __syncthreads();
         if (tid == 0) {
             beam[first].flags |= WALK_EXPANDED;
@@ -304,12 +367,22 @@ __device__ __forceinline__ void walk_query(
         // block is in the graph), saving a round trip per expansion.
         const unsigned slot = tid < m0 ? list[1 + tid] : 0u;
         const unsigned cnt = min(list[0], m0);
+        // The successor's list is read alongside (one round trip for both).
+        const unsigned* next = layer0 + (size_t)spec * (1u + m0);
+        const unsigned next_slot = tid < m0 ? next[1 + tid] : 0u;
+        const unsigned next_cnt = spec != node ? min(next[0], m0) : 0u;
         if (tid < cnt) {
-            if (walk_visit(seen, mask, slot)) {
+            if (seen.visit(slot)) {
                 fresh_ids[atomicAdd(&s_fresh, 1u)] = slot;
             }
         }
         __syncthreads();
+        // Rows the successor would score (its neighbours not seen so far)
+        // are asked of L2 now, so that its step finds them there. Only the
+        // cost changes: no score, key or order depends on it.
+        if (tid < next_cnt && !seen.has(next_slot)) {
+            walk_prefetch(corpus + (size_t)next_slot * d, d * (unsigned)sizeof(float));
+        }
         const unsigned nf = s_fresh;
         const unsigned long long worst = s_worst;
         for (unsigned base = warp * WALK_ROWS_PER_WARP; base < nf;
@@ -467,10 +540,11 @@ __device__ __forceinline__ void walk_query(
         const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,  \
         const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off,           \
         unsigned m, unsigned entry, unsigned top, const unsigned* __restrict__ allow,         \
-        unsigned ef, unsigned want, unsigned cap, unsigned mask,                              \
+        unsigned ef, unsigned want, unsigned cap, unsigned mask, unsigned id_bits,            \
         TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {                      \
         walk_query<METRIC, THREADS>(corpus, rnorm, d, queries, layer0, m0, upper, upper_off,  \
-                                    m, entry, top, allow, ef, want, cap, mask, out, status);  \
+                                    m, entry, top, allow, ef, want, cap, mask, id_bits, out,  \
+                                    status);                                                  \
     }
 #define TOPK_WALK_TEAMS(NAME, METRIC)    \
     TOPK_WALK_KERNEL(NAME, METRIC, 32)   \

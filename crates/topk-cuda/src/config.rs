@@ -113,6 +113,12 @@ pub struct Tuning {
     /// it: a team spreads one walk's steps over its threads, and every
     /// score is one warp's canonical sum whatever the team.
     pub walk_threads: u32,
+    /// A graph walk keeps its set of seen nodes in 16-bit slots where the
+    /// node ids allow it (`kernels/walk.cu`, `WalkSeen`: up to 2^22 nodes
+    /// at the smallest table, more at larger `ef`), half the shared memory
+    /// of 32-bit ids, so more walks fit on a multiprocessor. `false` keeps
+    /// 32-bit ids. The answers do not depend on it.
+    pub walk_narrow_seen: bool,
 }
 
 impl Default for CudaConfig {
@@ -142,6 +148,7 @@ impl Default for Tuning {
             wgmma_bounds: true,
             filter_sample: 8,
             walk_threads: 0,
+            walk_narrow_seen: true,
         }
     }
 }

@@ -137,7 +137,8 @@ fn a_query_answer_does_not_depend_on_its_batch() {
 }
 
 /// Every block size the walk has gives the CPU bits, with and without an
-/// allow-list; a team narrower than the graph's lists is refused by name.
+/// allow-list, with either seen table (16-bit tags or 32-bit ids); a team
+/// narrower than the graph's lists is refused by name.
 #[test]
 fn every_team_size_gives_the_cpu_bits() {
     let Some(()) = gpu_or_skip() else { return };
@@ -160,9 +161,13 @@ fn every_team_size_gives_the_cpu_bits() {
                     w
                 })
                 .collect();
-            for threads in topk_cuda::WALK_TEAMS {
+            let runs = topk_cuda::WALK_TEAMS
+                .into_iter()
+                .flat_map(|t| [(t, true), (t, false)]);
+            for (threads, narrow) in runs {
                 let mut config = CudaConfig::default();
                 config.tuning.walk_threads = threads;
+                config.tuning.walk_narrow_seen = narrow;
                 let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
                 let g = index.upload_graph(&gpu).unwrap();
                 let got = index.search_graph_gpu_counted(&g, qs, 10, 60, None);
@@ -175,24 +180,17 @@ fn every_team_size_gives_the_cpu_bits() {
                     continue;
                 }
                 let (got, counts) = got.unwrap();
-                assert_eq!(counts.device, 120, "{metric} d {dim} team {threads}");
+                let case = format!("{metric} d {dim} team {threads} narrow {narrow}");
+                assert_eq!(counts.device, 120, "{case}");
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        bits(a),
-                        bits(b),
-                        "{metric} d {dim} team {threads} query {i}"
-                    );
+                    assert_eq!(bits(a), bits(b), "{case} query {i}");
                 }
                 let got = index
                     .search_graph_gpu_counted(&g, qs, 10, 60, Some(&filter))
                     .unwrap()
                     .0;
                 for (i, (a, b)) in got.iter().zip(&want_filtered).enumerate() {
-                    assert_eq!(
-                        bits(a),
-                        bits(b),
-                        "{metric} d {dim} team {threads} filtered query {i}"
-                    );
+                    assert_eq!(bits(a), bits(b), "{case} filtered query {i}");
                 }
             }
         }

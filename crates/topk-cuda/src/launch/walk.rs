@@ -10,6 +10,7 @@ use crate::config::WALK_TEAMS;
 use crate::device::DevNeighbor;
 use crate::driver::DevSlice;
 use crate::error::CudaError;
+use crate::walk::WALK_BUCKET;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
 
 /// Bytes of one beam entry (`WalkEntry`).
@@ -46,6 +47,8 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) want: u32,
     pub(crate) cap: u32,
     pub(crate) table_slots: u32,
+    /// The narrow table's id bits (`WalkSeen::id_bits`), or 0 for 32-bit ids.
+    pub(crate) id_bits: u32,
     /// Threads of each query's block, one of [`WALK_TEAMS`], or 0 for
     /// [`walk_team`]'s choice.
     pub(crate) threads: u32,
@@ -54,11 +57,12 @@ pub(crate) struct WalkArgs<'a> {
 }
 
 /// Dynamic shared memory of a walk block of `threads` threads (the layout
-/// of `walk_query`).
-fn walk_smem(d: usize, cap: usize, table_slots: usize, threads: u32) -> usize {
+/// of `walk_query`), its seen table of 2-byte slots when `narrow`.
+fn walk_smem(d: usize, cap: usize, table_slots: usize, narrow: bool, threads: u32) -> usize {
     let deg = (threads as usize).min(WALK_MAX_DEGREE);
     let query = (d * 4).div_ceil(16) * 16;
-    query + 2 * (cap + deg) * ENTRY_BYTES + 2 * deg * ENTRY_BYTES + deg * 4 + table_slots * 4
+    let slot = if narrow { 2 } else { 4 };
+    query + 2 * (cap + deg) * ENTRY_BYTES + 2 * deg * ENTRY_BYTES + deg * 4 + table_slots * slot
 }
 
 /// The block size of a walk of `nq` queries on a device of `sm_count`
@@ -146,6 +150,22 @@ impl Kernels {
                 "must be a power of two",
             );
         }
+        if a.id_bits != 0 {
+            let slots = a.table_slots as usize;
+            let bucket_bits = (slots / WALK_BUCKET).max(1).trailing_zeros();
+            let fits = slots >= WALK_BUCKET
+                && a.id_bits <= 31
+                && a.id_bits >= bucket_bits
+                && a.id_bits - bucket_bits <= 15
+                && n <= 1usize << a.id_bits;
+            if !fits {
+                return bad(
+                    "seen-set id bits",
+                    a.id_bits as usize,
+                    "need 2^bits >= the nodes and the buckets, and at most 15 tag bits",
+                );
+            }
+        }
         if g.entry as usize >= n.max(1) {
             return bad(
                 "entry node",
@@ -156,7 +176,13 @@ impl Kernels {
         if nq == 0 {
             return Ok(());
         }
-        let smem = walk_smem(d, a.cap as usize, a.table_slots as usize, threads);
+        let smem = walk_smem(
+            d,
+            a.cap as usize,
+            a.table_slots as usize,
+            a.id_bits != 0,
+            threads,
+        );
         let f = self.walk[team][metric_slot(metric)];
         if !fits_shared(f, smem)? {
             return bad(
@@ -184,6 +210,7 @@ impl Kernels {
                 want = a.want,
                 cap = a.cap,
                 mask = a.table_slots - 1,
+                id_bits = a.id_bits,
                 out = a.out.ptr(),
                 status = a.status.ptr()
             ]
