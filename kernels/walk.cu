@@ -40,8 +40,8 @@
 // threads, never which nodes are expanded or how a score is computed.
 #define WALK_MAX_THREADS 256
 // Largest layer-0 degree (m0) and upper-layer degree (m) the kernel takes;
-// a block of T threads takes at most min(T, WALK_MAX_DEGREE) (at most one
-// neighbour per thread when a list is read).
+// a block of T threads takes at most min(T, WALK_MAX_DEGREE) (one thread
+// per neighbour when a list is read).
 #define WALK_MAX_DEGREE 128
 #define WALK_EXPANDED 1u
 #define WALK_ALLOWED 2u
@@ -60,8 +60,13 @@
 // Rows a warp scores at once, their canonical chains interleaved so that
 // their loads are in flight together.
 #define WALK_ROWS_PER_WARP 4
-// Steps of 32 values per lane whose loads are issued before their additions.
-#define WALK_LOAD_STEPS 12
+// Steps of 32 values per lane whose loads are issued before their additions:
+// more for the largest team, which runs alone or nearly so on a
+// multiprocessor (small batches), where registers are free and each step's
+// latency is the walk's; fewer for the others, whose registers bound how
+// many walks share a multiprocessor.
+#define WALK_LOAD_STEPS 8
+#define WALK_LOAD_STEPS_ALONE 12
 
 // One node of the beam: its ranking key (§3; 0 marks no node, as no id
 // reaches 2^32 - 1), its score as computed, and the WALK_* flags.
@@ -80,31 +85,32 @@ struct WalkEntry {
 //   is known by its bucket (the high bits of the product) and its tag (the
 //   low k - log2(buckets) bits, at most 15, never WALK_EMPTY16): half the
 //   bytes of the wide table for the same slots.
+// Slots are read and written without atomics: two threads of one step that
+// take the same empty slot both see their node as unseen, and one mark is
+// lost, which is only a forgotten node (a step's ids are distinct after
+// the repeat check that follows, and a slot never holds a node it was not
+// given, so no node is ever taken as seen when it was not).
 struct WalkSeen {
     unsigned* table;
     unsigned mask;
     unsigned id_bits;
 
-    // Marks `id` seen; true if it was not seen before (or the table is too
-    // crowded around it to tell).
-    __device__ __forceinline__ bool visit(unsigned id) const { return probe<true>(id); }
-
-    // True if `id` is marked seen; marks nothing.
-    __device__ __forceinline__ bool has(unsigned id) const { return !probe<false>(id); }
-
-    template <bool MARK>
-    __device__ __forceinline__ bool probe(unsigned id) const {
+    // Marks `id` seen; true if it was not seen before (or the table cannot
+    // tell).
+    __device__ __forceinline__ bool visit(unsigned id) const {
         const unsigned x = id * 2654435761u;
         if (id_bits == 0u) {
+            volatile unsigned* t = table;
             unsigned h = x & mask;
 #pragma unroll 1
             for (int p = 0; p < WALK_PROBES; ++p) {
-                const unsigned prev = MARK ? atomicCAS(&table[h], WALK_EMPTY, id) : table[h];
-                if (prev == WALK_EMPTY) {
-                    return true;
-                }
+                const unsigned prev = t[h];
                 if (prev == id) {
                     return false;
+                }
+                if (prev == WALK_EMPTY) {
+                    t[h] = id;
+                    return true;
                 }
                 h = (h + 1u) & mask;
             }
@@ -113,29 +119,22 @@ struct WalkSeen {
         const unsigned tag_bits = id_bits - (__popc(mask) - WALK_BUCKET_BITS);
         const unsigned h = x & ((1u << id_bits) - 1u);
         const unsigned short tag = (unsigned short)(h & ((1u << tag_bits) - 1u));
-        unsigned short* bucket = reinterpret_cast<unsigned short*>(table) + (h >> tag_bits) * WALK_BUCKET;
+        volatile unsigned short* bucket =
+            reinterpret_cast<unsigned short*>(table) + (h >> tag_bits) * WALK_BUCKET;
 #pragma unroll 1
         for (int p = 0; p < WALK_BUCKET; ++p) {
-            const unsigned short prev =
-                MARK ? atomicCAS(&bucket[p], (unsigned short)WALK_EMPTY16, tag) : bucket[p];
-            if (prev == WALK_EMPTY16) {
-                return true;
-            }
+            const unsigned short prev = bucket[p];
             if (prev == tag) {
                 return false;
+            }
+            if (prev == WALK_EMPTY16) {
+                bucket[p] = tag;
+                return true;
             }
         }
         return true;
     }
 };
-
-// Asks L2 for the lines of `bytes` bytes at `p` (no register waits on it).
-__device__ __forceinline__ void walk_prefetch(const void* p, unsigned bytes) {
-    const size_t a = reinterpret_cast<size_t>(p);
-    for (size_t line = a & ~(size_t)127u; line < a + bytes; line += 128u) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-    }
-}
 
 // Entries of `a[0..n)` (sorted by key, best first) whose key is above `key`.
 __device__ __forceinline__ unsigned walk_count_above(const WalkEntry* a, unsigned n,
@@ -168,7 +167,7 @@ __device__ __forceinline__ float walk_score(const float* qs, const float* __rest
 // by one whole warp: each row's chain is topk_warp_score's (lane j adds
 // d = j, j+32, ... in order, then the butterfly and the finish), the chains
 // of the rows interleaved step by step. Slots past count repeat the last row.
-template <int METRIC>
+template <int METRIC, int STEPS>
 __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __restrict__ corpus,
                                                 const float* __restrict__ rnorm, unsigned d,
                                                 float qn, const unsigned* ids, unsigned count,
@@ -181,13 +180,13 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
         rows[r] = corpus + (size_t)ids[min((unsigned)r, count - 1u)] * d;
         p[r] = 0.0f;
     }
-    // Loads run WALK_LOAD_STEPS steps ahead of the arithmetic, so that a
-    // row costs a round trip to memory per WALK_LOAD_STEPS * 32 values
-    // rather than per 32; each row's additions keep the canonical order.
-    for (unsigned base = lane; base < d; base += WALK_LOAD_STEPS * TOPK_WARP) {
-        float v[WALK_LOAD_STEPS][WALK_ROWS_PER_WARP];
+    // Loads run STEPS steps ahead of the arithmetic, so that a row costs a
+    // round trip to memory per STEPS * 32 values rather than per 32; each
+    // row's additions keep the canonical order.
+    for (unsigned base = lane; base < d; base += STEPS * TOPK_WARP) {
+        float v[STEPS][WALK_ROWS_PER_WARP];
 #pragma unroll
-        for (int u = 0; u < WALK_LOAD_STEPS; ++u) {
+        for (int u = 0; u < STEPS; ++u) {
             const unsigned dd = base + u * TOPK_WARP;
 #pragma unroll
             for (int r = 0; r < WALK_ROWS_PER_WARP; ++r) {
@@ -195,7 +194,7 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
             }
         }
 #pragma unroll
-        for (int u = 0; u < WALK_LOAD_STEPS; ++u) {
+        for (int u = 0; u < STEPS; ++u) {
             const unsigned dd = base + u * TOPK_WARP;
             if (dd < d) {
                 const float q = qs[dd];
@@ -214,12 +213,12 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
     }
 }
 
-// The walk of query blockIdx.x by a block of THREADS threads. With
-// DEG = min(THREADS, WALK_MAX_DEGREE), the dynamic shared memory holds, in
-// order: the query (d floats, rounded up to 16 bytes), two beam buffers of
-// cap + DEG entries, the scored and the sorted neighbours (DEG entries each),
-// their ids, and the seen-set table (mask + 1 slots of 4 bytes, or of 2
-// when `id_bits` is not 0: WalkSeen).
+// The walk of query blockIdx.x by a block of THREADS threads. With deg =
+// max(m0, m) (at most THREADS: one thread per neighbour of a list), the
+// dynamic shared memory holds, in order: the query (d floats, rounded up to
+// 16 bytes), two beam buffers of cap + deg entries, the scored and the
+// sorted neighbours (deg entries each), their ids, and the seen-set table
+// (mask + 1 slots of 4 bytes, or of 2 when `id_bits` is not 0: WalkSeen).
 template <int METRIC, unsigned THREADS>
 __device__ __forceinline__ void walk_query(
     const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,
@@ -229,26 +228,27 @@ __device__ __forceinline__ void walk_query(
     unsigned want, unsigned cap, unsigned mask, unsigned id_bits, TopkNeighbor* __restrict__ out,
     unsigned* __restrict__ status) {
     constexpr unsigned WARPS = THREADS / TOPK_WARP;
-    constexpr unsigned DEG = THREADS < WALK_MAX_DEGREE ? THREADS : WALK_MAX_DEGREE;
+    constexpr int STEPS = THREADS == WALK_MAX_THREADS ? WALK_LOAD_STEPS_ALONE : WALK_LOAD_STEPS;
     static_assert(WARPS * TOPK_WARP == THREADS && THREADS <= WALK_MAX_THREADS, "walk block shape");
     extern __shared__ __align__(16) unsigned char walk_smem[];
     const unsigned tid = threadIdx.x;
     const unsigned lane = tid & (TOPK_WARP - 1);
     const unsigned warp = tid / TOPK_WARP;
     const size_t q = blockIdx.x;
+    const unsigned deg = max(m0, m);
 
     float* qs = reinterpret_cast<float*>(walk_smem);
     size_t off = ((size_t)d * sizeof(float) + 15u) & ~(size_t)15u;
     WalkEntry* beam = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += (size_t)(cap + DEG) * sizeof(WalkEntry);
+    off += (size_t)(cap + deg) * sizeof(WalkEntry);
     WalkEntry* spare = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += (size_t)(cap + DEG) * sizeof(WalkEntry);
+    off += (size_t)(cap + deg) * sizeof(WalkEntry);
     WalkEntry* fresh = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += DEG * sizeof(WalkEntry);
+    off += deg * sizeof(WalkEntry);
     WalkEntry* sorted = reinterpret_cast<WalkEntry*>(walk_smem + off);
-    off += DEG * sizeof(WalkEntry);
+    off += deg * sizeof(WalkEntry);
     unsigned* fresh_ids = reinterpret_cast<unsigned*>(walk_smem + off);
-    off += DEG * sizeof(unsigned);
+    off += deg * sizeof(unsigned);
     const WalkSeen seen{reinterpret_cast<unsigned*>(walk_smem + off), mask, id_bits};
 
     __shared__ unsigned s_warp[WARPS];
@@ -298,7 +298,7 @@ __device__ __forceinline__ void walk_query(
                  base += WARPS * WALK_ROWS_PER_WARP) {
                 const unsigned c = min(cnt - base, (unsigned)WALK_ROWS_PER_WARP);
                 float s[WALK_ROWS_PER_WARP];
-                walk_score_rows<METRIC>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
+                walk_score_rows<METRIC, STEPS>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
                 if (lane == 0) {
                     for (unsigned r = 0; r < c; ++r) {
                         fresh[base + r].key = topk_rank_key(s[r], fresh_ids[base + r]);
@@ -348,14 +348,6 @@ __device__ __forceinline__ void walk_query(
             break;
         }
         const unsigned node = topk_key_index(beam[first].key);
-        // The node this step's successor is most likely to be: the next
-        // unexpanded one of B (within 32 places), which the next step
-        // expands unless one of this step's neighbours enters above it.
-        // Every warp finds it from the same entries.
-        const unsigned at = first + 1u + lane;
-        const unsigned ahead =
-            __ballot_sync(0xffffffffu, at < nb && (beam[at].flags & WALK_EXPANDED) == 0u);
-        const unsigned spec = ahead != 0u ? topk_key_index(beam[first + __ffs(ahead)].key) : node;
         __syncthreads();
         if (tid == 0) {
             beam[first].flags |= WALK_EXPANDED;
@@ -367,29 +359,19 @@ __device__ __forceinline__ void walk_query(
         // block is in the graph), saving a round trip per expansion.
         const unsigned slot = tid < m0 ? list[1 + tid] : 0u;
         const unsigned cnt = min(list[0], m0);
-        // The successor's list is read alongside (one round trip for both).
-        const unsigned* next = layer0 + (size_t)spec * (1u + m0);
-        const unsigned next_slot = tid < m0 ? next[1 + tid] : 0u;
-        const unsigned next_cnt = spec != node ? min(next[0], m0) : 0u;
         if (tid < cnt) {
             if (seen.visit(slot)) {
                 fresh_ids[atomicAdd(&s_fresh, 1u)] = slot;
             }
         }
         __syncthreads();
-        // Rows the successor would score (its neighbours not seen so far)
-        // are asked of L2 now, so that its step finds them there. Only the
-        // cost changes: no score, key or order depends on it.
-        if (tid < next_cnt && !seen.has(next_slot)) {
-            walk_prefetch(corpus + (size_t)next_slot * d, d * (unsigned)sizeof(float));
-        }
         const unsigned nf = s_fresh;
         const unsigned long long worst = s_worst;
         for (unsigned base = warp * WALK_ROWS_PER_WARP; base < nf;
              base += WARPS * WALK_ROWS_PER_WARP) {
             const unsigned c = min(nf - base, (unsigned)WALK_ROWS_PER_WARP);
             float s[WALK_ROWS_PER_WARP];
-            walk_score_rows<METRIC>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
+            walk_score_rows<METRIC, STEPS>(qs, corpus, rnorm, d, qn, fresh_ids + base, c, lane, s);
             if (lane < c) {
                 const unsigned j = base + lane;
                 const unsigned id = fresh_ids[j];
@@ -534,8 +516,14 @@ __device__ __forceinline__ void walk_query(
     }
 }
 
+// The largest team is told it runs one block per multiprocessor, so that its
+// registers hold every load in flight (unbounded, the compiler caps it at 128
+// and spills); the others are left to the compiler (0), which keeps them at
+// the registers of about a dozen blocks.
+#define WALK_MIN_BLOCKS(THREADS) ((THREADS) == WALK_MAX_THREADS ? 1 : 0)
 #define TOPK_WALK_KERNEL(NAME, METRIC, THREADS)                                               \
-    extern "C" __global__ void __launch_bounds__(THREADS) topk_walk_##NAME##_##THREADS(       \
+    extern "C" __global__ void __launch_bounds__(THREADS, WALK_MIN_BLOCKS(THREADS))          \
+        topk_walk_##NAME##_##THREADS(                                                         \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,        \
         const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,  \
         const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off,           \

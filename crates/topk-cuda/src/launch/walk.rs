@@ -56,10 +56,10 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) status: DevSlice<'a, u32>,
 }
 
-/// Dynamic shared memory of a walk block of `threads` threads (the layout
-/// of `walk_query`), its seen table of 2-byte slots when `narrow`.
-fn walk_smem(d: usize, cap: usize, table_slots: usize, narrow: bool, threads: u32) -> usize {
-    let deg = (threads as usize).min(WALK_MAX_DEGREE);
+/// Dynamic shared memory of a walk over a graph whose widest list holds
+/// `deg` neighbours (the layout of `walk_query`), its seen table of 2-byte
+/// slots when `narrow`.
+fn walk_smem(d: usize, cap: usize, table_slots: usize, narrow: bool, deg: usize) -> usize {
     let query = (d * 4).div_ceil(16) * 16;
     let slot = if narrow { 2 } else { 4 };
     query + 2 * (cap + deg) * ENTRY_BYTES + 2 * deg * ENTRY_BYTES + deg * 4 + table_slots * slot
@@ -181,7 +181,7 @@ impl Kernels {
             a.cap as usize,
             a.table_slots as usize,
             a.id_bits != 0,
-            threads,
+            degree as usize,
         );
         let f = self.walk[team][metric_slot(metric)];
         if !fits_shared(f, smem)? {

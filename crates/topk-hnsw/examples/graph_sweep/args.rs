@@ -92,6 +92,10 @@ pub(crate) struct Args {
     /// choice by batch size).
     #[arg(long, default_value_t = 0)]
     pub(crate) walk_threads: u32,
+    /// Keep the GPU walk's seen set in 32-bit ids
+    /// (`Tuning::walk_narrow_seen = false`) rather than 16-bit tags.
+    #[arg(long)]
+    pub(crate) wide_seen: bool,
     /// Skip the GPU build (and its graph's points).
     #[arg(long)]
     pub(crate) no_gpu_build: bool,
