@@ -85,11 +85,11 @@ struct WalkEntry {
 //   is known by its bucket (the high bits of the product) and its tag (the
 //   low k - log2(buckets) bits, at most 15, never WALK_EMPTY16): half the
 //   bytes of the wide table for the same slots.
-// Slots are read and written without atomics: two threads of one step that
-// take the same empty slot both see their node as unseen, and one mark is
-// lost, which is only a forgotten node (a step's ids are distinct after
-// the repeat check that follows, and a slot never holds a node it was not
-// given, so no node is ever taken as seen when it was not).
+// A slot is taken with a compare-and-swap, so two threads of one step never
+// both take it. The narrow table is used by the small teams of large
+// batches, where shared memory bounds how many walks share a
+// multiprocessor; measured on an H200, its 16-bit swaps cost a single walk
+// more than they save there (bench/gpu/NOTES.md, "Seen tags").
 struct WalkSeen {
     unsigned* table;
     unsigned mask;
@@ -100,17 +100,15 @@ struct WalkSeen {
     __device__ __forceinline__ bool visit(unsigned id) const {
         const unsigned x = id * 2654435761u;
         if (id_bits == 0u) {
-            volatile unsigned* t = table;
             unsigned h = x & mask;
 #pragma unroll 1
             for (int p = 0; p < WALK_PROBES; ++p) {
-                const unsigned prev = t[h];
+                const unsigned prev = atomicCAS(&table[h], WALK_EMPTY, id);
+                if (prev == WALK_EMPTY) {
+                    return true;
+                }
                 if (prev == id) {
                     return false;
-                }
-                if (prev == WALK_EMPTY) {
-                    t[h] = id;
-                    return true;
                 }
                 h = (h + 1u) & mask;
             }
@@ -119,17 +117,17 @@ struct WalkSeen {
         const unsigned tag_bits = id_bits - (__popc(mask) - WALK_BUCKET_BITS);
         const unsigned h = x & ((1u << id_bits) - 1u);
         const unsigned short tag = (unsigned short)(h & ((1u << tag_bits) - 1u));
-        volatile unsigned short* bucket =
+        unsigned short* bucket =
             reinterpret_cast<unsigned short*>(table) + (h >> tag_bits) * WALK_BUCKET;
 #pragma unroll 1
         for (int p = 0; p < WALK_BUCKET; ++p) {
-            const unsigned short prev = bucket[p];
+            const unsigned short prev =
+                atomicCAS(&bucket[p], (unsigned short)WALK_EMPTY16, tag);
+            if (prev == WALK_EMPTY16) {
+                return true;
+            }
             if (prev == tag) {
                 return false;
-            }
-            if (prev == WALK_EMPTY16) {
-                bucket[p] = tag;
-                return true;
             }
         }
         return true;
@@ -252,8 +250,8 @@ __device__ __forceinline__ void walk_query(
     const WalkSeen seen{reinterpret_cast<unsigned*>(walk_smem + off), mask, id_bits};
 
     __shared__ unsigned s_warp[WARPS];
-    __shared__ unsigned s_nb, s_first, s_fresh, s_moved, s_overflow;
-    __shared__ unsigned long long s_worst;
+    __shared__ unsigned s_nb, s_first, s_fresh, s_moved, s_overflow, s_cut;
+    __shared__ unsigned long long s_worst, s_cut_worst;
     __shared__ float s_qn;
     __shared__ WalkEntry s_cur;
 
@@ -337,6 +335,7 @@ __device__ __forceinline__ void walk_query(
         beam[0].flags = ok ? WALK_ALLOWED : 0u;
         s_nb = 1u;
         s_first = 0u;
+        s_fresh = 0u;
         s_overflow = 0u;
         s_worst = (ok && ef == 1u) ? s_cur.key : 0ull;
     }
@@ -348,12 +347,10 @@ __device__ __forceinline__ void walk_query(
             break;
         }
         const unsigned node = topk_key_index(beam[first].key);
-        __syncthreads();
+        // No thread reads an entry's flags before the merge.
         if (tid == 0) {
             beam[first].flags |= WALK_EXPANDED;
-            s_fresh = 0u;
         }
-        __syncthreads();
         const unsigned* list = layer0 + (size_t)node * (1u + m0);
         // The count and the slots are read together (every slot of the
         // block is in the graph), saving a round trip per expansion.
@@ -389,7 +386,10 @@ __device__ __forceinline__ void walk_query(
         }
         __syncthreads();
         // Drop nodes already in the beam (seen but forgotten) and repeats
-        // within the list, then sort the rest best first by rank.
+        // within the list, then sort the rest best first by rank. The kept
+        // keys go to the spare buffer (stale until the merge), so that the
+        // repeat check's reads of `fresh` need no barrier before them.
+        unsigned long long* kept = reinterpret_cast<unsigned long long*>(spare);
         unsigned long long mine = 0ull;
         if (tid < nf) {
             mine = fresh[tid].key;
@@ -404,16 +404,14 @@ __device__ __forceinline__ void walk_query(
                 }
             }
         }
-        __syncthreads();
         if (tid < nf) {
-            fresh[tid].key = mine;
+            kept[tid] = mine;
         }
-        __syncthreads();
         const unsigned nv = __syncthreads_count(mine != 0ull);
         if (mine != 0ull) {
             unsigned rank = 0;
             for (unsigned i = 0; i < nf; ++i) {
-                rank += fresh[i].key > mine ? 1u : 0u;
+                rank += kept[i] > mine ? 1u : 0u;
             }
             sorted[rank] = fresh[tid];
         }
@@ -454,19 +452,19 @@ __device__ __forceinline__ void walk_query(
                 for (unsigned i = lo; i < hi; ++i) {
                     if (spare[i].flags & WALK_ALLOWED) {
                         if (++a == ef) {
-                            s_nb = i + 1u;
-                            s_worst = spare[i].key;
+                            s_cut = i + 1u;
+                            s_cut_worst = spare[i].key;
                         }
                     }
                 }
             }
             if (tid == 0 && allowed < ef) {
-                s_nb = total;
-                s_worst = 0ull;
+                s_cut = total;
+                s_cut_worst = 0ull;
             }
             __syncthreads();
-            cut = s_nb;
-            new_worst = s_worst;
+            cut = s_cut;
+            new_worst = s_cut_worst;
             if (cut > cap) {
                 if (tid == 0) {
                     s_overflow = 1u;
@@ -479,14 +477,16 @@ __device__ __forceinline__ void walk_query(
                 atomicMin(&s_first, i);
             }
         }
-        WalkEntry* t = beam;
-        beam = spare;
-        spare = t;
-        __syncthreads();
+        // Every thread has the same cut; s_nb and s_worst are next read
+        // after the barrier below.
         if (tid == 0) {
             s_nb = cut;
             s_worst = new_worst;
+            s_fresh = 0u;
         }
+        WalkEntry* t = beam;
+        beam = spare;
+        spare = t;
         __syncthreads();
     }
 

@@ -113,11 +113,12 @@ pub struct Tuning {
     /// it: a team spreads one walk's steps over its threads, and every
     /// score is one warp's canonical sum whatever the team.
     pub walk_threads: u32,
-    /// A graph walk keeps its set of seen nodes in 16-bit slots where the
-    /// node ids allow it (`kernels/walk.cu`, `WalkSeen`: up to 2^22 nodes
-    /// at the smallest table, more at larger `ef`), half the shared memory
-    /// of 32-bit ids, so more walks fit on a multiprocessor. `false` keeps
-    /// 32-bit ids. The answers do not depend on it.
+    /// A graph walk by a team of at most 64 threads (the engine's choice
+    /// for large batches) keeps its set of seen nodes in 16-bit tags where
+    /// the node ids allow it (`kernels/walk.cu`, `WalkSeen`: up to 2^22
+    /// nodes at the smallest table, more at larger `ef`). That is half the
+    /// shared memory of 32-bit ids, so more walks share a multiprocessor.
+    /// `false` keeps 32-bit ids. The answers do not depend on it.
     pub walk_narrow_seen: bool,
 }
 

@@ -137,8 +137,9 @@ fn a_query_answer_does_not_depend_on_its_batch() {
 }
 
 /// Every block size the walk has gives the CPU bits, with and without an
-/// allow-list, with either seen table (16-bit tags or 32-bit ids); a team
-/// narrower than the graph's lists is refused by name.
+/// allow-list, with either seen table (the teams of 32 and 64 threads take
+/// 16-bit tags unless told not to; larger teams always take 32-bit ids); a
+/// team narrower than the graph's lists is refused by name.
 #[test]
 fn every_team_size_gives_the_cpu_bits() {
     let Some(()) = gpu_or_skip() else { return };
@@ -316,7 +317,9 @@ proptest! {
 }
 
 /// A small case for the sanitizers (memcheck, racecheck): every metric,
-/// unfiltered and filtered walks over a few hundred rows.
+/// unfiltered and filtered walks over a few hundred rows, by the team the
+/// engine picks (256 threads, 32-bit seen ids) and by teams of 32 and 64
+/// (16-bit seen tags).
 #[test]
 fn small_walks_match_the_cpu() {
     let Some(()) = gpu_or_skip() else { return };
@@ -326,8 +329,13 @@ fn small_walks_match_the_cpu() {
     let queries = synth::cluster_queries(24, dim, 6, 0.5, 22);
     let qs = ArrayView2::from_shape((24, dim), &queries[..]).unwrap();
     let filter = SlotFilter::from_fn(n, |s| s % 3 != 0);
-    for metric in Metric::ALL {
-        let gpu = engine(&data, dim, metric);
+    for (metric, threads) in Metric::ALL
+        .into_iter()
+        .flat_map(|m| [(m, 0), (m, 32), (m, 64)])
+    {
+        let mut config = CudaConfig::default();
+        config.tuning.walk_threads = threads;
+        let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
         let index = Hnsw::build(&data, dim, metric, params(8, 4)).unwrap();
         assert_same(&index, &gpu, &queries, dim, 10, 40);
         let g = index.upload_graph(&gpu).unwrap();
@@ -339,7 +347,11 @@ fn small_walks_match_the_cpu() {
             index
                 .search_filtered_with_ef(q, 10, 40, &filter, &mut want)
                 .unwrap();
-            assert_eq!(bits(r), bits(&want), "{metric}: filtered query {i}");
+            assert_eq!(
+                bits(r),
+                bits(&want),
+                "{metric} team {threads}: filtered query {i}"
+            );
         }
     }
 }

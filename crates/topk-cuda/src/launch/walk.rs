@@ -10,8 +10,14 @@ use crate::config::WALK_TEAMS;
 use crate::device::DevNeighbor;
 use crate::driver::DevSlice;
 use crate::error::CudaError;
-use crate::walk::WALK_BUCKET;
+use crate::walk::narrow_id_bits;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
+
+/// The largest team that keeps its seen set in 16-bit tags: the teams of
+/// large batches, whose walks share a multiprocessor as far as shared memory
+/// allows. A lone walk is faster with 32-bit ids (measured on an H200:
+/// `bench/gpu/NOTES.md`, "Seen tags").
+pub(crate) const NARROW_SEEN_MAX_THREADS: u32 = 64;
 
 /// Bytes of one beam entry (`WalkEntry`).
 const ENTRY_BYTES: usize = 16;
@@ -47,8 +53,9 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) want: u32,
     pub(crate) cap: u32,
     pub(crate) table_slots: u32,
-    /// The narrow table's id bits (`WalkSeen::id_bits`), or 0 for 32-bit ids.
-    pub(crate) id_bits: u32,
+    /// Whether the small teams ([`NARROW_SEEN_MAX_THREADS`] threads or
+    /// fewer) may keep their seen set in 16-bit tags (`WalkSeen`).
+    pub(crate) narrow_seen: bool,
     /// Threads of each query's block, one of [`WALK_TEAMS`], or 0 for
     /// [`walk_team`]'s choice.
     pub(crate) threads: u32,
@@ -150,22 +157,12 @@ impl Kernels {
                 "must be a power of two",
             );
         }
-        if a.id_bits != 0 {
-            let slots = a.table_slots as usize;
-            let bucket_bits = (slots / WALK_BUCKET).max(1).trailing_zeros();
-            let fits = slots >= WALK_BUCKET
-                && a.id_bits <= 31
-                && a.id_bits >= bucket_bits
-                && a.id_bits - bucket_bits <= 15
-                && n <= 1usize << a.id_bits;
-            if !fits {
-                return bad(
-                    "seen-set id bits",
-                    a.id_bits as usize,
-                    "need 2^bits >= the nodes and the buckets, and at most 15 tag bits",
-                );
-            }
-        }
+        // The seen set in 16-bit tags for small teams, where the ids fit.
+        let id_bits = if a.narrow_seen && threads <= NARROW_SEEN_MAX_THREADS {
+            narrow_id_bits(n, a.table_slots as usize)
+        } else {
+            0
+        };
         if g.entry as usize >= n.max(1) {
             return bad(
                 "entry node",
@@ -180,7 +177,7 @@ impl Kernels {
             d,
             a.cap as usize,
             a.table_slots as usize,
-            a.id_bits != 0,
+            id_bits != 0,
             degree as usize,
         );
         let f = self.walk[team][metric_slot(metric)];
@@ -210,7 +207,7 @@ impl Kernels {
                 want = a.want,
                 cap = a.cap,
                 mask = a.table_slots - 1,
-                id_bits = a.id_bits,
+                id_bits = id_bits,
                 out = a.out.ptr(),
                 status = a.status.ptr()
             ]
