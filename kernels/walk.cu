@@ -86,10 +86,9 @@ struct WalkEntry {
 //   low k - log2(buckets) bits, at most 15, never WALK_EMPTY16): half the
 //   bytes of the wide table for the same slots.
 // A slot is taken with a compare-and-swap, so two threads of one step never
-// both take it. The narrow table is used by the small teams of large
-// batches, where shared memory bounds how many walks share a
-// multiprocessor; measured on an H200, its 16-bit swaps cost a single walk
-// more than they save there (bench/gpu/NOTES.md, "Seen tags").
+// both take it. The host picks the narrow table where it lets more walks of
+// a large batch share a multiprocessor (topk_cuda::SeenSet::Auto): its
+// 16-bit swaps cost a single walk more than 32-bit ones.
 struct WalkSeen {
     unsigned* table;
     unsigned mask;

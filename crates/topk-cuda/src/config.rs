@@ -113,13 +113,28 @@ pub struct Tuning {
     /// it: a team spreads one walk's steps over its threads, and every
     /// score is one warp's canonical sum whatever the team.
     pub walk_threads: u32,
-    /// A graph walk by a team of at most 64 threads (the engine's choice
-    /// for large batches) keeps its set of seen nodes in 16-bit tags where
-    /// the node ids allow it (`kernels/walk.cu`, `WalkSeen`: up to 2^22
-    /// nodes at the smallest table, more at larger `ef`). That is half the
-    /// shared memory of 32-bit ids, so more walks share a multiprocessor.
-    /// `false` keeps 32-bit ids. The answers do not depend on it.
-    pub walk_narrow_seen: bool,
+    /// How a graph walk keeps the set of nodes it has seen. The answers
+    /// do not depend on it.
+    pub walk_seen: SeenSet,
+}
+
+/// How a graph walk keeps the set of nodes it has seen, in shared memory
+/// (`kernels/walk.cu`, `WalkSeen`): 32-bit node ids, or 16-bit tags (half
+/// the bytes, for graphs of up to 2^22 nodes at the smallest table, more at
+/// larger `ef`; 32-bit ids where the nodes do not fit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeenSet {
+    /// Tags where the batch has more walks than fit on the device at once
+    /// with ids, and tags let more of them share a multiprocessor (shared
+    /// memory, not registers, bounds the blocks); else ids. Measured on an
+    /// H200, a tag costs a single walk more than an id
+    /// (`bench/gpu/NOTES.md`, "Seen tags").
+    #[default]
+    Auto,
+    /// Always 32-bit node ids.
+    Ids,
+    /// 16-bit tags wherever the nodes fit.
+    Tags,
 }
 
 impl Default for CudaConfig {
@@ -149,7 +164,7 @@ impl Default for Tuning {
             wgmma_bounds: true,
             filter_sample: 8,
             walk_threads: 0,
-            walk_narrow_seen: true,
+            walk_seen: SeenSet::Auto,
         }
     }
 }

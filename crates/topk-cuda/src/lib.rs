@@ -124,9 +124,9 @@ use ndarray::ArrayView2;
 use topk_core::{validate, Dtype, Metric, Neighbor, Retriever, RowStore};
 
 pub use config::{
-    CudaConfig, Tuning, DEFAULT_BATCH_SCRATCH, DEFAULT_FILTER_QUERIES, DEFAULT_FILTER_ROWS,
-    DEFAULT_FUSE_ROWS, DEFAULT_SINGLE_LAUNCH_ROWS, MAX_DEVICE_K, STAGED_UPLOAD_MIN_BYTES,
-    WALK_TEAMS,
+    CudaConfig, SeenSet, Tuning, DEFAULT_BATCH_SCRATCH, DEFAULT_FILTER_QUERIES,
+    DEFAULT_FILTER_ROWS, DEFAULT_FUSE_ROWS, DEFAULT_SINGLE_LAUNCH_ROWS, MAX_DEVICE_K,
+    STAGED_UPLOAD_MIN_BYTES, WALK_TEAMS,
 };
 pub use error::CudaError;
 pub use idfilter::{IdFilter, GATHER_FRACTION};

@@ -277,7 +277,7 @@ impl Engine {
                 want: want as u32,
                 cap: cap.min(u32::MAX as usize) as u32,
                 table_slots: table_slots(ef) as u32,
-                narrow_seen: self.config.tuning.walk_narrow_seen,
+                seen: self.config.tuning.walk_seen,
                 threads: self.config.tuning.walk_threads,
                 out,
                 status: st,

@@ -9,7 +9,7 @@
 use ndarray::ArrayView2;
 use proptest::prelude::*;
 use topk_core::{Metric, Neighbor};
-use topk_cuda::{CudaConfig, CudaRetriever};
+use topk_cuda::{CudaConfig, CudaRetriever, SeenSet};
 use topk_hnsw::{synth, Hnsw, HnswError, HnswParams, SlotFilter};
 use topk_testkit::gpu_or_skip;
 
@@ -137,9 +137,8 @@ fn a_query_answer_does_not_depend_on_its_batch() {
 }
 
 /// Every block size the walk has gives the CPU bits, with and without an
-/// allow-list, with either seen table (the teams of 32 and 64 threads take
-/// 16-bit tags unless told not to; larger teams always take 32-bit ids); a
-/// team narrower than the graph's lists is refused by name.
+/// allow-list, with either seen set (16-bit tags or 32-bit ids); a team
+/// narrower than the graph's lists is refused by name.
 #[test]
 fn every_team_size_gives_the_cpu_bits() {
     let Some(()) = gpu_or_skip() else { return };
@@ -168,7 +167,7 @@ fn every_team_size_gives_the_cpu_bits() {
             for (threads, narrow) in runs {
                 let mut config = CudaConfig::default();
                 config.tuning.walk_threads = threads;
-                config.tuning.walk_narrow_seen = narrow;
+                config.tuning.walk_seen = if narrow { SeenSet::Tags } else { SeenSet::Ids };
                 let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
                 let g = index.upload_graph(&gpu).unwrap();
                 let got = index.search_graph_gpu_counted(&g, qs, 10, 60, None);
@@ -319,7 +318,7 @@ proptest! {
 /// A small case for the sanitizers (memcheck, racecheck): every metric,
 /// unfiltered and filtered walks over a few hundred rows, by the team the
 /// engine picks (256 threads, 32-bit seen ids) and by teams of 32 and 64
-/// (16-bit seen tags).
+/// told to keep 16-bit seen tags.
 #[test]
 fn small_walks_match_the_cpu() {
     let Some(()) = gpu_or_skip() else { return };
@@ -335,6 +334,9 @@ fn small_walks_match_the_cpu() {
     {
         let mut config = CudaConfig::default();
         config.tuning.walk_threads = threads;
+        if threads != 0 {
+            config.tuning.walk_seen = SeenSet::Tags;
+        }
         let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
         let index = Hnsw::build(&data, dim, metric, params(8, 4)).unwrap();
         assert_same(&index, &gpu, &queries, dim, 10, 40);

@@ -90,6 +90,17 @@ fn fits_shared(f: cu::CUfunction, dynamic: usize) -> Result<bool, CudaError> {
     Ok(fixed.max(0) as usize + dynamic <= limit.max(0) as usize)
 }
 
+/// Blocks of `threads` threads and `smem` bytes of dynamic shared memory
+/// (already allowed for `f`) that fit on one multiprocessor at once.
+fn blocks_per_sm(f: cu::CUfunction, threads: u32, smem: usize) -> Result<u32, CudaError> {
+    let mut per_sm: i32 = 0;
+    // SAFETY: `per_sm` is valid for one write; the function handle is live.
+    check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+        cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, threads as i32, smem)
+    })?;
+    Ok(per_sm.max(0) as u32)
+}
+
 /// Lets `f` use `bytes` of dynamic shared memory (above the default 48 KiB).
 fn allow_shared(f: cu::CUfunction, bytes: usize) -> Result<(), CudaError> {
     // SAFETY: the function handle is live; the attribute takes a byte count.
@@ -603,12 +614,7 @@ impl Kernels {
         smem: usize,
     ) -> Result<u32, CudaError> {
         allow_shared(f, smem)?;
-        let mut per_sm: i32 = 0;
-        // SAFETY: `per_sm` is valid for one write; the function handle is live.
-        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-            cu::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, threads as i32, smem)
-        })?;
-        Ok(per_sm.max(0) as u32 * self.sm_count)
+        Ok(blocks_per_sm(f, threads, smem)? * self.sm_count)
     }
 }
 

@@ -5,19 +5,15 @@ use std::ffi::c_void;
 
 use topk_core::Metric;
 
-use super::{allow_shared, fits_shared, kernel_args, metric_slot, Kernels, Launch, Queue};
-use crate::config::WALK_TEAMS;
+use super::{
+    allow_shared, blocks_per_sm, fits_shared, kernel_args, metric_slot, Kernels, Launch, Queue,
+};
+use crate::config::{SeenSet, WALK_TEAMS};
 use crate::device::DevNeighbor;
 use crate::driver::DevSlice;
 use crate::error::CudaError;
 use crate::walk::narrow_id_bits;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
-
-/// The largest team that keeps its seen set in 16-bit tags: the teams of
-/// large batches, whose walks share a multiprocessor as far as shared memory
-/// allows. A lone walk is faster with 32-bit ids (measured on an H200:
-/// `bench/gpu/NOTES.md`, "Seen tags").
-pub(crate) const NARROW_SEEN_MAX_THREADS: u32 = 64;
 
 /// Bytes of one beam entry (`WalkEntry`).
 const ENTRY_BYTES: usize = 16;
@@ -53,9 +49,8 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) want: u32,
     pub(crate) cap: u32,
     pub(crate) table_slots: u32,
-    /// Whether the small teams ([`NARROW_SEEN_MAX_THREADS`] threads or
-    /// fewer) may keep their seen set in 16-bit tags (`WalkSeen`).
-    pub(crate) narrow_seen: bool,
+    /// How the walks keep their seen sets (`Tuning::walk_seen`).
+    pub(crate) seen: SeenSet,
     /// Threads of each query's block, one of [`WALK_TEAMS`], or 0 for
     /// [`walk_team`]'s choice.
     pub(crate) threads: u32,
@@ -157,12 +152,6 @@ impl Kernels {
                 "must be a power of two",
             );
         }
-        // The seen set in 16-bit tags for small teams, where the ids fit.
-        let id_bits = if a.narrow_seen && threads <= NARROW_SEEN_MAX_THREADS {
-            narrow_id_bits(n, a.table_slots as usize)
-        } else {
-            0
-        };
         if g.entry as usize >= n.max(1) {
             return bad(
                 "entry node",
@@ -173,14 +162,35 @@ impl Kernels {
         if nq == 0 {
             return Ok(());
         }
-        let smem = walk_smem(
-            d,
-            a.cap as usize,
-            a.table_slots as usize,
-            id_bits != 0,
-            degree as usize,
-        );
         let f = self.walk[team][metric_slot(metric)];
+        let smem_of = |narrow| {
+            walk_smem(
+                d,
+                a.cap as usize,
+                a.table_slots as usize,
+                narrow,
+                degree as usize,
+            )
+        };
+        let wide = smem_of(false);
+        let tag_bits = narrow_id_bits(n, a.table_slots as usize);
+        let id_bits = match a.seen {
+            _ if tag_bits == 0 => 0,
+            SeenSet::Ids => 0,
+            SeenSet::Tags => tag_bits,
+            SeenSet::Auto if !fits_shared(f, wide)? => tag_bits,
+            SeenSet::Auto => {
+                allow_shared(f, wide)?;
+                let with_ids = blocks_per_sm(f, threads, wide)?;
+                let crowded = a.nq > with_ids.saturating_mul(self.sm_count);
+                if crowded && blocks_per_sm(f, threads, smem_of(true))? > with_ids {
+                    tag_bits
+                } else {
+                    0
+                }
+            }
+        };
+        let smem = smem_of(id_bits != 0);
         if !fits_shared(f, smem)? {
             return bad(
                 "walk shared memory (bytes)",

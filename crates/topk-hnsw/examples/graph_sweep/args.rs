@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use topk_core::Metric;
+use topk_cuda::SeenSet;
 
 use crate::AnyResult;
 
@@ -92,10 +93,10 @@ pub(crate) struct Args {
     /// choice by batch size).
     #[arg(long, default_value_t = 0)]
     pub(crate) walk_threads: u32,
-    /// Keep the GPU walk's seen set in 32-bit ids
-    /// (`Tuning::walk_narrow_seen = false`) rather than 16-bit tags.
-    #[arg(long)]
-    pub(crate) wide_seen: bool,
+    /// How the GPU walk keeps its seen set (`Tuning::walk_seen`): auto,
+    /// ids (32-bit) or tags (16-bit).
+    #[arg(long, default_value = "auto", value_parser = parse_seen)]
+    pub(crate) walk_seen: SeenSet,
     /// Skip the GPU build (and its graph's points).
     #[arg(long)]
     pub(crate) no_gpu_build: bool,
@@ -128,4 +129,15 @@ pub(crate) fn check_args(a: &Args) -> AnyResult<()> {
         return Err("--min-reps must be at least 1, got 0".into());
     }
     Ok(())
+}
+
+fn parse_seen(s: &str) -> Result<SeenSet, String> {
+    match s {
+        "auto" => Ok(SeenSet::Auto),
+        "ids" => Ok(SeenSet::Ids),
+        "tags" => Ok(SeenSet::Tags),
+        other => Err(format!(
+            "--walk-seen takes auto, ids or tags, got {other:?}"
+        )),
+    }
 }

@@ -66,7 +66,7 @@ pub(crate) fn run_dataset(
         let mut config = CudaConfig::default();
         config.max_batch = a.exact_max_batch;
         config.tuning.walk_threads = a.walk_threads;
-        config.tuning.walk_narrow_seen = !a.wide_seen;
+        config.tuning.walk_seen = a.walk_seen;
         let gpu = CudaRetriever::from_rowmajor(flat.clone(), d, metric, config)?;
         pb.finish_and_clear();
         let dev = gpu.info();
