@@ -256,6 +256,19 @@ mod tests {
     }
 
     #[test]
+    fn shared_memory_follows_the_kernel_layout() {
+        // ef 192 at D = 384 over a graph of m = 16 (lists of 32), 4,096
+        // seen slots: the query (1,536), two beams of 224 entries (7,168),
+        // the scored and sorted neighbours (1,024), their ids (128), then
+        // the table in 2-byte tags (8,192) or 4-byte ids (16,384). The tag
+        // figure is the 18,048 bytes per block ncu reported on an H200.
+        assert_eq!(walk_smem(384, 192, 4096, true, 32), 18_048);
+        assert_eq!(walk_smem(384, 192, 4096, false, 32), 26_240);
+        // A query of 3 floats still takes 16 bytes.
+        assert_eq!(walk_smem(3, 1, 1024, false, 1), 16 + 64 + 32 + 4 + 4096);
+    }
+
+    #[test]
     fn host_constants_mirror_the_walk_kernel() {
         assert_eq!(define(WALK_CU, "WALK_MAX_DEGREE"), WALK_MAX_DEGREE);
         assert_eq!(
