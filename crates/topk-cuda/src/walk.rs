@@ -111,30 +111,10 @@ impl Scratch {
     }
 }
 
-/// Slots of one bucket of the narrow seen table (`WALK_BUCKET`).
-pub(crate) const WALK_BUCKET: usize = 8;
-
 /// Seen-set slots of a walk of beam width `ef`: about 16 per beam node,
 /// between 1,024 and 16,384 (a fuller table only costs second scorings).
 fn table_slots(ef: usize) -> usize {
     (ef * 16).clamp(1 << 10, 1 << 14).next_power_of_two()
-}
-
-/// Bits of the node ids of the walk's narrow seen table
-/// (`WalkSeen::id_bits` in `kernels/walk.cu`) for a graph of `n` nodes and a
-/// table of `slots` (a power of two, at least one bucket): the id space
-/// `2^k` covers the nodes and the buckets, and a tag (`k` less the bucket
-/// bits) fits in 15 bits; 0 (the wide table of 32-bit ids) where it does
-/// not.
-pub(crate) fn narrow_id_bits(n: usize, slots: usize) -> u32 {
-    let bucket_bits = (slots / WALK_BUCKET).max(1).trailing_zeros();
-    let node_bits = usize::BITS - n.saturating_sub(1).leading_zeros();
-    let k = node_bits.max(bucket_bits);
-    if slots >= WALK_BUCKET && k - bucket_bits <= 15 {
-        k
-    } else {
-        0
-    }
 }
 
 impl Engine {
@@ -320,29 +300,6 @@ mod tests {
     }
 
     #[test]
-    fn narrow_tables_take_every_id_or_none() {
-        // (nodes, slots, id bits)
-        for (n, slots, bits) in [
-            (1, 1024, 7),
-            (100, 1024, 7),
-            (129, 1024, 8),
-            (1 << 22, 1024, 22),
-            ((1 << 22) + 1, 1024, 0),
-            (1_000_000, 4096, 20),
-            (1 << 24, 4096, 24),
-            ((1 << 24) + 1, 4096, 0),
-            (10_000_000, 16384, 24),
-            (100, 4, 0),
-        ] {
-            assert_eq!(narrow_id_bits(n, slots), bits, "{n} nodes, {slots} slots");
-            if bits > 0 {
-                let bucket_bits = (slots / WALK_BUCKET).trailing_zeros();
-                assert!(n <= 1 << bits && bits >= bucket_bits && bits - bucket_bits <= 15);
-            }
-        }
-    }
-
-    #[test]
     fn walk_status_codes_mirror_the_kernel() {
         let src = include_str!("../../../kernels/walk.cu");
         let code = |name: &str| {
@@ -351,8 +308,6 @@ mod tests {
                 .and_then(|v| v.trim().trim_end_matches('u').parse::<u32>().ok())
                 .unwrap_or_else(|| panic!("{name} not defined in walk.cu"))
         };
-        assert_eq!(code("WALK_BUCKET") as usize, WALK_BUCKET);
-        assert_eq!(1 << code("WALK_BUCKET_BITS"), WALK_BUCKET);
         assert_eq!(
             WalkStatus::from_code(code("WALK_STATUS_OK")),
             WalkStatus::Done

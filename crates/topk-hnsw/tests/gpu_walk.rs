@@ -163,11 +163,11 @@ fn every_team_size_gives_the_cpu_bits() {
                 .collect();
             let runs = topk_cuda::WALK_TEAMS
                 .into_iter()
-                .flat_map(|t| [(t, true), (t, false)]);
-            for (threads, narrow) in runs {
+                .flat_map(|t| [(t, SeenSet::Tags), (t, SeenSet::Ids)]);
+            for (threads, seen) in runs {
                 let mut config = CudaConfig::default();
                 config.tuning.walk_threads = threads;
-                config.tuning.walk_seen = if narrow { SeenSet::Tags } else { SeenSet::Ids };
+                config.tuning.walk_seen = seen;
                 let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
                 let g = index.upload_graph(&gpu).unwrap();
                 let got = index.search_graph_gpu_counted(&g, qs, 10, 60, None);
@@ -180,7 +180,7 @@ fn every_team_size_gives_the_cpu_bits() {
                     continue;
                 }
                 let (got, counts) = got.unwrap();
-                let case = format!("{metric} d {dim} team {threads} narrow {narrow}");
+                let case = format!("{metric} d {dim} team {threads} seen {seen:?}");
                 assert_eq!(counts.device, 120, "{case}");
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(bits(a), bits(b), "{case} query {i}");

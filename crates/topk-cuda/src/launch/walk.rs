@@ -12,8 +12,27 @@ use crate::config::{SeenSet, WALK_TEAMS};
 use crate::device::DevNeighbor;
 use crate::driver::DevSlice;
 use crate::error::CudaError;
-use crate::walk::narrow_id_bits;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
+
+/// Slots of one bucket of the narrow seen table (`WALK_BUCKET`).
+const WALK_BUCKET: usize = 8;
+
+/// Bits of the node ids of the walk's narrow seen table
+/// (`WalkSeen::id_bits` in `kernels/walk.cu`) for a graph of `n` nodes and a
+/// table of `slots` (a power of two, at least one bucket): the id space
+/// `2^k` covers the nodes and the buckets, and a tag (`k` less the bucket
+/// bits) fits in 15 bits; 0 (the wide table of 32-bit ids) where it does
+/// not.
+fn narrow_id_bits(n: usize, slots: usize) -> u32 {
+    let bucket_bits = (slots / WALK_BUCKET).max(1).trailing_zeros();
+    let node_bits = usize::BITS - n.saturating_sub(1).leading_zeros();
+    let k = node_bits.max(bucket_bits);
+    if slots >= WALK_BUCKET && k - bucket_bits <= 15 {
+        k
+    } else {
+        0
+    }
+}
 
 /// Bytes of one beam entry (`WalkEntry`).
 const ENTRY_BYTES: usize = 16;
@@ -256,6 +275,29 @@ mod tests {
     }
 
     #[test]
+    fn narrow_tables_take_every_id_or_none() {
+        // (nodes, slots, id bits)
+        for (n, slots, bits) in [
+            (1, 1024, 7),
+            (100, 1024, 7),
+            (129, 1024, 8),
+            (1 << 22, 1024, 22),
+            ((1 << 22) + 1, 1024, 0),
+            (1_000_000, 4096, 20),
+            (1 << 24, 4096, 24),
+            ((1 << 24) + 1, 4096, 0),
+            (10_000_000, 16384, 24),
+            (100, 4, 0),
+        ] {
+            assert_eq!(narrow_id_bits(n, slots), bits, "{n} nodes, {slots} slots");
+            if bits > 0 {
+                let bucket_bits = (slots / WALK_BUCKET).trailing_zeros();
+                assert!(n <= 1 << bits && bits >= bucket_bits && bits - bucket_bits <= 15);
+            }
+        }
+    }
+
+    #[test]
     fn shared_memory_follows_the_kernel_layout() {
         // ef 192 at D = 384 over a graph of m = 16 (lists of 32), 4,096
         // seen slots: the query (1,536), two beams of 224 entries (7,168),
@@ -271,6 +313,8 @@ mod tests {
     #[test]
     fn host_constants_mirror_the_walk_kernel() {
         assert_eq!(define(WALK_CU, "WALK_MAX_DEGREE"), WALK_MAX_DEGREE);
+        assert_eq!(define(WALK_CU, "WALK_BUCKET"), WALK_BUCKET);
+        assert_eq!(1 << define(WALK_CU, "WALK_BUCKET_BITS"), WALK_BUCKET);
         assert_eq!(
             define(WALK_CU, "WALK_MAX_THREADS"),
             *WALK_TEAMS.last().unwrap() as usize

@@ -99,7 +99,9 @@ pub(crate) fn environment(a: &Args, threads: usize) -> Value {
             "m": a.m, "ef_construction": a.ef_construction, "level_seed": a.level_seed,
             "ef": a.ef, "batch": a.batch, "k": a.k, "budget_s": a.budget_s,
             "warmup": a.warmup, "min_reps": a.min_reps, "deadline_s": a.deadline_s,
-            "recall_target": a.recall_target, "exact_max_batch": a.exact_max_batch, "walk_threads": a.walk_threads, "walk_seen": format!("{:?}", a.walk_seen), "no_gpu_build": a.no_gpu_build,
+            "recall_target": a.recall_target, "exact_max_batch": a.exact_max_batch,
+            "walk_threads": a.walk_threads, "walk_seen": format!("{:?}", a.walk_seen),
+            "no_gpu_build": a.no_gpu_build,
             "cpu_only": a.cpu_only,
         },
     })
