@@ -27,11 +27,15 @@
 // another query of the batch does, so its answer does not depend on the
 // batch.
 //
+// A query is a row of `queries` or, where `qrows` is given, the corpus row
+// qrows[q] (the batched build searches for the rows it inserts).
+//
 // Status per query: OK, OVERFLOW (B needed more than `cap` entries, only
 // possible with an allow-list; the walk stops) or SHORT (the walk ended with
 // fewer than `want` allowed nodes). The host finishes the last two on the
 // CPU path, which gives the same answer an OK walk would.
 #include "common.cuh"
+#include "prune.cuh"
 
 // Threads of one query's block: a team of WALK_TEAMS sizes, one kernel per
 // size and metric (topk_walk_<metric>_<threads>). Large batches run small
@@ -219,7 +223,8 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
 template <int METRIC, unsigned THREADS>
 __device__ __forceinline__ void walk_query(
     const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,
-    const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,
+    const float* __restrict__ queries, const unsigned* __restrict__ qrows,
+    const unsigned* __restrict__ layer0, unsigned m0,
     const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off, unsigned m,
     unsigned entry, unsigned top, const unsigned* __restrict__ allow, unsigned ef,
     unsigned want, unsigned cap, unsigned mask, unsigned id_bits, TopkNeighbor* __restrict__ out,
@@ -255,7 +260,7 @@ __device__ __forceinline__ void walk_query(
     __shared__ WalkEntry s_cur;
 
     for (unsigned i = tid; i < d; i += THREADS) {
-        qs[i] = queries[q * d + i];
+        qs[i] = qrows != nullptr ? corpus[(size_t)qrows[q] * d + i] : queries[q * d + i];
     }
     const unsigned table_words = id_bits == 0u ? mask + 1u : (mask + 1u) / 2u;
     for (unsigned i = tid; i < table_words; i += THREADS) {
@@ -524,14 +529,15 @@ __device__ __forceinline__ void walk_query(
     extern "C" __global__ void __launch_bounds__(THREADS, WALK_MIN_BLOCKS(THREADS))          \
         topk_walk_##NAME##_##THREADS(                                                         \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,        \
-        const float* __restrict__ queries, const unsigned* __restrict__ layer0, unsigned m0,  \
+        const float* __restrict__ queries, const unsigned* __restrict__ qrows,                \
+        const unsigned* __restrict__ layer0, unsigned m0,                                     \
         const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off,           \
         unsigned m, unsigned entry, unsigned top, const unsigned* __restrict__ allow,         \
         unsigned ef, unsigned want, unsigned cap, unsigned mask, unsigned id_bits,            \
         TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {                      \
-        walk_query<METRIC, THREADS>(corpus, rnorm, d, queries, layer0, m0, upper, upper_off,  \
-                                    m, entry, top, allow, ef, want, cap, mask, id_bits, out,  \
-                                    status);                                                  \
+        walk_query<METRIC, THREADS>(corpus, rnorm, d, queries, qrows, layer0, m0, upper,      \
+                                    upper_off, m, entry, top, allow, ef, want, cap, mask,     \
+                                    id_bits, out, status);                                    \
     }
 #define TOPK_WALK_TEAMS(NAME, METRIC)    \
     TOPK_WALK_KERNEL(NAME, METRIC, 32)   \
@@ -542,3 +548,7 @@ __device__ __forceinline__ void walk_query(
 TOPK_WALK_TEAMS(dot, TOPK_DOT)
 TOPK_WALK_TEAMS(cosine, TOPK_COSINE)
 TOPK_WALK_TEAMS(l2, TOPK_L2)
+
+TOPK_PRUNE_KERNEL(dot, TOPK_DOT)
+TOPK_PRUNE_KERNEL(cosine, TOPK_COSINE)
+TOPK_PRUNE_KERNEL(l2, TOPK_L2)

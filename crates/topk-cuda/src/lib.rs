@@ -105,6 +105,8 @@ mod ids;
 #[cfg(feature = "cuda")]
 mod launch;
 #[cfg(feature = "cuda")]
+mod prune;
+#[cfg(feature = "cuda")]
 mod resident;
 #[cfg(feature = "cuda")]
 mod single;
@@ -139,7 +141,7 @@ pub use stub::DeviceGraph;
 pub use stub::ResidentCorpus;
 #[cfg(feature = "cuda")]
 pub use walk::DeviceGraph;
-pub use walk_layout::{GraphLayout, WalkStatus, MAX_WALK_DEGREE};
+pub use walk_layout::{GraphLayout, PruneJobs, WalkQueries, WalkStatus, MAX_WALK_DEGREE};
 
 #[cfg(feature = "cuda")]
 use engine::Engine;
@@ -375,8 +377,62 @@ impl CudaRetriever {
         hits: &mut Vec<Neighbor>,
         status: &mut Vec<WalkStatus>,
     ) -> Result<(), CudaError> {
+        self.engine.walk_graph(
+            graph,
+            WalkQueries::Values(queries),
+            ef,
+            want,
+            allow,
+            hits,
+            status,
+        )
+    }
+
+    /// [`CudaRetriever::walk_graph`] for queries that are rows of this
+    /// engine's corpus (`rows`, each below its row count), read in place on
+    /// the device: the searches of the nodes a batched build inserts.
+    pub fn walk_graph_rows(
+        &self,
+        graph: &DeviceGraph,
+        rows: &[u32],
+        ef: usize,
+        want: usize,
+        hits: &mut Vec<Neighbor>,
+        status: &mut Vec<WalkStatus>,
+    ) -> Result<(), CudaError> {
         self.engine
-            .walk_graph(graph, queries, ef, want, allow, hits, status)
+            .walk_graph(graph, WalkQueries::Rows(rows), ef, want, None, hits, status)
+    }
+
+    /// The neighbour-selection heuristic of HNSW (Malkov & Yashunin,
+    /// Algorithm 4) for every job, one block each: the candidates are scored
+    /// against the job's node with canonical scores and ranked by the §3
+    /// key, best first; fewer than `cap` are all kept, otherwise a candidate
+    /// is kept when no candidate kept before it scores strictly higher
+    /// against it than the job's node does, until `cap` are kept (topk-hnsw's
+    /// heuristic, bit for bit). `out` gets `cap` slots per job, the kept ids
+    /// first; `counts` how many were kept. At most
+    /// 2,048 candidates per job, `cap` in `1..=128`, f32 rows only.
+    pub fn prune_lists(
+        &self,
+        jobs: &PruneJobs<'_>,
+        cap: usize,
+        out: &mut Vec<u32>,
+        counts: &mut Vec<u32>,
+    ) -> Result<(), CudaError> {
+        self.engine.prune_lists(jobs, cap, out, counts)
+    }
+
+    /// Replaces the layer-0 lists of `nodes` (distinct) in a graph uploaded
+    /// to this engine with `blocks`: `1 + m0` slots per node, a count of at
+    /// most `m0`, then that many node ids. Checked like an upload.
+    pub fn set_graph_lists(
+        &self,
+        graph: &mut DeviceGraph,
+        nodes: &[u32],
+        blocks: &[u32],
+    ) -> Result<(), CudaError> {
+        self.engine.set_graph_lists(graph, nodes, blocks)
     }
 
     /// Device milliseconds of each stage of one host query (H→D, score,

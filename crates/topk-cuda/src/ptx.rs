@@ -273,6 +273,7 @@ mod tests {
         ("filter90.cu", include_str!("../../../kernels/filter90.cu")),
         ("norms.cu", include_str!("../../../kernels/norms.cu")),
         ("pairs.cuh", include_str!("../../../kernels/pairs.cuh")),
+        ("prune.cuh", include_str!("../../../kernels/prune.cuh")),
         ("rows.cu", include_str!("../../../kernels/rows.cu")),
         (
             "score_batch.cu",

@@ -6,7 +6,8 @@ use ndarray::ArrayView2;
 use topk_core::{Dtype, Metric, Neighbor, Retriever, RowStore};
 
 use crate::{
-    CudaConfig, CudaError, CudaRetriever, DeviceInfo, GraphLayout, PathCounts, WalkStatus,
+    CudaConfig, CudaError, CudaRetriever, DeviceInfo, GraphLayout, PathCounts, PruneJobs,
+    WalkQueries, WalkStatus,
 };
 
 /// Uninhabited: no engine exists in a build without CUDA.
@@ -84,12 +85,29 @@ impl Engine {
     pub(crate) fn walk_graph(
         &self,
         _graph: &DeviceGraph,
-        _queries: &[f32],
+        _queries: WalkQueries<'_>,
         _ef: usize,
         _want: usize,
         _allow: Option<&[u32]>,
         _hits: &mut Vec<Neighbor>,
         _status: &mut Vec<WalkStatus>,
+    ) -> Result<(), CudaError> {
+        match *self {}
+    }
+    pub(crate) fn prune_lists(
+        &self,
+        _jobs: &PruneJobs<'_>,
+        _cap: usize,
+        _out: &mut Vec<u32>,
+        _counts: &mut Vec<u32>,
+    ) -> Result<(), CudaError> {
+        match *self {}
+    }
+    pub(crate) fn set_graph_lists(
+        &self,
+        _graph: &mut DeviceGraph,
+        _nodes: &[u32],
+        _blocks: &[u32],
     ) -> Result<(), CudaError> {
         match *self {}
     }

@@ -13,7 +13,7 @@ use crate::driver::{alloc, DevSlice};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue, WalkArgs, WalkGraph};
-use crate::walk_layout::{GraphLayout, WalkStatus};
+use crate::walk_layout::{GraphLayout, WalkQueries, WalkStatus};
 
 /// Queries per launch: bounds the staging buffers of a very large batch.
 const WALK_CHUNK: usize = 1 << 16;
@@ -25,18 +25,18 @@ const FILTERED_CAP_FACTOR: usize = 4;
 /// in device memory next to the engine's corpus, and the staging buffers of
 /// its walks.
 pub struct DeviceGraph {
-    layer0: OwnedDevice<u32>,
+    pub(crate) layer0: OwnedDevice<u32>,
     upper: OwnedDevice<u32>,
     upper_off: OwnedDevice<u32>,
-    m0: usize,
+    pub(crate) m0: usize,
     m: usize,
     entry: u32,
     top: usize,
-    n: usize,
-    device: usize,
+    pub(crate) n: usize,
+    pub(crate) device: usize,
     scratch: Mutex<Option<Scratch>>,
     // Declared last: the scratch's buffers free with this context current.
-    ctx: Arc<Ctx>,
+    pub(crate) ctx: Arc<Ctx>,
 }
 
 impl std::fmt::Debug for DeviceGraph {
@@ -80,6 +80,8 @@ struct Scratch {
     stream: Stream,
     queries: DeviceBuffer<f32>,
     q_host: LockedBuffer<f32>,
+    qrows: DeviceBuffer<u32>,
+    qrows_host: LockedBuffer<u32>,
     out: DeviceBuffer<DevNeighbor>,
     out_host: LockedBuffer<DevNeighbor>,
     status: DeviceBuffer<u32>,
@@ -94,6 +96,8 @@ impl Scratch {
             stream: Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?,
             queries: alloc("walk queries", values)?,
             q_host: pinned(values)?,
+            qrows: alloc("walk query rows", nq)?,
+            qrows_host: pinned(nq)?,
             out: alloc("walk results", results)?,
             out_host: pinned(results)?,
             status: alloc("walk status", nq)?,
@@ -105,6 +109,7 @@ impl Scratch {
 
     fn fits(&self, values: usize, results: usize, nq: usize, words: usize) -> bool {
         self.queries.len() >= values
+            && self.qrows.len() >= nq
             && self.out.len() >= results
             && self.status.len() >= nq
             && self.allow.len() >= words
@@ -161,7 +166,7 @@ impl Engine {
     pub(crate) fn walk_graph(
         &self,
         graph: &DeviceGraph,
-        queries: &[f32],
+        queries: WalkQueries<'_>,
         ef: usize,
         want: usize,
         allow: Option<&[u32]>,
@@ -176,7 +181,19 @@ impl Engine {
                 reason: "the graph was uploaded for another engine",
             });
         }
-        let nq = validate::queries_rowmajor(queries, d)?;
+        let nq = match queries {
+            WalkQueries::Values(v) => validate::queries_rowmajor(v, d)?,
+            WalkQueries::Rows(rows) => {
+                if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+                    return Err(CudaError::InvalidOption {
+                        name: "walk query row",
+                        value: bad as usize,
+                        reason: "must be a row of the engine's corpus",
+                    });
+                }
+                rows.len()
+            }
+        };
         validate::k(want, n)?;
         if ef < want || ef > u32::MAX as usize {
             return Err(CudaError::InvalidOption {
@@ -208,7 +225,11 @@ impl Engine {
         let chunk = nq.min(WALK_CHUNK);
         let mut guard = graph.scratch.lock().unwrap_or_else(|p| p.into_inner());
         graph.ctx.make_current()?;
-        let (values, results) = (chunk * d, chunk * want);
+        let values = match queries {
+            WalkQueries::Values(_) => chunk * d,
+            WalkQueries::Rows(_) => 1,
+        };
+        let results = chunk * want;
         let allow_words = if allow.is_some() { words } else { 1 };
         let sc = match &mut *guard {
             Some(s) if s.fits(values, results, chunk, allow_words) => s,
@@ -226,11 +247,24 @@ impl Engine {
         }
         hits.reserve(nq * want);
         status.reserve(nq);
-        for (c, part) in queries.chunks(chunk * d).enumerate() {
-            let cq = part.len() / d;
-            sc.q_host.as_mut_slice()[..part.len()].copy_from_slice(part);
-            let qdev = DevSlice::of(&sc.queries).range("walk queries", 0, part.len())?;
-            launch::h2d(s, qdev, &sc.q_host, 0, part.len())?;
+        for c in 0..nq.div_ceil(chunk) {
+            let (at, cq) = (c * chunk, chunk.min(nq - c * chunk));
+            let qdev = DevSlice::of(&sc.queries);
+            let qrows = match queries {
+                WalkQueries::Values(v) => {
+                    let part = &v[at * d..(at + cq) * d];
+                    sc.q_host.as_mut_slice()[..part.len()].copy_from_slice(part);
+                    let dst = qdev.range("walk queries", 0, part.len())?;
+                    launch::h2d(s, dst, &sc.q_host, 0, part.len())?;
+                    None
+                }
+                WalkQueries::Rows(rows) => {
+                    sc.qrows_host.as_mut_slice()[..cq].copy_from_slice(&rows[at..at + cq]);
+                    let dst = DevSlice::of(&sc.qrows).range("walk query rows", 0, cq)?;
+                    launch::h2d(s, dst, &sc.qrows_host, 0, cq)?;
+                    Some(dst)
+                }
+            };
             let out = DevSlice::of(&sc.out).range("walk results", 0, cq * want)?;
             let st = DevSlice::of(&sc.status).range("walk status", 0, cq)?;
             let args = WalkArgs {
@@ -239,6 +273,7 @@ impl Engine {
                 n: n as u32,
                 d: d as u32,
                 queries: qdev,
+                qrows,
                 nq: cq as u32,
                 graph: WalkGraph {
                     layer0: graph.layer0.view(),

@@ -32,6 +32,31 @@ pub struct GraphLayout<'a> {
     pub entry: u32,
 }
 
+/// The queries of a graph walk: row-major values of the corpus dimension,
+/// or rows of the engine's own corpus (each below its row count), read in
+/// place on the device.
+#[derive(Debug, Clone, Copy)]
+pub enum WalkQueries<'a> {
+    /// `nq × D` values, row-major.
+    Values(&'a [f32]),
+    /// Corpus row ids.
+    Rows(&'a [u32]),
+}
+
+/// Jobs of the batched build's neighbour selection
+/// ([`crate::CudaRetriever::prune_lists`]): job `j` is node `base[j]` and
+/// its candidates `candidates[offsets[j] .. offsets[j + 1]]`, distinct rows
+/// of the engine's corpus.
+#[derive(Debug, Clone, Copy)]
+pub struct PruneJobs<'a> {
+    /// The node of each job.
+    pub base: &'a [u32],
+    /// `base.len() + 1` increasing offsets into `candidates`, from 0.
+    pub offsets: &'a [u32],
+    /// Every job's candidates, one after the other.
+    pub candidates: &'a [u32],
+}
+
 /// How the device ended the walk of one query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WalkStatus {

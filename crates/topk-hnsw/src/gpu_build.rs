@@ -1,5 +1,7 @@
-//! The kNN build on the GPU (feature `cuda`): topk-cuda's exact batch engine
-//! as the [`KnnSource`] of [`Hnsw::build_from_knn`].
+//! The graph builds on the GPU (feature `cuda`): the batched insertion
+//! build with every round's walks and selections on the device
+//! ([`Hnsw::build_batched_gpu`]), and topk-cuda's exact batch engine as the
+//! [`KnnSource`] of [`Hnsw::build_from_knn`].
 //!
 //! The engine already holds the corpus; every batch of [`crate::KNN_BATCH_ROWS`]
 //! corpus rows goes in as queries and their exact top-`c + 1` comes back, with
@@ -8,15 +10,21 @@
 //! searched on a second engine over their rows, with the first engine's
 //! configuration; smaller ones on topk-cpu.
 
+use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Retriever};
 use topk_cpu::CpuRetriever;
-use topk_cuda::CudaRetriever;
+use topk_cuda::{CudaRetriever, DeviceGraph, GraphLayout, PruneJobs, WalkStatus};
 
-use crate::error::Result;
+use crate::batch_build::{
+    build_with, walk_row, BatchEngine, BatchSchedule, CpuBatch, Jobs, SubEngines,
+};
+use crate::error::{HnswError, Result};
 use crate::gpu::{check_engine, spot_check};
+use crate::graph::Links;
 use crate::index::Hnsw;
 use crate::knn_build::{KnnSource, Schedule};
 use crate::params::HnswParams;
+use crate::search::{Cand, ScratchPool};
 use crate::vectors::Vectors;
 
 /// Rows from which an upper layer's kNN runs on a GPU engine of its own
@@ -67,5 +75,213 @@ impl Hnsw {
         check_engine(gpu, &vectors)?;
         spot_check(gpu, &vectors)?;
         Self::knn_build_vectors(vectors, params, gpu, Schedule::DEFAULT, None)
+    }
+}
+
+/// The engine a batched build runs on: the caller's, or one of its own
+/// over an upper layer's rows.
+enum Held<'g> {
+    Borrowed(&'g CudaRetriever),
+    Owned(Box<CudaRetriever>),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = CudaRetriever;
+    fn deref(&self) -> &CudaRetriever {
+        match self {
+            Held::Borrowed(g) => g,
+            Held::Owned(g) => g,
+        }
+    }
+}
+
+/// The rounds of a batched build on the device: the walks by topk-cuda's
+/// `walk_graph_rows` over a resident copy of the graph being built, the
+/// selections by `prune_lists`, the changed lists written back with
+/// `set_graph_lists`. A walk the device hands back (one that ended short
+/// of the nodes asked for) is walked again on the host, which gives the
+/// same beam.
+struct GpuBatch<'v, 'g> {
+    vectors: &'v Vectors,
+    gpu: Held<'g>,
+    graph: Option<DeviceGraph>,
+    pool: ScratchPool,
+}
+
+impl<'v, 'g> GpuBatch<'v, 'g> {
+    fn new(vectors: &'v Vectors, gpu: Held<'g>) -> Self {
+        GpuBatch {
+            vectors,
+            gpu,
+            graph: None,
+            pool: ScratchPool::new(vectors.len()),
+        }
+    }
+}
+
+/// A round before `begin` (a bug of the build, never of its input).
+const NOT_UPLOADED: HnswError = HnswError::InvalidParameter {
+    name: "device graph",
+    value: 0,
+    reason: "a round ran before the graph was uploaded",
+};
+
+impl BatchEngine for GpuBatch<'_, '_> {
+    fn begin(&mut self, links: &Links<u32>, entry: u32) -> Result<()> {
+        let offsets = upper_offsets(links)?;
+        let layout = GraphLayout {
+            layer0: &links.layer0,
+            m0: links.layout.m0,
+            upper: &links.upper,
+            upper_offset: &offsets,
+            levels: &links.layout.levels,
+            m: links.layout.m,
+            entry,
+        };
+        self.graph = None;
+        self.graph = Some(self.gpu.upload_graph(&layout)?);
+        Ok(())
+    }
+
+    fn walk(
+        &mut self,
+        links: &Links<u32>,
+        entry: u32,
+        rows: &[u32],
+        ef: usize,
+        want: usize,
+    ) -> Result<Vec<Vec<Cand>>> {
+        let (mut hits, mut status) = (Vec::new(), Vec::new());
+        let gpu = &*self.gpu;
+        let graph = self.graph.as_ref().ok_or(NOT_UPLOADED)?;
+        gpu.walk_graph_rows(graph, rows, ef, want, &mut hits, &mut status)?;
+        let (vectors, pool) = (self.vectors, &self.pool);
+        rows.par_iter()
+            .enumerate()
+            .map(|(i, &r)| {
+                if status[i] == WalkStatus::Done {
+                    Ok(hits[i * want..(i + 1) * want]
+                        .iter()
+                        .map(|h| Cand::new(h.index, h.score))
+                        .collect())
+                } else {
+                    walk_row(vectors, pool, links, entry, r, ef, want)
+                }
+            })
+            .collect()
+    }
+
+    fn select(&mut self, jobs: &Jobs, cap: usize) -> Result<Vec<Vec<u32>>> {
+        let (mut out, mut counts) = (Vec::new(), Vec::new());
+        let prune = PruneJobs {
+            base: &jobs.base,
+            offsets: &jobs.off,
+            candidates: &jobs.cands,
+        };
+        self.gpu.prune_lists(&prune, cap, &mut out, &mut counts)?;
+        Ok(counts
+            .iter()
+            .enumerate()
+            .map(|(j, &c)| out[j * cap..j * cap + c as usize].to_vec())
+            .collect())
+    }
+
+    fn update(&mut self, links: &Links<u32>, nodes: &[u32]) -> Result<()> {
+        let stride = 1 + links.layout.m0;
+        let mut blocks = Vec::with_capacity(nodes.len() * stride);
+        for &v in nodes {
+            let at = v as usize * stride;
+            blocks.extend_from_slice(&links.layer0[at..at + stride]);
+        }
+        let graph = self.graph.as_mut().ok_or(NOT_UPLOADED)?;
+        self.gpu.set_graph_lists(graph, nodes, &blocks)?;
+        Ok(())
+    }
+}
+
+/// Per node, the start of its first upper-layer block, as the device walk
+/// addresses it.
+fn upper_offsets(links: &Links<u32>) -> Result<Vec<u32>> {
+    links
+        .layout
+        .upper_offsets()
+        .iter()
+        .map(|&o| u32::try_from(o))
+        .collect::<std::result::Result<Vec<u32>, _>>()
+        .map_err(|_| HnswError::InvalidParameter {
+            name: "upper-layer slots",
+            value: links.upper.len() as u64,
+            reason: "the GPU walk addresses at most 2^32 - 2 upper-layer slots",
+        })
+}
+
+/// Engines for the upper layers: a device engine of their own (the
+/// caller's configuration) for layers of [`GPU_LAYER_MIN_ROWS`] rows or
+/// more, the host below.
+struct GpuSubEngines {
+    config: topk_cuda::CudaConfig,
+}
+
+impl SubEngines for GpuSubEngines {
+    fn make<'v>(&self, vectors: &'v Vectors) -> Result<Box<dyn BatchEngine + 'v>> {
+        if vectors.len() < GPU_LAYER_MIN_ROWS {
+            return Ok(Box::new(CpuBatch::new(vectors)));
+        }
+        let gpu = CudaRetriever::from_rowmajor(
+            vectors.data().to_vec(),
+            vectors.dim(),
+            vectors.metric(),
+            self.config.clone(),
+        )?;
+        Ok(Box::new(GpuBatch::new(vectors, Held::Owned(Box::new(gpu)))))
+    }
+}
+
+impl Hnsw {
+    /// [`Hnsw::build_batched`] on the device of `gpu`, an engine already
+    /// holding the same rows (`CudaRetriever::from_rowmajor(data, dim,
+    /// metric, ..)`, f32 storage): the same index, bit for bit, with the
+    /// walks and selections of every round run on the GPU. Upper layers of
+    /// [`GPU_LAYER_MIN_ROWS`] rows or more get an engine of their own.
+    ///
+    /// Errors: those of [`Hnsw::build_batched`];
+    /// [`crate::HnswError::GpuMismatch`] when the engine holds another shape,
+    /// metric or corpus; the device's errors (out of memory, `2 m` above
+    /// [`topk_cuda::MAX_WALK_DEGREE`]).
+    pub fn build_batched_gpu(
+        data: &[f32],
+        dim: usize,
+        metric: Metric,
+        params: HnswParams,
+        schedule: BatchSchedule,
+        gpu: &CudaRetriever,
+    ) -> Result<Self> {
+        Self::build_batched_gpu_with_progress(data, dim, metric, params, schedule, gpu, None)
+    }
+
+    /// [`Hnsw::build_batched_gpu`], calling `progress` with the rows in
+    /// layer 0 after every round (the graph does not depend on it).
+    pub fn build_batched_gpu_with_progress(
+        data: &[f32],
+        dim: usize,
+        metric: Metric,
+        params: HnswParams,
+        schedule: BatchSchedule,
+        gpu: &CudaRetriever,
+        progress: Option<&(dyn Fn(usize) + Sync)>,
+    ) -> Result<Self> {
+        params.validate()?;
+        validate::corpus(data, dim)?;
+        let vectors = Vectors::new(data.to_vec(), dim, metric);
+        check_engine(gpu, &vectors)?;
+        spot_check(gpu, &vectors)?;
+        let subs = GpuSubEngines {
+            config: gpu.config().clone(),
+        };
+        let graph = {
+            let mut engine = GpuBatch::new(&vectors, Held::Borrowed(gpu));
+            build_with(&vectors, &params, schedule, &mut engine, &subs, progress)?
+        };
+        Ok(Hnsw::from_parts(params, vectors, graph))
     }
 }

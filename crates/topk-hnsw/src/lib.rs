@@ -59,6 +59,7 @@
 //! `ef` below `k` is raised to `k`; `ef = 0`, `m < 2` and
 //! `ef_construction = 0` are [`HnswError::InvalidParameter`].
 
+mod batch_build;
 mod build;
 mod error;
 mod filter;
@@ -79,6 +80,7 @@ mod search;
 pub mod synth;
 mod vectors;
 
+pub use batch_build::BatchSchedule;
 pub use error::{HnswError, Result};
 pub use filter::SlotFilter;
 #[cfg(feature = "cuda")]

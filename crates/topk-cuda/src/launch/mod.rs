@@ -12,10 +12,12 @@
 //! | `graph.rs` | graphs built node by node and their replay |
 //! | `copy.rs` | host/device copies and zeroing |
 //! | `walk.rs` | the graph walk: every query's HNSW search in one launch |
+//! | `prune.rs` | the batched build's neighbour selection and list writes |
 
 mod copy;
 mod filter;
 mod graph;
+mod prune;
 mod rows;
 mod score;
 mod select;
@@ -37,6 +39,7 @@ pub(crate) use copy::{
 };
 pub(crate) use filter::{HalfQueries, Sampled};
 pub(crate) use graph::{GraphBuild, Replay};
+pub(crate) use prune::{PruneArgs, SetListsArgs, PRUNE_MAX_CANDS, PRUNE_MAX_CAP};
 pub(crate) use rows::FROM_B;
 pub(crate) use score::{single_path, FusedThreshold, ScorePlan};
 pub(crate) use walk::{WalkArgs, WalkGraph};
@@ -174,6 +177,10 @@ pub(crate) struct Kernels {
     /// The graph walk (`kernels/walk.cu`), per team size of
     /// [`crate::config::WALK_TEAMS`] and metric.
     walk: [[cu::CUfunction; 3]; 4],
+    /// The batched build's neighbour selection (`kernels/prune.cuh`, in
+    /// the walk's module) and its writes of layer-0 lists.
+    prune: [cu::CUfunction; 3],
+    set_lists: cu::CUfunction,
     sm_count: u32,
 }
 
@@ -601,6 +608,8 @@ impl Kernels {
                 family!(walk, "topk_walk", "_128"),
                 family!(walk, "topk_walk", "_256"),
             ],
+            prune: family!(walk, "topk_prune"),
+            set_lists: function(walk, "topk_set_lists")?,
             sm_count: sm_count.max(1),
         })
     }

@@ -88,6 +88,8 @@ fn every_kernel_the_host_loads_is_an_entry_of_its_ptx() {
                         .into_iter()
                         .map(move |m| format!("{m}_{t}"))
                 })
+                .chain(metrics("topk_prune"))
+                .chain(["topk_set_lists".to_owned()])
                 .collect(),
         ),
     ] {

@@ -51,7 +51,8 @@ pub(crate) struct WalkGraph<'a> {
     pub(crate) top: u32,
 }
 
-/// One walk launch: `nq` queries (`queries`, nq × d) against the corpus
+/// One walk launch: `nq` queries (`queries`, nq × d, or the corpus rows
+/// `qrows` where given) against the corpus
 /// (`corpus`, n × d, row norms `rnorm` for cosine), results into `out`
 /// (nq × want) and `status` (nq), optionally restricted to the nodes whose
 /// bit is set in `allow` (n bits, 32 per word).
@@ -61,6 +62,9 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) n: u32,
     pub(crate) d: u32,
     pub(crate) queries: DevSlice<'a, f32>,
+    /// Corpus rows to take as the queries instead of `queries` (each below
+    /// `n`, checked by the caller).
+    pub(crate) qrows: Option<DevSlice<'a, u32>>,
     pub(crate) nq: u32,
     pub(crate) graph: WalkGraph<'a>,
     pub(crate) allow: Option<DevSlice<'a, u32>>,
@@ -120,7 +124,10 @@ impl Kernels {
         if metric == Metric::Cosine {
             a.rnorm.need("row norms", n)?;
         }
-        a.queries.need("walk queries", nq * d)?;
+        match a.qrows {
+            Some(rows) => rows.need("walk query rows", nq)?,
+            None => a.queries.need("walk queries", nq * d)?,
+        }
         g.layer0.need("layer-0 lists", n * (1 + g.m0 as usize))?;
         g.upper_off.need("upper-layer offsets", n)?;
         if let Some(allow) = a.allow {
@@ -224,6 +231,7 @@ impl Kernels {
                 rnorm = a.rnorm.ptr(),
                 d = a.d,
                 queries = a.queries.ptr(),
+                qrows = a.qrows.map_or(0, |s| s.ptr()),
                 layer0 = g.layer0.ptr(),
                 m0 = g.m0,
                 upper = g.upper.ptr(),

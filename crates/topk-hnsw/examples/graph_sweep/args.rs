@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use topk_core::Metric;
 use topk_cuda::SeenSet;
+use topk_hnsw::BatchSchedule;
 
 use crate::AnyResult;
 
@@ -97,6 +98,12 @@ pub(crate) struct Args {
     /// ids (32-bit) or tags (16-bit).
     #[arg(long, default_value = "auto", value_parser = parse_seen)]
     pub(crate) walk_seen: SeenSet,
+    /// The GPU builds to time, each with its recall per ef; the first is the
+    /// graph of the GPU-built points: `batched` (`Hnsw::build_batched_gpu`,
+    /// the default schedule), `batched:DIVISOR:MAX_BATCH`, or `knn`
+    /// (`Hnsw::build_knn_gpu`).
+    #[arg(long, value_delimiter = ',', default_value = "batched", value_parser = parse_build)]
+    pub(crate) gpu_build: Vec<GpuBuild>,
     /// Skip the GPU build (and its graph's points).
     #[arg(long)]
     pub(crate) no_gpu_build: bool,
@@ -129,6 +136,49 @@ pub(crate) fn check_args(a: &Args) -> AnyResult<()> {
         return Err("--min-reps must be at least 1, got 0".into());
     }
     Ok(())
+}
+
+/// One GPU build of `--gpu-build`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GpuBuild {
+    Batched(BatchSchedule),
+    Knn,
+}
+
+impl std::fmt::Display for GpuBuild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuBuild::Batched(s) => write!(
+                f,
+                "GPU batched build (Hnsw::build_batched_gpu, divisor {}, max batch {})",
+                s.divisor, s.max_batch
+            ),
+            GpuBuild::Knn => write!(f, "GPU kNN build (Hnsw::build_knn_gpu)"),
+        }
+    }
+}
+
+fn parse_build(s: &str) -> Result<GpuBuild, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    match parts.as_slice() {
+        ["knn"] => Ok(GpuBuild::Knn),
+        ["batched"] => Ok(GpuBuild::Batched(BatchSchedule::default())),
+        ["batched", div, max] => {
+            let num = |v: &str| {
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|&x| x > 0)
+                    .ok_or_else(|| format!("--gpu-build {s:?}: {v:?} is not a count of at least 1"))
+            };
+            Ok(GpuBuild::Batched(BatchSchedule {
+                divisor: num(div)?,
+                max_batch: num(max)?,
+            }))
+        }
+        _ => Err(format!(
+            "--gpu-build takes batched, batched:DIVISOR:MAX_BATCH or knn, got {s:?}"
+        )),
+    }
 }
 
 fn parse_seen(s: &str) -> Result<SeenSet, String> {

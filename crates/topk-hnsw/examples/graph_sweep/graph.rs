@@ -7,6 +7,7 @@ use topk_core::{Metric, Neighbor};
 use topk_cuda::CudaRetriever;
 use topk_hnsw::{Hnsw, HnswParams};
 
+use crate::args::GpuBuild;
 use crate::AnyResult;
 
 /// GPU graph search over one uploaded graph (`Hnsw::upload_graph`,
@@ -51,14 +52,29 @@ pub(crate) fn upload_graph<'a>(
     })
 }
 
-/// The GPU build (`Hnsw::build_knn_gpu`: the exact kNN graph from the
-/// engine, pruned).
+/// One GPU build of `--gpu-build`, progress on `pb` (rows in layer 0).
 pub(crate) fn gpu_build(
     data: &[f32],
     dim: usize,
     metric: Metric,
     params: HnswParams,
     gpu: &CudaRetriever,
+    build: GpuBuild,
+    pb: &indicatif::ProgressBar,
 ) -> AnyResult<Hnsw> {
-    Ok(Hnsw::build_knn_gpu(data, dim, metric, params, gpu)?)
+    let report = |rows: usize| pb.set_position(rows as u64);
+    Ok(match build {
+        GpuBuild::Batched(schedule) => Hnsw::build_batched_gpu_with_progress(
+            data,
+            dim,
+            metric,
+            params,
+            schedule,
+            gpu,
+            Some(&report),
+        )?,
+        GpuBuild::Knn => {
+            Hnsw::build_from_knn_with_progress(data, dim, metric, params, gpu, &report)?
+        }
+    })
 }

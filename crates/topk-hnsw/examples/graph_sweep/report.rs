@@ -40,7 +40,7 @@ pub(crate) struct Point {
 /// The build of one graph.
 #[derive(Debug, Clone)]
 pub(crate) struct BuildRow {
-    pub(crate) what: &'static str,
+    pub(crate) what: String,
     pub(crate) seconds: f64,
     /// recall@k at each `ef` of the sweep.
     pub(crate) recall: Vec<(usize, f64)>,
@@ -197,11 +197,14 @@ pub(crate) fn table(a: &Args, sums: &[Summary]) -> String {
             }
             o.push('\n');
         }
-        if let [cpu, gpu, ..] = s.builds.as_slice() {
-            o.push_str(&format!(
-                "\nGPU build: {:.2}× faster than the CPU parallel build.\n",
-                cpu.seconds / gpu.seconds
-            ));
+        if let [cpu, gpus @ ..] = s.builds.as_slice() {
+            for gpu in gpus {
+                o.push_str(&format!(
+                    "\n{}: {:.2}× faster than the CPU parallel build.\n",
+                    gpu.what,
+                    cpu.seconds / gpu.seconds
+                ));
+            }
         }
         let mut batches: Vec<usize> = s.points.iter().map(|p| p.batch).collect();
         batches.sort_unstable();

@@ -125,59 +125,59 @@ pub(crate) fn run_dataset(
     let cpu_build_s = t.elapsed().as_secs_f64();
     pb.finish_and_clear();
     tracing::info!(target: LOG, "CPU build: {cpu_build_s:.1} s");
-    let gpu_index = match &gpu {
-        Some(g) if !a.no_gpu_build => {
-            let pb = spinner("GPU build");
+    // Every GPU build of `--gpu-build`; the first that succeeds is the
+    // graph of the GPU-built points.
+    let mut gpu_builds: Vec<(Hnsw, f64, String)> = Vec::new();
+    if let Some(g) = gpu.as_ref().filter(|_| !a.no_gpu_build) {
+        for &build in &a.gpu_build {
+            let pb = bar(n as u64, "GPU build");
             let t = Instant::now();
-            let built = gpu_build(&flat, d, metric, params, g);
+            let built = gpu_build(&flat, d, metric, params, g, build, &pb);
             let s = t.elapsed().as_secs_f64();
             pb.finish_and_clear();
             match built {
                 Ok(built) => {
-                    tracing::info!(target: LOG, "GPU build: {s:.1} s");
-                    Some((built, s))
+                    tracing::info!(target: LOG, "{build}: {s:.2} s");
+                    gpu_builds.push((built, s, build.to_string()));
                 }
-                Err(e) => {
-                    failed(sink, &mut sum, &ds.name, "GPU build", &e)?;
-                    None
-                }
+                Err(e) => failed(sink, &mut sum, &ds.name, &build.to_string(), &e)?,
             }
         }
-        _ => None,
-    };
+    }
 
     // One-call passes over all queries: recall per ef, and the references
     // every timed batch is compared with.
     let mut cpu_full: BTreeMap<usize, Vec<Vec<Neighbor>>> = BTreeMap::new();
     let mut builds = vec![BuildRow {
-        what: "CPU parallel build (Hnsw::build_parallel)",
+        what: "CPU parallel build (Hnsw::build_parallel)".to_owned(),
         seconds: cpu_build_s,
         recall: Vec::new(),
     }];
-    let mut gpu_built_row = gpu_index.as_ref().map(|(_, s)| BuildRow {
-        what: "GPU build (Hnsw::build_knn_gpu)",
+    builds.extend(gpu_builds.iter().map(|(_, s, what)| BuildRow {
+        what: what.clone(),
         seconds: *s,
         recall: Vec::new(),
-    });
+    }));
     let pb = bar(a.ef.len() as u64, "recall per ef");
     for &ef in &a.ef {
         let r = index.search_batch_with_ef(qv, k, ef)?;
         let rc = recall_at_k(&r, &cx.truth, k)?;
         builds[0].recall.push((ef, rc));
         cpu_full.insert(ef, r);
-        if let (Some((gi, _)), Some(row)) = (&gpu_index, gpu_built_row.as_mut()) {
+        for (i, (gi, _, _)) in gpu_builds.iter().enumerate() {
             let r = gi.search_batch_with_ef(qv, k, ef)?;
-            row.recall.push((ef, recall_at_k(&r, &cx.truth, k)?));
+            builds[i + 1]
+                .recall
+                .push((ef, recall_at_k(&r, &cx.truth, k)?));
         }
         pb.inc(1);
     }
     pb.finish_and_clear();
-    builds.extend(gpu_built_row);
-    for b in &builds {
-        let stats = if b.what.starts_with("CPU") {
-            Some(index.stats())
+    for (i, b) in builds.iter().enumerate() {
+        let stats = if i == 0 {
+            index.stats()
         } else {
-            gpu_index.as_ref().map(|(gi, _)| gi.stats())
+            gpu_builds[i - 1].0.stats()
         };
         sink.emit(&json!({
             "what": "build", "dataset": ds.name, "build": b.what, "seconds": b.seconds,
@@ -185,8 +185,8 @@ pub(crate) fn run_dataset(
             "ef_construction": a.ef_construction, "level_seed": a.level_seed,
             "threads": threads, "k": k,
             "recall_at_ef": b.recall.iter().map(|&(ef, r)| json!({"ef": ef, "recall": r})).collect::<Vec<_>>(),
-            "max_level": stats.as_ref().map(|s| s.max_level),
-            "mean_degree": stats.as_ref().map(|s| s.mean_degree.clone()),
+            "max_level": stats.max_level,
+            "mean_degree": stats.mean_degree.clone(),
         }))?;
     }
     sum.builds = builds;
@@ -203,8 +203,8 @@ pub(crate) fn run_dataset(
         Some(g) => timed_upload(&index, g, "CPU-built", ds, sink, &mut sum)?,
         None => None,
     };
-    let mut searcher_gpu_built = match (&gpu, &gpu_index) {
-        (Some(g), Some((gi, _))) => timed_upload(gi, g, "GPU-built", ds, sink, &mut sum)?,
+    let mut searcher_gpu_built = match (&gpu, gpu_builds.first()) {
+        (Some(g), Some((gi, _, _))) => timed_upload(gi, g, "GPU-built", ds, sink, &mut sum)?,
         _ => None,
     };
     if let Some(s) = &searcher {
