@@ -19,36 +19,51 @@
 #define PRUNE_MAX_CANDS 2048
 #define PRUNE_MAX_CAP 128
 
-// The job of block blockIdx.x: candidates cands[off[j] .. off[j + 1]) of
-// base base[j]; the kept ids go to out[j * cap ...], best first, their count
-// to counts[j]. Dynamic shared memory: 2 * (off[j + 1] - off[j]) keys, at
-// most 2 * max_cands.
+// The job of block blockIdx.x: node base[j] and its candidates, the ids
+// cands[(first + i) * stride] for i < count, where first = off[j] and count
+// = off[j + 1] - first, or (no `off`) first = j * uniform and count =
+// uniform: a walk's results (TopkNeighbor rows, stride 2, the walk's query
+// rows as `base`). With `status`, a job whose status is not 0 (a walk that
+// did not finish) keeps nothing. The kept ids go to out[j * cap ...], best
+// first, their scores against the base to out_scores (when given), their
+// count to counts[j]. Dynamic shared memory: 2 * max_cands keys.
 template <int METRIC>
 __device__ __forceinline__ void prune_job(const float* __restrict__ corpus,
                                           const float* __restrict__ rnorm, unsigned d,
                                           const unsigned* __restrict__ base,
-                                          const unsigned* __restrict__ off,
-                                          const unsigned* __restrict__ cands, unsigned max_cands,
-                                          unsigned cap, unsigned* __restrict__ out,
+                                          const unsigned* __restrict__ off, unsigned uniform,
+                                          const unsigned* __restrict__ cands, unsigned stride,
+                                          const unsigned* __restrict__ status,
+                                          unsigned max_cands, unsigned cap,
+                                          unsigned* __restrict__ out,
+                                          float* __restrict__ out_scores,
                                           unsigned* __restrict__ counts) {
     constexpr unsigned WARPS = PRUNE_THREADS / TOPK_WARP;
     extern __shared__ __align__(16) unsigned long long prune_smem[];
     __shared__ unsigned s_kept[PRUNE_MAX_CAP];
+    __shared__ float s_kept_score[PRUNE_MAX_CAP];
     __shared__ unsigned s_n, s_reject;
     const unsigned tid = threadIdx.x;
     const unsigned lane = tid & (TOPK_WARP - 1);
     const unsigned warp = tid / TOPK_WARP;
     const size_t j = blockIdx.x;
+    if (status != nullptr && status[j] != 0u) {
+        if (tid == 0) {
+            counts[j] = 0u;
+        }
+        return;
+    }
     const unsigned b = base[j];
-    const unsigned first = off[j];
-    const unsigned c = min(off[j + 1] - first, max_cands);
+    const size_t first = off != nullptr ? (size_t)off[j] : j * uniform;
+    const unsigned c =
+        min(off != nullptr ? off[j + 1] - off[j] : uniform, max_cands);
     unsigned long long* keys = prune_smem;
     unsigned long long* sorted = prune_smem + max_cands;
     const float* brow = corpus + (size_t)b * d;
     const float bn = (METRIC == TOPK_COSINE) ? rnorm[b] : 0.0f;
 
     for (unsigned i = warp; i < c; i += WARPS) {
-        const unsigned id = cands[first + i];
+        const unsigned id = cands[(first + i) * stride];
         const float rn = (METRIC == TOPK_COSINE) ? rnorm[id] : 0.0f;
         const float s = topk_warp_score<METRIC>(brow, corpus + (size_t)id * d, d, bn, rn, lane);
         if (lane == 0) {
@@ -72,6 +87,9 @@ __device__ __forceinline__ void prune_job(const float* __restrict__ corpus,
     if (c < cap) {
         for (unsigned i = tid; i < c; i += PRUNE_THREADS) {
             row[i] = topk_key_index(sorted[i]);
+            if (out_scores != nullptr) {
+                out_scores[j * cap + i] = topk_score_of_bits((unsigned)(sorted[i] >> 32));
+            }
         }
         if (tid == 0) {
             counts[j] = c;
@@ -113,6 +131,7 @@ __device__ __forceinline__ void prune_job(const float* __restrict__ corpus,
         __syncthreads();
         if (tid == 0 && s_reject == 0u) {
             s_kept[kept] = e;
+            s_kept_score[kept] = to_base;
             s_n = kept + 1u;
         }
         __syncthreads();
@@ -120,6 +139,9 @@ __device__ __forceinline__ void prune_job(const float* __restrict__ corpus,
     const unsigned kept = s_n;
     for (unsigned i = tid; i < kept; i += PRUNE_THREADS) {
         row[i] = s_kept[i];
+        if (out_scores != nullptr) {
+            out_scores[j * cap + i] = s_kept_score[i];
+        }
     }
     if (tid == 0) {
         counts[j] = kept;
@@ -129,10 +151,13 @@ __device__ __forceinline__ void prune_job(const float* __restrict__ corpus,
 #define TOPK_PRUNE_KERNEL(NAME, METRIC)                                                         \
     extern "C" __global__ void __launch_bounds__(PRUNE_THREADS) topk_prune_##NAME(              \
         const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,          \
-        const unsigned* __restrict__ base, const unsigned* __restrict__ off,                    \
-        const unsigned* __restrict__ cands, unsigned max_cands, unsigned cap,                   \
-        unsigned* __restrict__ out, unsigned* __restrict__ counts) {                            \
-        prune_job<METRIC>(corpus, rnorm, d, base, off, cands, max_cands, cap, out, counts);     \
+        const unsigned* __restrict__ base, const unsigned* __restrict__ off, unsigned uniform,  \
+        const unsigned* __restrict__ cands, unsigned stride,                                    \
+        const unsigned* __restrict__ status, unsigned max_cands, unsigned cap,                  \
+        unsigned* __restrict__ out, float* __restrict__ out_scores,                             \
+        unsigned* __restrict__ counts) {                                                        \
+        prune_job<METRIC>(corpus, rnorm, d, base, off, uniform, cands, stride, status,         \
+                          max_cands, cap, out, out_scores, counts);                             \
     }
 
 // Writes `count` whole layer-0 blocks (a count slot, then m0 id slots:

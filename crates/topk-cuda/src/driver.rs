@@ -168,6 +168,17 @@ impl<'a, T> DevSlice<'a, T> {
     }
 }
 
+impl<'a> DevSlice<'a, crate::device::DevNeighbor> {
+    /// The same memory as 32-bit words (an index, then a score's bits).
+    pub(crate) fn words(self) -> DevSlice<'a, u32> {
+        DevSlice {
+            ptr: self.ptr,
+            len: self.len * 2,
+            _buffer: PhantomData,
+        }
+    }
+}
+
 /// Checks that `len` elements from `start` lie within a view of `total`;
 /// an error naming `what` (and the end needed) past it.
 fn within(what: &'static str, start: usize, len: usize, total: usize) -> Result<(), CudaError> {

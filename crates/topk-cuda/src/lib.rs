@@ -385,6 +385,7 @@ impl CudaRetriever {
             allow,
             hits,
             status,
+            None,
         )
     }
 
@@ -400,8 +401,41 @@ impl CudaRetriever {
         hits: &mut Vec<Neighbor>,
         status: &mut Vec<WalkStatus>,
     ) -> Result<(), CudaError> {
+        self.engine.walk_graph(
+            graph,
+            WalkQueries::Rows(rows),
+            ef,
+            want,
+            None,
+            hits,
+            status,
+            None,
+        )
+    }
+
+    /// [`CudaRetriever::walk_graph_rows`] followed on the device by
+    /// [`CudaRetriever::prune_lists`] of every finished walk, its row as the
+    /// job's node and its `want` results as the candidates: what a batched
+    /// build does with each walk, without the results leaving the device.
+    /// `lists` gets `cap` slots per row (the kept ids first, best first),
+    /// `scores` their scores against the row, `counts` how many were kept
+    /// (0 where the walk did not finish: its status says why). At most
+    /// 2,048 results, `cap` in `1..=128`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn walk_select_rows(
+        &self,
+        graph: &DeviceGraph,
+        rows: &[u32],
+        ef: usize,
+        want: usize,
+        cap: usize,
+        lists: &mut Vec<u32>,
+        scores: &mut Vec<f32>,
+        counts: &mut Vec<u32>,
+        status: &mut Vec<WalkStatus>,
+    ) -> Result<(), CudaError> {
         self.engine
-            .walk_graph(graph, WalkQueries::Rows(rows), ef, want, None, hits, status)
+            .walk_select_rows(graph, rows, ef, want, cap, lists, scores, counts, status)
     }
 
     /// The neighbour-selection heuristic of HNSW (Malkov & Yashunin,

@@ -125,12 +125,16 @@ impl Engine {
             n: n as u32,
             d: self.dim() as u32,
             base: DevSlice::of(&base),
-            off: DevSlice::of(&off),
+            off: Some(DevSlice::of(&off)),
+            uniform: 0,
             cands: DevSlice::of(&cands),
+            stride: 1,
+            status: None,
             jobs: jobs_u32,
             max_cands: max_cands as u32,
             cap: cap_u32,
             out: DevSlice::of(&out_d),
+            out_scores: None,
             counts: DevSlice::of(&counts_d),
         };
         self.kernels

@@ -91,6 +91,22 @@ impl Engine {
         _allow: Option<&[u32]>,
         _hits: &mut Vec<Neighbor>,
         _status: &mut Vec<WalkStatus>,
+        _select: Option<std::convert::Infallible>,
+    ) -> Result<(), CudaError> {
+        match *self {}
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn walk_select_rows(
+        &self,
+        _graph: &DeviceGraph,
+        _rows: &[u32],
+        _ef: usize,
+        _want: usize,
+        _cap: usize,
+        _lists: &mut Vec<u32>,
+        _scores: &mut Vec<f32>,
+        _counts: &mut Vec<u32>,
+        _status: &mut Vec<WalkStatus>,
     ) -> Result<(), CudaError> {
         match *self {}
     }

@@ -12,7 +12,7 @@ use crate::device::{pinned, Ctx, DevNeighbor, OwnedDevice};
 use crate::driver::{alloc, DevSlice};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
-use crate::launch::{self, Queue, WalkArgs, WalkGraph};
+use crate::launch::{self, PruneArgs, Queue, WalkArgs, WalkGraph};
 use crate::walk_layout::{GraphLayout, WalkQueries, WalkStatus};
 
 /// Queries per launch: bounds the staging buffers of a very large batch.
@@ -88,10 +88,35 @@ struct Scratch {
     status_host: LockedBuffer<u32>,
     allow: DeviceBuffer<u32>,
     allow_host: LockedBuffer<u32>,
+    /// The selection's lists, scores and counts (`WalkSelect`).
+    kept: DeviceBuffer<u32>,
+    kept_host: LockedBuffer<u32>,
+    kept_scores: DeviceBuffer<f32>,
+    kept_scores_host: LockedBuffer<f32>,
+    kept_counts: DeviceBuffer<u32>,
+    kept_counts_host: LockedBuffer<u32>,
+}
+
+/// The neighbour selection run on the results of every finished walk of
+/// corpus rows, each row the base of its job (topk-hnsw's batched build):
+/// at most `cap` of a walk's results kept (kernels/prune.cuh), into `lists`
+/// (`cap` slots per query), their scores against the row into `scores`,
+/// their count into `counts` (0 for a walk that did not finish).
+pub(crate) struct WalkSelect<'o> {
+    pub(crate) cap: usize,
+    pub(crate) lists: &'o mut Vec<u32>,
+    pub(crate) scores: &'o mut Vec<f32>,
+    pub(crate) counts: &'o mut Vec<u32>,
 }
 
 impl Scratch {
-    fn new(values: usize, results: usize, nq: usize, words: usize) -> Result<Self, CudaError> {
+    fn new(
+        values: usize,
+        results: usize,
+        nq: usize,
+        words: usize,
+        kept: usize,
+    ) -> Result<Self, CudaError> {
         Ok(Scratch {
             stream: Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?,
             queries: alloc("walk queries", values)?,
@@ -104,11 +129,18 @@ impl Scratch {
             status_host: pinned(nq)?,
             allow: alloc("walk allow-list", words)?,
             allow_host: pinned(words)?,
+            kept: alloc("selected lists", kept)?,
+            kept_host: pinned(kept)?,
+            kept_scores: alloc("selected scores", kept)?,
+            kept_scores_host: pinned(kept)?,
+            kept_counts: alloc("selected counts", nq)?,
+            kept_counts_host: pinned(nq)?,
         })
     }
 
-    fn fits(&self, values: usize, results: usize, nq: usize, words: usize) -> bool {
-        self.queries.len() >= values
+    fn fits(&self, values: usize, results: usize, nq: usize, words: usize, kept: usize) -> bool {
+        self.kept.len() >= kept
+            && self.queries.len() >= values
             && self.qrows.len() >= nq
             && self.out.len() >= results
             && self.status.len() >= nq
@@ -161,7 +193,10 @@ impl Engine {
     /// Walks `graph` for every row-major query: `want` results per query
     /// (into `hits`, `want` per query, valid where the status is
     /// [`WalkStatus::Done`]) with beam width `ef`, over the nodes whose bit
-    /// is set in `allow` (`ceil(n / 32)` words) or all of them.
+    /// is set in `allow` (`ceil(n / 32)` words) or all of them. With
+    /// `select` (queries that are corpus rows, no allow-list) the results
+    /// stay on the device and only the selection's lists come back; `hits`
+    /// is left empty.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn walk_graph(
         &self,
@@ -172,6 +207,7 @@ impl Engine {
         allow: Option<&[u32]>,
         hits: &mut Vec<Neighbor>,
         status: &mut Vec<WalkStatus>,
+        mut select: Option<WalkSelect<'_>>,
     ) -> Result<(), CudaError> {
         let (n, d) = (self.len(), self.dim());
         if graph.device != self.config.device || graph.n != n {
@@ -212,8 +248,29 @@ impl Engine {
                 });
             }
         }
+        if let Some(sel) = &select {
+            if !matches!(queries, WalkQueries::Rows(_)) || allow.is_some() {
+                return Err(CudaError::InvalidOption {
+                    name: "walk selection",
+                    value: sel.cap,
+                    reason: "needs corpus rows as the queries and no allow-list",
+                });
+            }
+            if sel.cap == 0 || sel.cap > launch::PRUNE_MAX_CAP || want > launch::PRUNE_MAX_CANDS {
+                return Err(CudaError::InvalidOption {
+                    name: "walk selection",
+                    value: sel.cap,
+                    reason: "keeps 1 ..= 128 of at most 2,048 results",
+                });
+            }
+        }
         hits.clear();
         status.clear();
+        if let Some(sel) = select.as_mut() {
+            sel.lists.clear();
+            sel.scores.clear();
+            sel.counts.clear();
+        }
         if nq == 0 {
             return Ok(());
         }
@@ -231,12 +288,13 @@ impl Engine {
         };
         let results = chunk * want;
         let allow_words = if allow.is_some() { words } else { 1 };
+        let kept = select.as_ref().map_or(1, |sel| chunk * sel.cap);
         let sc = match &mut *guard {
-            Some(s) if s.fits(values, results, chunk, allow_words) => s,
+            Some(s) if s.fits(values, results, chunk, allow_words, kept) => s,
             slot => {
                 // The old buffers go before the larger ones are allocated.
                 *slot = None;
-                slot.insert(Scratch::new(values, results, chunk, allow_words)?)
+                slot.insert(Scratch::new(values, results, chunk, allow_words, kept)?)
             }
         };
         let s = Queue::Stream(sc.stream.as_inner());
@@ -298,15 +356,55 @@ impl Engine {
                 status: st,
             };
             self.kernels.walk(s, self.metric(), &args)?;
-            launch::d2h(s, &mut sc.out_host, out)?;
+            if let (Some(sel), Some(base)) = (select.as_mut(), qrows) {
+                let kept = cq * sel.cap;
+                let lists = DevSlice::of(&sc.kept).range("selected lists", 0, kept)?;
+                let scores = DevSlice::of(&sc.kept_scores).range("selected scores", 0, kept)?;
+                let counts = DevSlice::of(&sc.kept_counts).range("selected counts", 0, cq)?;
+                let prune = PruneArgs {
+                    corpus: args.corpus,
+                    rnorm: args.rnorm,
+                    n: n as u32,
+                    d: d as u32,
+                    base,
+                    off: None,
+                    uniform: want as u32,
+                    cands: out.words(),
+                    stride: 2,
+                    status: Some(st),
+                    jobs: cq as u32,
+                    max_cands: want as u32,
+                    cap: sel.cap as u32,
+                    out: lists,
+                    out_scores: Some(scores),
+                    counts,
+                };
+                self.kernels.prune(s, self.metric(), &prune)?;
+                launch::d2h(s, &mut sc.kept_host, lists)?;
+                launch::d2h(s, &mut sc.kept_scores_host, scores)?;
+                launch::d2h(s, &mut sc.kept_counts_host, counts)?;
+            } else {
+                launch::d2h(s, &mut sc.out_host, out)?;
+            }
             launch::d2h(s, &mut sc.status_host, st)?;
             sc.stream.synchronize().op("cuStreamSynchronize")?;
             tracing::trace!(chunk = c, queries = cq, "walk chunk done");
-            hits.extend(
-                sc.out_host.as_slice()[..cq * want]
-                    .iter()
-                    .map(|h| Neighbor::new(h.index, h.score)),
-            );
+            match select.as_mut() {
+                Some(sel) => {
+                    let kept = cq * sel.cap;
+                    sel.lists
+                        .extend_from_slice(&sc.kept_host.as_slice()[..kept]);
+                    sel.scores
+                        .extend_from_slice(&sc.kept_scores_host.as_slice()[..kept]);
+                    sel.counts
+                        .extend_from_slice(&sc.kept_counts_host.as_slice()[..cq]);
+                }
+                None => hits.extend(
+                    sc.out_host.as_slice()[..cq * want]
+                        .iter()
+                        .map(|h| Neighbor::new(h.index, h.score)),
+                ),
+            }
             status.extend(
                 sc.status_host.as_slice()[..cq]
                     .iter()
@@ -314,6 +412,42 @@ impl Engine {
             );
         }
         Ok(())
+    }
+}
+
+impl Engine {
+    /// [`Engine::walk_graph`] of corpus rows with the selection of each
+    /// finished walk ([`WalkSelect`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn walk_select_rows(
+        &self,
+        graph: &DeviceGraph,
+        rows: &[u32],
+        ef: usize,
+        want: usize,
+        cap: usize,
+        lists: &mut Vec<u32>,
+        scores: &mut Vec<f32>,
+        counts: &mut Vec<u32>,
+        status: &mut Vec<WalkStatus>,
+    ) -> Result<(), CudaError> {
+        let select = WalkSelect {
+            cap,
+            lists,
+            scores,
+            counts,
+        };
+        let mut hits = Vec::new();
+        self.walk_graph(
+            graph,
+            WalkQueries::Rows(rows),
+            ef,
+            want,
+            None,
+            &mut hits,
+            status,
+            Some(select),
+        )
     }
 }
 

@@ -16,7 +16,8 @@ use topk_cpu::CpuRetriever;
 use topk_cuda::{CudaRetriever, DeviceGraph, GraphLayout, PruneJobs, WalkStatus};
 
 use crate::batch_build::{
-    build_with, walk_row, BatchEngine, BatchSchedule, CpuBatch, Jobs, SubEngines,
+    build_with, walk_select_row, BatchEngine, BatchSchedule, CpuBatch, Jobs, SubEngines,
+    MAX_SELECT_CANDIDATES,
 };
 use crate::error::{HnswError, Result};
 use crate::gpu::{check_engine, spot_check};
@@ -143,29 +144,41 @@ impl BatchEngine for GpuBatch<'_, '_> {
         Ok(())
     }
 
-    fn walk(
+    fn walk_select(
         &mut self,
         links: &Links<u32>,
         entry: u32,
         rows: &[u32],
         ef: usize,
         want: usize,
+        cap: usize,
     ) -> Result<Vec<Vec<Cand>>> {
-        let (mut hits, mut status) = (Vec::new(), Vec::new());
-        let gpu = &*self.gpu;
+        let (mut lists, mut scores, mut counts, mut status) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let graph = self.graph.as_ref().ok_or(NOT_UPLOADED)?;
-        gpu.walk_graph_rows(graph, rows, ef, want, &mut hits, &mut status)?;
+        let want = want.min(MAX_SELECT_CANDIDATES);
+        self.gpu.walk_select_rows(
+            graph,
+            rows,
+            ef,
+            want,
+            cap,
+            &mut lists,
+            &mut scores,
+            &mut counts,
+            &mut status,
+        )?;
         let (vectors, pool) = (self.vectors, &self.pool);
         rows.par_iter()
             .enumerate()
             .map(|(i, &r)| {
                 if status[i] == WalkStatus::Done {
-                    Ok(hits[i * want..(i + 1) * want]
-                        .iter()
-                        .map(|h| Cand::new(h.index, h.score))
+                    let at = i * cap;
+                    Ok((at..at + counts[i] as usize)
+                        .map(|x| Cand::new(lists[x], scores[x]))
                         .collect())
                 } else {
-                    walk_row(vectors, pool, links, entry, r, ef, want)
+                    walk_select_row(vectors, pool, links, entry, r, ef, want, cap)
                 }
             })
             .collect()
@@ -239,7 +252,7 @@ impl SubEngines for GpuSubEngines {
 
 impl Hnsw {
     /// [`Hnsw::build_batched`] on the device of `gpu`, an engine already
-    /// holding the same rows (`CudaRetriever::from_rowmajor(data, dim,
+    /// holding the same rows as `data` (taken) (`CudaRetriever::from_rowmajor(data, dim,
     /// metric, ..)`, f32 storage): the same index, bit for bit, with the
     /// walks and selections of every round run on the GPU. Upper layers of
     /// [`GPU_LAYER_MIN_ROWS`] rows or more get an engine of their own.
@@ -249,7 +262,7 @@ impl Hnsw {
     /// metric or corpus; the device's errors (out of memory, `2 m` above
     /// [`topk_cuda::MAX_WALK_DEGREE`]).
     pub fn build_batched_gpu(
-        data: &[f32],
+        data: Vec<f32>,
         dim: usize,
         metric: Metric,
         params: HnswParams,
@@ -262,7 +275,7 @@ impl Hnsw {
     /// [`Hnsw::build_batched_gpu`], calling `progress` with the rows in
     /// layer 0 after every round (the graph does not depend on it).
     pub fn build_batched_gpu_with_progress(
-        data: &[f32],
+        data: Vec<f32>,
         dim: usize,
         metric: Metric,
         params: HnswParams,
@@ -271,8 +284,8 @@ impl Hnsw {
         progress: Option<&(dyn Fn(usize) + Sync)>,
     ) -> Result<Self> {
         params.validate()?;
-        validate::corpus(data, dim)?;
-        let vectors = Vectors::new(data.to_vec(), dim, metric);
+        validate::corpus(&data, dim)?;
+        let vectors = Vectors::new(data, dim, metric);
         check_engine(gpu, &vectors)?;
         spot_check(gpu, &vectors)?;
         let subs = GpuSubEngines {

@@ -40,8 +40,14 @@ fn recall_matches_the_insertion_build() {
     let queries = synth::cluster_queries(Q, D, CLUSTERS, SPREAD, SEED);
     for metric in [Metric::L2, Metric::Cosine, Metric::Dot] {
         let truth = exact_ids(&corpus, D, metric, &queries, 10);
-        let batched =
-            Hnsw::build_batched(&corpus, D, metric, params(), BatchSchedule::default()).unwrap();
+        let batched = Hnsw::build_batched(
+            corpus.to_vec(),
+            D,
+            metric,
+            params(),
+            BatchSchedule::default(),
+        )
+        .unwrap();
         let ins = Hnsw::build(&corpus, D, metric, params()).unwrap();
         for ef in [16, 64] {
             let (rb, ri) = (
@@ -72,7 +78,8 @@ fn recall_on_minilm_docs_matches_the_insertion_build() {
         ef_construction: 64,
         ..params()
     };
-    let batched = Hnsw::build_batched(data, dim, Metric::Dot, p, BatchSchedule::default()).unwrap();
+    let batched =
+        Hnsw::build_batched(data.to_vec(), dim, Metric::Dot, p, BatchSchedule::default()).unwrap();
     let ins = Hnsw::build(data, dim, Metric::Dot, p).unwrap();
     for ef in [16, 64] {
         let (rb, ri) = (
@@ -88,8 +95,14 @@ fn recall_on_minilm_docs_matches_the_insertion_build() {
 fn a_batched_index_saves_loads_and_takes_inserts_like_any_other() {
     let (n, dim) = (1500, 8);
     let corpus = synth::gaussian_clusters(n, dim, 8, 0.5, 5);
-    let index =
-        Hnsw::build_batched(&corpus, dim, Metric::L2, params(), BatchSchedule::default()).unwrap();
+    let index = Hnsw::build_batched(
+        corpus.to_vec(),
+        dim,
+        Metric::L2,
+        params(),
+        BatchSchedule::default(),
+    )
+    .unwrap();
     let bytes = index.to_bytes();
     let mut loaded = Hnsw::from_bytes(&bytes).unwrap();
     assert!(loaded.to_bytes() == bytes);
@@ -104,11 +117,12 @@ fn a_batched_index_saves_loads_and_takes_inserts_like_any_other() {
 #[test]
 fn bad_inputs_are_typed_errors() {
     let s = BatchSchedule::default();
-    assert!(Hnsw::build_batched(&[], 4, Metric::L2, params(), s).is_err());
-    assert!(Hnsw::build_batched(&[1.0, 2.0, 3.0], 2, Metric::L2, params(), s).is_err());
-    let e = Hnsw::build_batched(&[1.0, f32::NAN], 2, Metric::L2, params(), s).unwrap_err();
+    assert!(Hnsw::build_batched(Vec::new(), 4, Metric::L2, params(), s).is_err());
+    assert!(Hnsw::build_batched(vec![1.0, 2.0, 3.0], 2, Metric::L2, params(), s).is_err());
+    let e = Hnsw::build_batched(vec![1.0, f32::NAN], 2, Metric::L2, params(), s).unwrap_err();
     assert!(e.to_string().to_lowercase().contains("nan"), "{e}");
-    let e = Hnsw::build_batched(&[1.0, 2.0], 2, Metric::L2, HnswParams::with_m(1), s).unwrap_err();
+    let e =
+        Hnsw::build_batched(vec![1.0, 2.0], 2, Metric::L2, HnswParams::with_m(1), s).unwrap_err();
     assert!(e.to_string().contains('m'), "{e}");
 }
 
@@ -151,8 +165,8 @@ mod gpu {
             for &metric in metrics {
                 let gpu = engine(&data, dim, metric);
                 let on_gpu =
-                    Hnsw::build_batched_gpu(&data, dim, metric, p, schedule, &gpu).unwrap();
-                let on_cpu = Hnsw::build_batched(&data, dim, metric, p, schedule).unwrap();
+                    Hnsw::build_batched_gpu(data.to_vec(), dim, metric, p, schedule, &gpu).unwrap();
+                let on_cpu = Hnsw::build_batched(data.to_vec(), dim, metric, p, schedule).unwrap();
                 assert!(
                     on_gpu.to_bytes() == on_cpu.to_bytes(),
                     "{n} x {dim} {metric}: graphs differ"
@@ -170,10 +184,16 @@ mod gpu {
         let data: Vec<f32> = (0..n * dim).map(|i| ((i * 7) % 5) as f32).collect();
         for metric in Metric::ALL {
             let gpu = engine(&data, dim, metric);
-            let host = Hnsw::build_batched(&data, dim, metric, params(), BatchSchedule::default())
-                .unwrap();
+            let host = Hnsw::build_batched(
+                data.to_vec(),
+                dim,
+                metric,
+                params(),
+                BatchSchedule::default(),
+            )
+            .unwrap();
             let on_gpu = Hnsw::build_batched_gpu(
-                &data,
+                data.to_vec(),
                 dim,
                 metric,
                 params(),
@@ -288,7 +308,7 @@ mod gpu {
         assert!(e.is_err(), "a query row past the corpus");
         let other = engine(&data[..dim * 100], dim, Metric::L2);
         let e = Hnsw::build_batched_gpu(
-            &data,
+            data.to_vec(),
             dim,
             Metric::L2,
             params(),

@@ -18,20 +18,28 @@ pub(crate) const PRUNE_MAX_CANDS: usize = 2048;
 pub(crate) const PRUNE_MAX_CAP: usize = 128;
 
 /// One launch of the selection: job `j` keeps at most `cap` of the
-/// candidates `cands[off[j] .. off[j + 1])` of node `base[j]` (at most
-/// `max_cands` each) into `out[j * cap ..]`, their count into `counts[j]`.
+/// candidates of node `base[j]` (at most `max_cands`) into `out[j * cap ..]`
+/// (their scores into `out_scores` when given), their count into
+/// `counts[j]`. The candidates are the ids `cands[(first + i) * stride]`:
+/// `first = off[j]` up to `off[j + 1]`, or, without `off`, `uniform` of them
+/// from `j * uniform` (a walk's results, `stride` 2); with `status`, a job
+/// whose status is not 0 keeps nothing.
 pub(crate) struct PruneArgs<'a> {
     pub(crate) corpus: DevSlice<'a, f32>,
     pub(crate) rnorm: DevSlice<'a, f32>,
     pub(crate) n: u32,
     pub(crate) d: u32,
     pub(crate) base: DevSlice<'a, u32>,
-    pub(crate) off: DevSlice<'a, u32>,
+    pub(crate) off: Option<DevSlice<'a, u32>>,
+    pub(crate) uniform: u32,
     pub(crate) cands: DevSlice<'a, u32>,
+    pub(crate) stride: u32,
+    pub(crate) status: Option<DevSlice<'a, u32>>,
     pub(crate) jobs: u32,
     pub(crate) max_cands: u32,
     pub(crate) cap: u32,
     pub(crate) out: DevSlice<'a, u32>,
+    pub(crate) out_scores: Option<DevSlice<'a, f32>>,
     pub(crate) counts: DevSlice<'a, u32>,
 }
 
@@ -66,9 +74,28 @@ impl Kernels {
             a.rnorm.need("row norms", n)?;
         }
         a.base.need("prune bases", jobs)?;
-        a.off.need("prune offsets", jobs + 1)?;
+        match a.off {
+            Some(off) => off.need("prune offsets", jobs + 1)?,
+            None => a.cands.need(
+                "prune candidates",
+                (jobs * a.uniform as usize).saturating_sub(1) * a.stride as usize + 1,
+            )?,
+        }
+        if let Some(st) = a.status {
+            st.need("prune status", jobs)?;
+        }
         a.out.need("pruned lists", jobs * a.cap as usize)?;
+        if let Some(sc) = a.out_scores {
+            sc.need("pruned scores", jobs * a.cap as usize)?;
+        }
         a.counts.need("pruned counts", jobs)?;
+        if a.stride == 0 {
+            return Err(CudaError::InvalidOption {
+                name: "prune candidate stride",
+                value: 0,
+                reason: "must be at least 1",
+            });
+        }
         if a.cap == 0 || a.cap as usize > PRUNE_MAX_CAP {
             return Err(CudaError::InvalidOption {
                 name: "prune capacity",
@@ -102,18 +129,23 @@ impl Kernels {
                 rnorm = a.rnorm.ptr(),
                 d = a.d,
                 base = a.base.ptr(),
-                off = a.off.ptr(),
+                off = a.off.map_or(0, |s| s.ptr()),
+                uniform = a.uniform,
                 cands = a.cands.ptr(),
+                stride = a.stride,
+                status = a.status.map_or(0, |s| s.ptr()),
                 max_cands = a.max_cands,
                 cap = a.cap,
                 out = a.out.ptr(),
+                out_scores = a.out_scores.map_or(0, |s| s.ptr()),
                 counts = a.counts.ptr()
             ]
         );
         let launch = Launch::new("topk_prune", f, (a.jobs, 1), PRUNE_THREADS).shared(smem);
         // SAFETY: the parameter list of topk_prune_*; every buffer checked
         // above; bases and candidates below n and offsets increasing inside
-        // `cands` by the caller's host check; the shared memory allowed above.
+        // `cands` by the caller's host check (or the walk's own results, read
+        // only for walks that finished); the shared memory allowed above.
         unsafe { launch.run(q, &mut args) }
     }
 

@@ -52,9 +52,10 @@ pub(crate) fn upload_graph<'a>(
     })
 }
 
-/// One GPU build of `--gpu-build`, progress on `pb` (rows in layer 0).
+/// One GPU build of `--gpu-build` over `data` (taken, as the CPU build
+/// takes it), progress on `pb` (rows in layer 0).
 pub(crate) fn gpu_build(
-    data: &[f32],
+    data: Vec<f32>,
     dim: usize,
     metric: Metric,
     params: HnswParams,
@@ -74,7 +75,7 @@ pub(crate) fn gpu_build(
             Some(&report),
         )?,
         GpuBuild::Knn => {
-            Hnsw::build_from_knn_with_progress(data, dim, metric, params, gpu, &report)?
+            Hnsw::build_from_knn_with_progress(&data, dim, metric, params, gpu, &report)?
         }
     })
 }

@@ -131,8 +131,9 @@ pub(crate) fn run_dataset(
     if let Some(g) = gpu.as_ref().filter(|_| !a.no_gpu_build) {
         for &build in &a.gpu_build {
             let pb = bar(n as u64, "GPU build");
+            let data = flat.clone();
             let t = Instant::now();
-            let built = gpu_build(&flat, d, metric, params, g, build, &pb);
+            let built = gpu_build(data, d, metric, params, g, build, &pb);
             let s = t.elapsed().as_secs_f64();
             pb.finish_and_clear();
             match built {

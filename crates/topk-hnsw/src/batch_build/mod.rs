@@ -150,15 +150,18 @@ pub(crate) trait BatchEngine {
     /// layer 0 holds the nodes inserted so far.
     fn begin(&mut self, links: &Links<u32>, entry: u32) -> Result<()>;
 
-    /// For every row of `rows`, the best `want` nodes (best first) of the
-    /// `ef`-wide walk of `links` from `entry` with that row as the query.
-    fn walk(
+    /// For every row of `rows`: the best `want` nodes (best first) of the
+    /// `ef`-wide walk of `links` from `entry` with that row as the query
+    /// (at most [`MAX_SELECT_CANDIDATES`] of them), and of those the at
+    /// most `cap` the heuristic keeps, best first, with their scores.
+    fn walk_select(
         &mut self,
         links: &Links<u32>,
         entry: u32,
         rows: &[u32],
         ef: usize,
         want: usize,
+        cap: usize,
     ) -> Result<Vec<Vec<Cand>>>;
 
     /// For every job, at most `cap` candidates kept by the heuristic.
@@ -216,6 +219,33 @@ pub(crate) fn walk_row(
     Ok(out)
 }
 
+/// [`walk_row`], then the heuristic over the beam (already ranked against
+/// the row): one node's step of a round on the host.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn walk_select_row(
+    vectors: &Vectors,
+    pool: &ScratchPool,
+    links: &Links<u32>,
+    entry: u32,
+    row: u32,
+    ef: usize,
+    want: usize,
+    cap: usize,
+) -> Result<Vec<Cand>> {
+    let beam = walk_row(
+        vectors,
+        pool,
+        links,
+        entry,
+        row,
+        ef,
+        want.min(MAX_SELECT_CANDIDATES),
+    )?;
+    let mut kept = Vec::with_capacity(cap);
+    select_neighbours(vectors, &beam, cap, &mut kept);
+    Ok(kept)
+}
+
 /// The heuristic of one job on the host: the candidates ranked against the
 /// base node, then `select_neighbours`.
 pub(crate) fn select_job(vectors: &Vectors, base: u32, cands: &[u32], cap: usize) -> Vec<u32> {
@@ -235,17 +265,18 @@ impl BatchEngine for CpuBatch<'_> {
         Ok(())
     }
 
-    fn walk(
+    fn walk_select(
         &mut self,
         links: &Links<u32>,
         entry: u32,
         rows: &[u32],
         ef: usize,
         want: usize,
+        cap: usize,
     ) -> Result<Vec<Vec<Cand>>> {
         let (vectors, pool) = (self.vectors, &self.pool);
         rows.par_iter()
-            .map(|&r| walk_row(vectors, pool, links, entry, r, ef, want))
+            .map(|&r| walk_select_row(vectors, pool, links, entry, r, ef, want, cap))
             .collect()
     }
 
@@ -343,23 +374,29 @@ pub(crate) fn batch_graph(
     let mut inserted = n - rest.len();
     engine.begin(&links, entry)?;
     let started = Instant::now();
-    let mut rounds = 0usize;
+    let mut t = Phases::default();
     let mut at = 0;
     while at < rest.len() {
         let take = schedule.round(inserted).min(rest.len() - at);
         let rows = &rest[at..at + take];
-        insert_round(&mut links, entry, rows, inserted, params, engine)?;
+        insert_round(&mut links, entry, rows, inserted, params, engine, &mut t)?;
         at += take;
         inserted += take;
-        rounds += 1;
+        t.rounds += 1;
         if let Some(report) = progress {
             report(inserted);
         }
     }
-    tracing::debug!(
+    tracing::info!(
         n,
-        rounds,
+        upper = upper.len(),
+        rounds = t.rounds,
         secs = started.elapsed().as_secs_f64(),
+        walk = t.walk,
+        lists = t.lists,
+        offers = t.offers,
+        relink = t.relink,
+        update = t.update,
         "batched layer 0 done"
     );
     Ok(Graph {
@@ -367,6 +404,27 @@ pub(crate) fn batch_graph(
         entry,
         max_level,
     })
+}
+
+/// Seconds a level's rounds spent in each step (logged; a tuning aid).
+#[derive(Debug, Default)]
+struct Phases {
+    rounds: usize,
+    /// Walks and the selection of each walk's nodes.
+    walk: f64,
+    /// New nodes' lists written, offers listed.
+    lists: f64,
+    offers: f64,
+    relink: f64,
+    update: f64,
+}
+
+/// Seconds since `*t`, which moves to now.
+fn lap(t: &mut Instant) -> f64 {
+    let now = Instant::now();
+    let s = now.duration_since(*t).as_secs_f64();
+    *t = now;
+    s
 }
 
 /// One round: walks, selections, offers, the engine told of every list
@@ -378,34 +436,27 @@ fn insert_round(
     inserted: usize,
     params: &HnswParams,
     engine: &mut dyn BatchEngine,
+    t: &mut Phases,
 ) -> Result<()> {
+    let mut clock = Instant::now();
     let cap0 = links.layout.m0;
     let ef = params.ef_construction;
-    let beams = engine.walk(links, entry, rows, ef, ef.min(inserted))?;
-    let mut jobs = Jobs::new();
-    for (&r, beam) in rows.iter().zip(&beams) {
-        jobs.push(r, beam.iter().take(MAX_SELECT_CANDIDATES).map(|c| c.id()));
+    let kept = engine.walk_select(links, entry, rows, ef, ef.min(inserted), params.m)?;
+    t.walk += lap(&mut clock);
+    let mut ids = Vec::with_capacity(params.m);
+    for (&r, list) in rows.iter().zip(&kept) {
+        ids.clear();
+        ids.extend(list.iter().map(|c| c.id()));
+        links.set(r, 0, &ids);
     }
-    let lists = engine.select(&jobs, params.m)?;
-    for (&r, list) in rows.iter().zip(&lists) {
-        links.set(r, 0, list);
-    }
-    // Offers (target, the new node ranked by its score against the target,
-    // the same score the new node's walk computed: scores are symmetric).
+    // Offers: (target, the new node ranked by its score against the target,
+    // the score the new node's selection saw: scores are symmetric).
     let mut offers: Vec<(u32, Cand)> = rows
         .par_iter()
-        .zip(&beams)
-        .zip(&lists)
-        .flat_map_iter(|((&r, beam), list)| {
-            list.iter().map(move |&e| {
-                let score = beam
-                    .iter()
-                    .find(|c| c.id() == e)
-                    .map_or(f32::NAN, |c| c.score());
-                (e, Cand::new(r, score))
-            })
-        })
+        .zip(&kept)
+        .flat_map_iter(|(&r, list)| list.iter().map(move |c| (c.id(), Cand::new(r, c.score()))))
         .collect();
+    t.lists += lap(&mut clock);
     offers.par_sort_unstable_by_key(|&(e, c)| (e, std::cmp::Reverse(c.key)));
     let mut direct: Vec<(u32, Vec<u32>)> = Vec::new();
     let mut pruned = Jobs::new();
@@ -423,21 +474,25 @@ fn insert_round(
             pruned.push(e, current.iter().copied().chain(new));
         }
     }
-    let kept = engine.select(&pruned, cap0)?;
+    t.offers += lap(&mut clock);
+    let relinked = engine.select(&pruned, cap0)?;
+    t.relink += lap(&mut clock);
     let mut changed: Vec<u32> = rows.to_vec();
     for (e, list) in &direct {
         links.set(*e, 0, list);
         changed.push(*e);
     }
-    for (j, list) in kept.iter().enumerate() {
+    for (j, list) in relinked.iter().enumerate() {
         links.set(pruned.base[j], 0, list);
         changed.push(pruned.base[j]);
     }
-    engine.update(links, &changed)
+    engine.update(links, &changed)?;
+    t.update += lap(&mut clock);
+    Ok(())
 }
 
 impl Hnsw {
-    /// Builds an index over row-major `data` (`N × dim`, copied) by batched
+    /// Builds an index over row-major `data` (`N × dim`, taken) by batched
     /// insertion on the host (see the `batch_build` module): deterministic
     /// whatever the thread count, and the same index as
     /// `Hnsw::build_batched_gpu` of the same inputs.
@@ -446,7 +501,7 @@ impl Hnsw {
     /// ([`HnswError::InvalidParameter`]) or a corpus that breaks a rule of
     /// docs/CONTRACTS.md §4 ([`HnswError::Input`]).
     pub fn build_batched(
-        data: &[f32],
+        data: Vec<f32>,
         dim: usize,
         metric: Metric,
         params: HnswParams,
@@ -454,8 +509,8 @@ impl Hnsw {
     ) -> Result<Self> {
         params.validate()?;
         schedule.validate()?;
-        validate::corpus(data, dim)?;
-        let vectors = Vectors::new(data.to_vec(), dim, metric);
+        validate::corpus(&data, dim)?;
+        let vectors = Vectors::new(data, dim, metric);
         let graph = {
             let mut engine = CpuBatch::new(&vectors);
             build_with(

@@ -12,7 +12,7 @@ fn params() -> HnswParams {
 }
 
 fn build(data: &[f32], dim: usize, metric: Metric, schedule: BatchSchedule) -> Hnsw {
-    Hnsw::build_batched(data, dim, metric, params(), schedule).unwrap()
+    Hnsw::build_batched(data.to_vec(), dim, metric, params(), schedule).unwrap()
 }
 
 #[test]
@@ -34,7 +34,7 @@ fn rounds_grow_with_the_graph_within_the_schedule() {
             max_batch: 0,
         },
     ] {
-        let e = Hnsw::build_batched(&[0.0; 4], 2, Metric::L2, params(), bad).unwrap_err();
+        let e = Hnsw::build_batched(vec![0.0; 4], 2, Metric::L2, params(), bad).unwrap_err();
         assert!(
             matches!(e, HnswError::InvalidParameter { value: 0, .. }),
             "{e}"
