@@ -53,8 +53,9 @@
 //! With the `cuda` feature, `Hnsw::upload_graph` + `Hnsw::search_graph_gpu`
 //! run every query's whole walk on the GPU, one block per query and one
 //! launch per batch, with the CPU walk's answers bit for bit
-//! (docs/CONTRACTS.md §13); `Hnsw::build_knn_gpu` builds a graph from the
-//! exact GPU engine's kNN graph.
+//! (docs/CONTRACTS.md §13); `Hnsw::build_batched_gpu` builds the graph on
+//! the GPU by batched insertion ([`Hnsw::build_batched`]'s index, byte for
+//! byte), and `Hnsw::build_knn_gpu` from the exact GPU engine's kNN graph.
 //!
 //! `ef` below `k` is raised to `k`; `ef = 0`, `m < 2` and
 //! `ef_construction = 0` are [`HnswError::InvalidParameter`].

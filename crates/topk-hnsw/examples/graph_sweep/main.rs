@@ -6,9 +6,10 @@
 //!
 //! 1. the exact GPU engine uploads the corpus and answers every query with
 //!    K = `--k`: the ground truth (exact, bit-identical to the CPU oracle);
-//! 2. the graph is built twice, timed: on every host thread
-//!    (`Hnsw::build_parallel`'s build) and on the GPU (`Hnsw::build_knn_gpu`),
-//!    with the same parameters; each graph's recall@k is measured at every
+//! 2. the graph is built, timed, on every host thread
+//!    (`Hnsw::build_parallel`'s build) and by each GPU build of
+//!    `--gpu-build` (default: `Hnsw::build_batched_gpu`), with the same
+//!    parameters; each graph's recall@k is measured at every
 //!    `ef` of the sweep;
 //! 3. for every batch size and `ef`: QPS and per-batch latency (median and
 //!    p90 over repetitions after a warm-up) of GPU graph search on the CPU
