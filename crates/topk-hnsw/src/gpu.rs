@@ -6,6 +6,7 @@
 use topk_cuda::{CudaError, CudaRetriever};
 
 use crate::error::{HnswError, Result};
+use crate::graph::Links;
 use crate::vectors::Vectors;
 
 impl From<CudaError> for HnswError {
@@ -48,4 +49,20 @@ pub(crate) fn spot_check(gpu: &CudaRetriever, v: &Vectors) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Per node, the start of its first upper-layer block, as the device walk
+/// addresses it.
+pub(crate) fn upper_offsets(links: &Links<u32>) -> Result<Vec<u32>> {
+    links
+        .layout
+        .upper_offsets()
+        .iter()
+        .map(|&o| u32::try_from(o))
+        .collect::<std::result::Result<Vec<u32>, _>>()
+        .map_err(|_| HnswError::InvalidParameter {
+            name: "upper-layer slots",
+            value: links.upper.len() as u64,
+            reason: "the GPU walk addresses at most 2^32 - 2 upper-layer slots",
+        })
 }

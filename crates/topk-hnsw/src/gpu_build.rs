@@ -20,7 +20,7 @@ use crate::batch_build::{
     MAX_SELECT_CANDIDATES,
 };
 use crate::error::{HnswError, Result};
-use crate::gpu::{check_engine, spot_check};
+use crate::gpu::{check_engine, spot_check, upper_offsets};
 use crate::graph::Links;
 use crate::index::Hnsw;
 use crate::knn_build::{KnnSource, Schedule};
@@ -210,22 +210,6 @@ impl BatchEngine for GpuBatch<'_, '_> {
         self.gpu.set_graph_lists(graph, nodes, &blocks)?;
         Ok(())
     }
-}
-
-/// Per node, the start of its first upper-layer block, as the device walk
-/// addresses it.
-fn upper_offsets(links: &Links<u32>) -> Result<Vec<u32>> {
-    links
-        .layout
-        .upper_offsets()
-        .iter()
-        .map(|&o| u32::try_from(o))
-        .collect::<std::result::Result<Vec<u32>, _>>()
-        .map_err(|_| HnswError::InvalidParameter {
-            name: "upper-layer slots",
-            value: links.upper.len() as u64,
-            reason: "the GPU walk addresses at most 2^32 - 2 upper-layer slots",
-        })
 }
 
 /// Engines for the upper layers: a device engine of their own (the

@@ -20,7 +20,7 @@ use topk_cuda::{CudaRetriever, DeviceGraph, GraphLayout, WalkStatus};
 
 use crate::error::{HnswError, Result};
 use crate::filter::SlotFilter;
-use crate::gpu::{check_engine, spot_check};
+use crate::gpu::{check_engine, spot_check, upper_offsets};
 use crate::index::Hnsw;
 use crate::params::check_ef;
 
@@ -70,17 +70,7 @@ impl Hnsw {
         check_engine(gpu, &self.vectors)?;
         spot_check(gpu, &self.vectors)?;
         let links = &self.graph.links;
-        let offsets = links
-            .layout
-            .upper_offsets()
-            .iter()
-            .map(|&o| u32::try_from(o))
-            .collect::<std::result::Result<Vec<u32>, _>>()
-            .map_err(|_| HnswError::InvalidParameter {
-                name: "upper-layer slots",
-                value: links.upper.len() as u64,
-                reason: "the GPU walk addresses at most 2^32 - 2 upper-layer slots",
-            })?;
+        let offsets = upper_offsets(links)?;
         let layout = GraphLayout {
             layer0: &links.layer0,
             m0: links.layout.m0,
