@@ -24,7 +24,7 @@ fn invalid(name: &'static str, value: usize, reason: &'static str) -> CudaError 
 }
 
 /// The first id of `ids` that is not a row of a corpus of `n` rows.
-fn out_of_range(ids: &[u32], n: usize) -> Option<u32> {
+pub(crate) fn out_of_range(ids: &[u32], n: usize) -> Option<u32> {
     ids.par_iter().copied().find_first(|&id| id as usize >= n)
 }
 

@@ -220,7 +220,7 @@ impl Engine {
         let nq = match queries {
             WalkQueries::Values(v) => validate::queries_rowmajor(v, d)?,
             WalkQueries::Rows(rows) => {
-                if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+                if let Some(bad) = crate::prune::out_of_range(rows, n) {
                     return Err(CudaError::InvalidOption {
                         name: "walk query row",
                         value: bad as usize,
