@@ -262,6 +262,7 @@ impl Engine {
         lists: bool,
     ) -> Result<Self, CudaError> {
         config.check()?;
+        let started = std::time::Instant::now();
         let (ctx, dev) = open(config.device)?;
         let info = device::info_of(dev)?;
         let dtype = rows.dtype();
@@ -290,6 +291,7 @@ impl Engine {
         let (sizes, filter_list) = (shape.sizes, shape.filter_list);
         let modules = Modules::load(info.compute_capability, tuning.wgmma_bounds, dtype)?;
         let kernels = Kernels::load(&modules, info.multiprocessors)?;
+        let modules_s = started.elapsed().as_secs_f64();
         let score_plan = kernels.prepare_score(metric, d)?;
         let search_grid = if device_flag(dev, DeviceAttr::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? {
             kernels.prepare_search(metric, d)?
@@ -297,6 +299,7 @@ impl Engine {
             None
         };
         let corpus = rows.upload(capacity, d)?;
+        let upload_s = started.elapsed().as_secs_f64() - modules_s;
         // Row norms: cosine scores divide by them, filtered batches bound
         // every metric's scores with them.
         let norms = metric == Metric::Cosine || filter_list > 0;
@@ -319,7 +322,17 @@ impl Engine {
                 .synchronize()
                 .op("cuStreamSynchronize (row norms)")?;
         }
-        tracing::debug!(n, d, %metric, streams = config.streams, ?sizes, "topk-cuda engine ready");
+        tracing::info!(
+            n,
+            d,
+            %metric,
+            streams = config.streams,
+            ?sizes,
+            modules_s,
+            upload_s,
+            secs = started.elapsed().as_secs_f64(),
+            "topk-cuda engine ready"
+        );
         let planner = Planner::new(n, d, &config, search_grid.is_some());
         Ok(Engine {
             n,

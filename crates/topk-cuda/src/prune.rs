@@ -28,6 +28,21 @@ pub(crate) fn out_of_range(ids: &[u32], n: usize) -> Option<u32> {
     ids.par_iter().copied().find_first(|&id| id as usize >= n)
 }
 
+/// The smallest id that `ids` holds more than once: in parallel, and
+/// without a copy when `ids` is strictly increasing (as the batched build
+/// passes them).
+fn repeated(ids: &[u32]) -> Option<u32> {
+    if ids.par_windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
+    let mut sorted = ids.to_vec();
+    sorted.par_sort_unstable();
+    sorted
+        .par_windows(2)
+        .find_first(|w| w[0] == w[1])
+        .map(|w| w[0])
+}
+
 impl Engine {
     fn f32_rows(&self, what: &'static str) -> Result<(), CudaError> {
         if self.dtype() != Dtype::F32 {
@@ -179,11 +194,8 @@ impl Engine {
                 "must be a node of the graph",
             ));
         }
-        let mut seen = vec![false; n];
-        for &v in nodes {
-            if std::mem::replace(&mut seen[v as usize], true) {
-                return Err(invalid("list node", v as usize, "given twice"));
-            }
+        if let Some(v) = repeated(nodes) {
+            return Err(invalid("list node", v as usize, "given twice"));
         }
         let bad_block = blocks.par_chunks(stride).find_first(|b| {
             let count = b[0] as usize;

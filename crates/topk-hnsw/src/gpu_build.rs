@@ -16,7 +16,7 @@ use topk_cpu::CpuRetriever;
 use topk_cuda::{CudaRetriever, DeviceGraph, GraphLayout, PruneJobs, WalkStatus};
 
 use crate::batch_build::{
-    build_with, walk_select_row, BatchEngine, BatchSchedule, CpuBatch, Jobs, SubEngines,
+    build_with, walk_select_row, BatchEngine, BatchSchedule, CpuBatch, Flat, Jobs, SubEngines,
     MAX_SELECT_CANDIDATES,
 };
 use crate::error::{HnswError, Result};
@@ -152,7 +152,7 @@ impl BatchEngine for GpuBatch<'_, '_> {
         ef: usize,
         want: usize,
         cap: usize,
-    ) -> Result<Vec<Vec<Cand>>> {
+    ) -> Result<Flat<Cand>> {
         let (mut lists, mut scores, mut counts, mut status) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let graph = self.graph.as_ref().ok_or(NOT_UPLOADED)?;
@@ -169,43 +169,42 @@ impl BatchEngine for GpuBatch<'_, '_> {
             &mut status,
         )?;
         let (vectors, pool) = (self.vectors, &self.pool);
-        rows.par_iter()
-            .enumerate()
-            .map(|(i, &r)| {
-                if status[i] == WalkStatus::Done {
-                    let at = i * cap;
-                    Ok((at..at + counts[i] as usize)
-                        .map(|x| Cand::new(lists[x], scores[x]))
-                        .collect())
-                } else {
-                    walk_select_row(vectors, pool, links, entry, r, ef, want, cap)
+        Flat::par_fill(rows.len(), cap, |i, out| {
+            if status[i] == WalkStatus::Done {
+                let at = i * cap;
+                let count = counts[i] as usize;
+                for (slot, x) in out.iter_mut().zip(at..at + count) {
+                    *slot = Cand::new(lists[x], scores[x]);
                 }
-            })
-            .collect()
+                Ok(count)
+            } else {
+                let kept = walk_select_row(vectors, pool, links, entry, rows[i], ef, want, cap)?;
+                out[..kept.len()].copy_from_slice(&kept);
+                Ok(kept.len())
+            }
+        })
     }
 
-    fn select(&mut self, jobs: &Jobs, cap: usize) -> Result<Vec<Vec<u32>>> {
-        let (mut out, mut counts) = (Vec::new(), Vec::new());
+    fn select(&mut self, jobs: &Jobs, cap: usize) -> Result<Flat<u32>> {
+        let (mut items, mut counts) = (Vec::new(), Vec::new());
         let prune = PruneJobs {
             base: &jobs.base,
             offsets: &jobs.off,
             candidates: &jobs.cands,
         };
-        self.gpu.prune_lists(&prune, cap, &mut out, &mut counts)?;
-        Ok(counts
-            .iter()
-            .enumerate()
-            .map(|(j, &c)| out[j * cap..j * cap + c as usize].to_vec())
-            .collect())
+        self.gpu.prune_lists(&prune, cap, &mut items, &mut counts)?;
+        Ok(Flat { cap, items, counts })
     }
 
     fn update(&mut self, links: &Links<u32>, nodes: &[u32]) -> Result<()> {
         let stride = 1 + links.layout.m0;
-        let mut blocks = Vec::with_capacity(nodes.len() * stride);
-        for &v in nodes {
-            let at = v as usize * stride;
-            blocks.extend_from_slice(&links.layer0[at..at + stride]);
-        }
+        let mut blocks = vec![0_u32; nodes.len() * stride];
+        blocks
+            .par_chunks_mut(stride)
+            .zip(nodes)
+            .for_each(|(block, &v)| {
+                block.copy_from_slice(&links.layer0[v as usize * stride..][..stride]);
+            });
         let graph = self.graph.as_mut().ok_or(NOT_UPLOADED)?;
         self.gpu.set_graph_lists(graph, nodes, &blocks)?;
         Ok(())

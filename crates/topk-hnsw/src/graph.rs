@@ -154,6 +154,25 @@ impl Links<u32> {
         block[0] = count as u32;
     }
 
+    /// The layer-0 blocks (count slot + `m0` id slots) of `nodes`, which
+    /// must be strictly increasing, each one mutable on its own (so that
+    /// they can be filled in parallel).
+    pub(crate) fn layer0_blocks_mut(&mut self, nodes: &[u32]) -> Vec<&mut [u32]> {
+        debug_assert!(nodes.windows(2).all(|w| w[0] < w[1]));
+        let stride = 1 + self.layout.m0;
+        let mut out = Vec::with_capacity(nodes.len());
+        let (mut rest, mut at) = (&mut self.layer0[..], 0usize);
+        for &v in nodes {
+            let start = v as usize * stride;
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - at);
+            let (block, tail) = tail.split_at_mut(stride);
+            out.push(block);
+            rest = tail;
+            at = start + stride;
+        }
+        out
+    }
+
     /// Appends a node on `level` with empty lists.
     pub(crate) fn push_node(&mut self, level: u8) {
         self.layout.push(level);

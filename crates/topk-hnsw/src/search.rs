@@ -22,7 +22,7 @@ use crate::vectors::{Query, Vectors};
 
 /// A scored node: its §3 ranking key (which also encodes the id) and the
 /// exact score bits, which the key canonicalises for `-0.0` and NaN.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Cand {
     pub(crate) key: u64,
     score_bits: u32,
@@ -39,7 +39,7 @@ impl Cand {
 
     #[inline]
     pub(crate) fn id(self) -> u32 {
-        u32::MAX - self.key as u32
+        id_of_key(self.key)
     }
 
     #[inline]
@@ -50,6 +50,12 @@ impl Cand {
     pub(crate) fn neighbor(self) -> Neighbor {
         Neighbor::new(self.id(), self.score())
     }
+}
+
+/// The id a §3 ranking key encodes (`rank_key`'s low half).
+#[inline]
+pub(crate) fn id_of_key(key: u64) -> u32 {
+    u32::MAX - key as u32
 }
 
 /// Scores a batch of corpus rows against the query of one walk.

@@ -43,12 +43,12 @@
 //! walk and `prune_lists`, the same walks and selections bit for bit) build
 //! the same index, and the same saved file.
 
+mod round;
 #[cfg(test)]
 mod tests;
 
 use std::time::Instant;
 
-use rayon::prelude::*;
 use topk_core::{validate, Metric};
 
 use crate::build::{select_neighbours, Graph, Progress};
@@ -58,6 +58,8 @@ use crate::index::Hnsw;
 use crate::params::{draw_levels, HnswParams};
 use crate::search::{greedy, search_layer, All, Cand, CpuScorer, ScratchPool};
 use crate::vectors::Vectors;
+pub(crate) use round::Flat;
+use round::{insert_round, Phases};
 
 /// How many nodes each round of [`Hnsw::build_batched`] inserts: changes the
 /// graph (a node does not see the others of its round), so it is part of
@@ -122,20 +124,6 @@ pub(crate) struct Jobs {
 }
 
 impl Jobs {
-    fn new() -> Self {
-        Jobs {
-            base: Vec::new(),
-            off: vec![0],
-            cands: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, base: u32, cands: impl IntoIterator<Item = u32>) {
-        self.base.push(base);
-        self.cands.extend(cands);
-        self.off.push(self.cands.len() as u32);
-    }
-
     fn len(&self) -> usize {
         self.base.len()
     }
@@ -157,7 +145,8 @@ pub(crate) trait BatchEngine {
     /// For every row of `rows`: the best `want` nodes (best first) of the
     /// `ef`-wide walk of `links` from `entry` with that row as the query
     /// (at most [`MAX_SELECT_CANDIDATES`] of them), and of those the at
-    /// most `cap` the heuristic keeps, best first, with their scores.
+    /// most `cap` the heuristic keeps, best first, with their scores (item
+    /// `i` of the result for `rows[i]`).
     fn walk_select(
         &mut self,
         links: &Links<u32>,
@@ -166,12 +155,13 @@ pub(crate) trait BatchEngine {
         ef: usize,
         want: usize,
         cap: usize,
-    ) -> Result<Vec<Vec<Cand>>>;
+    ) -> Result<Flat<Cand>>;
 
     /// For every job, at most `cap` candidates kept by the heuristic.
-    fn select(&mut self, jobs: &Jobs, cap: usize) -> Result<Vec<Vec<u32>>>;
+    fn select(&mut self, jobs: &Jobs, cap: usize) -> Result<Flat<u32>>;
 
-    /// The layer-0 lists of `nodes` changed in `links`.
+    /// The layer-0 lists of `nodes` (strictly increasing) changed in
+    /// `links`.
     fn update(&mut self, links: &Links<u32>, nodes: &[u32]) -> Result<()>;
 }
 
@@ -277,22 +267,23 @@ impl BatchEngine for CpuBatch<'_> {
         ef: usize,
         want: usize,
         cap: usize,
-    ) -> Result<Vec<Vec<Cand>>> {
+    ) -> Result<Flat<Cand>> {
         let (vectors, pool) = (self.vectors, &self.pool);
-        rows.par_iter()
-            .map(|&r| walk_select_row(vectors, pool, links, entry, r, ef, want, cap))
-            .collect()
+        Flat::par_fill(rows.len(), cap, |i, out| {
+            let kept = walk_select_row(vectors, pool, links, entry, rows[i], ef, want, cap)?;
+            out[..kept.len()].copy_from_slice(&kept);
+            Ok(kept.len())
+        })
     }
 
-    fn select(&mut self, jobs: &Jobs, cap: usize) -> Result<Vec<Vec<u32>>> {
+    fn select(&mut self, jobs: &Jobs, cap: usize) -> Result<Flat<u32>> {
         let vectors = self.vectors;
-        Ok((0..jobs.len())
-            .into_par_iter()
-            .map(|j| {
-                let (base, cands) = jobs.job(j);
-                select_job(vectors, base, cands, cap)
-            })
-            .collect())
+        Flat::par_fill(jobs.len(), cap, |j, out| {
+            let (base, cands) = jobs.job(j);
+            let kept = select_job(vectors, base, cands, cap);
+            out[..kept.len()].copy_from_slice(&kept);
+            Ok(kept.len())
+        })
     }
 
     fn update(&mut self, _: &Links<u32>, _: &[u32]) -> Result<()> {
@@ -333,6 +324,7 @@ pub(crate) fn batch_graph(
         .filter(|&i| links.layout.level(i) > 0)
         .collect();
     if !upper.is_empty() {
+        let mut clock = Instant::now();
         let rows: Vec<f32> = upper
             .iter()
             .flat_map(|&u| vectors.row(u).iter().copied())
@@ -342,7 +334,9 @@ pub(crate) fn batch_graph(
             .iter()
             .map(|&u| links.layout.levels[u as usize] - 1)
             .collect();
+        let gather_s = round::lap(&mut clock);
         let mut sub_engine = subs.make(&sub_vectors)?;
+        let engine_s = round::lap(&mut clock);
         let sub = batch_graph(
             &sub_vectors,
             sub_levels,
@@ -354,6 +348,7 @@ pub(crate) fn batch_graph(
             None,
         )?;
         drop(sub_engine);
+        let build_s = round::lap(&mut clock);
         let mut ids = Vec::with_capacity(params.m0());
         for (local, &u) in upper.iter().enumerate() {
             for level in 0..=sub.links.layout.level(local as u32) {
@@ -370,6 +365,15 @@ pub(crate) fn batch_graph(
                 }
             }
         }
+        tracing::info!(
+            n,
+            upper = upper.len(),
+            gather_s,
+            engine_s,
+            build_s,
+            copy_s = round::lap(&mut clock),
+            "batched upper layers done"
+        );
     }
     // Every node but those already in layer 0 (the upper nodes, or the
     // entry of a one-layer graph), in id order.
@@ -398,9 +402,10 @@ pub(crate) fn batch_graph(
         rounds = t.rounds,
         secs = started.elapsed().as_secs_f64(),
         walk = t.walk,
-        lists = t.lists,
         offers = t.offers,
+        group = t.group,
         relink = t.relink,
+        apply = t.apply,
         update = t.update,
         "batched layer 0 done"
     );
@@ -409,91 +414,6 @@ pub(crate) fn batch_graph(
         entry,
         max_level,
     })
-}
-
-/// Seconds a level's rounds spent in each step (logged; a tuning aid).
-#[derive(Debug, Default)]
-struct Phases {
-    rounds: usize,
-    /// Walks and the selection of each walk's nodes.
-    walk: f64,
-    /// New nodes' lists written, offers listed.
-    lists: f64,
-    offers: f64,
-    relink: f64,
-    update: f64,
-}
-
-/// Seconds since `*t`, which moves to now.
-fn lap(t: &mut Instant) -> f64 {
-    let now = Instant::now();
-    let s = now.duration_since(*t).as_secs_f64();
-    *t = now;
-    s
-}
-
-/// One round: walks, selections, offers, the engine told of every list
-/// that changed.
-fn insert_round(
-    links: &mut Links<u32>,
-    entry: u32,
-    rows: &[u32],
-    inserted: usize,
-    params: &HnswParams,
-    engine: &mut dyn BatchEngine,
-    t: &mut Phases,
-) -> Result<()> {
-    let mut clock = Instant::now();
-    let cap0 = links.layout.m0;
-    let ef = params.ef_construction;
-    let kept = engine.walk_select(links, entry, rows, ef, ef.min(inserted), params.m)?;
-    t.walk += lap(&mut clock);
-    let mut ids = Vec::with_capacity(params.m);
-    for (&r, list) in rows.iter().zip(&kept) {
-        ids.clear();
-        ids.extend(list.iter().map(|c| c.id()));
-        links.set(r, 0, &ids);
-    }
-    // Offers: (target, the new node ranked by its score against the target,
-    // the score the new node's selection saw: scores are symmetric).
-    let mut offers: Vec<(u32, Cand)> = rows
-        .par_iter()
-        .zip(&kept)
-        .flat_map_iter(|(&r, list)| list.iter().map(move |c| (c.id(), Cand::new(r, c.score()))))
-        .collect();
-    t.lists += lap(&mut clock);
-    offers.par_sort_unstable_by_key(|&(e, c)| (e, std::cmp::Reverse(c.key)));
-    let mut direct: Vec<(u32, Vec<u32>)> = Vec::new();
-    let mut pruned = Jobs::new();
-    let mut current = Vec::with_capacity(cap0);
-    for group in offers.chunk_by(|a, b| a.0 == b.0) {
-        let e = group[0].0;
-        current.clear();
-        current.extend_from_slice(links.neighbours(e, 0));
-        let room = MAX_SELECT_CANDIDATES.saturating_sub(current.len());
-        let new = group.iter().take(room).map(|(_, c)| c.id());
-        if current.len() + group.len() <= cap0 {
-            current.extend(new);
-            direct.push((e, current.clone()));
-        } else {
-            pruned.push(e, current.iter().copied().chain(new));
-        }
-    }
-    t.offers += lap(&mut clock);
-    let relinked = engine.select(&pruned, cap0)?;
-    t.relink += lap(&mut clock);
-    let mut changed: Vec<u32> = rows.to_vec();
-    for (e, list) in &direct {
-        links.set(*e, 0, list);
-        changed.push(*e);
-    }
-    for (j, list) in relinked.iter().enumerate() {
-        links.set(pruned.base[j], 0, list);
-        changed.push(pruned.base[j]);
-    }
-    engine.update(links, &changed)?;
-    t.update += lap(&mut clock);
-    Ok(())
 }
 
 impl Hnsw {
