@@ -10,6 +10,7 @@
 //! searched on a second engine over their rows, with the first engine's
 //! configuration; smaller ones on topk-cpu.
 
+use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Retriever};
 use topk_cpu::CpuRetriever;
@@ -26,7 +27,7 @@ use crate::index::Hnsw;
 use crate::knn_build::{KnnSource, Schedule};
 use crate::params::HnswParams;
 use crate::search::{Cand, ScratchPool};
-use crate::vectors::Vectors;
+use crate::vectors::{check_corpus, Vectors};
 
 /// Rows from which an upper layer's kNN runs on a GPU engine of its own
 /// rather than on the CPU: below it, the CPU's `rows²` scores take less time
@@ -71,7 +72,7 @@ impl Hnsw {
         gpu: &CudaRetriever,
     ) -> Result<Self> {
         params.validate()?;
-        validate::corpus(data, dim)?;
+        check_corpus(data, dim)?;
         let vectors = Vectors::new(data.to_vec(), dim, metric);
         check_engine(gpu, &vectors)?;
         spot_check(gpu, &vectors)?;
@@ -223,12 +224,15 @@ impl SubEngines for GpuSubEngines {
         if vectors.len() < GPU_LAYER_MIN_ROWS {
             return Ok(Box::new(CpuBatch::new(vectors)));
         }
-        let gpu = CudaRetriever::from_rowmajor(
-            vectors.data().to_vec(),
-            vectors.dim(),
-            vectors.metric(),
-            self.config.clone(),
+        // The engine uploads the rows from the view: no host copy.
+        let rows = ArrayView2::from_shape((vectors.len(), vectors.dim()), vectors.data()).map_err(
+            |_| HnswError::InvalidParameter {
+                name: "upper-layer rows",
+                value: vectors.len() as u64,
+                reason: "the rows do not fill an N × D view",
+            },
         )?;
+        let gpu = CudaRetriever::new(rows, vectors.metric(), self.config.clone())?;
         Ok(Box::new(GpuBatch::new(vectors, Held::Owned(Box::new(gpu)))))
     }
 }
@@ -267,7 +271,7 @@ impl Hnsw {
         progress: Option<&(dyn Fn(usize) + Sync)>,
     ) -> Result<Self> {
         params.validate()?;
-        validate::corpus(&data, dim)?;
+        check_corpus(&data, dim)?;
         let vectors = Vectors::new(data, dim, metric);
         check_engine(gpu, &vectors)?;
         spot_check(gpu, &vectors)?;

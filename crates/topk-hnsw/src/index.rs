@@ -11,7 +11,7 @@ use crate::params::{check_ef, rng_after, HnswParams, SplitMix64};
 use crate::search::{
     greedy, search_layer, All, Allow, Cand, CpuScorer, Scorer, Scratch, ScratchPool,
 };
-use crate::vectors::Vectors;
+use crate::vectors::{check_corpus, Vectors};
 
 /// Default of [`Hnsw::set_filter_walk_cost`], measured on the MiniLM 20k
 /// set (the crate README has the sweep and the command).
@@ -176,7 +176,7 @@ impl Hnsw {
         progress: Option<&(dyn Fn(usize) + Sync)>,
     ) -> Result<Self> {
         params.validate()?;
-        validate::corpus(&data, dim)?;
+        check_corpus(&data, dim)?;
         let vectors = Vectors::new(data, dim, metric);
         let mode = if params.parallel {
             Mode::Parallel

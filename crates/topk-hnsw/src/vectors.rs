@@ -6,8 +6,33 @@
 //! that is what makes recall measurable against the oracle and lets the GPU
 //! distance path reproduce the CPU graph.
 
-use topk_core::Metric;
+use rayon::prelude::*;
+use topk_core::{validate, Metric};
 use topk_cpu::Kernels;
+
+/// Rows per part of [`check_corpus`].
+const CHECK_PART_ROWS: usize = 4096;
+
+/// `validate::corpus` on the rayon pool, in parts of whole rows: the same
+/// verdict and the same error. As the sequential check does, a non-finite
+/// value anywhere is reported first (the first one); otherwise the first
+/// row that breaks the overflow rule. Returns N.
+pub(crate) fn check_corpus(data: &[f32], dim: usize) -> topk_core::Result<usize> {
+    let n = validate::corpus_shape(data.len(), dim)?;
+    let mut errors: Vec<topk_core::Error> = data
+        .par_chunks(CHECK_PART_ROWS * dim)
+        .enumerate()
+        .filter_map(|(i, part)| validate::corpus_values_from(part, dim, i * CHECK_PART_ROWS).err())
+        .collect();
+    if errors.is_empty() {
+        return Ok(n);
+    }
+    let first = errors
+        .iter()
+        .position(|e| matches!(e, topk_core::Error::NonFinite { .. }))
+        .unwrap_or(0);
+    Err(errors.swap_remove(first))
+}
 
 /// The corpus rows, their norms where the metric needs them, and the metric.
 #[derive(Debug, Clone)]
@@ -34,7 +59,7 @@ impl Vectors {
         // so the choice changes speed only.
         let kern = Kernels::best();
         let norms = if metric == Metric::Cosine {
-            data.chunks_exact(dim).map(|r| kern.norm(r)).collect()
+            data.par_chunks_exact(dim).map(|r| kern.norm(r)).collect()
         } else {
             Vec::new()
         };
@@ -161,5 +186,60 @@ impl Vectors {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = i;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The verdict of both checks as comparable text.
+    fn both(data: &[f32], dim: usize) -> (String, String) {
+        let show = |r: topk_core::Result<usize>| match r {
+            Ok(n) => format!("ok {n}"),
+            Err(e) => e.to_string(),
+        };
+        (
+            show(check_corpus(data, dim)),
+            show(validate::corpus(data, dim)),
+        )
+    }
+
+    proptest! {
+        /// Bad values planted anywhere across several parts (NaN, ±Inf,
+        /// rows past the overflow rule), in any order: the parallel check
+        /// gives the sequential check's error, word for word.
+        #[test]
+        fn parallel_check_is_the_sequential_check(
+            dim in 1_usize..6,
+            parts in 1_usize..4,
+            planted in proptest::collection::vec((0_usize..4 * CHECK_PART_ROWS, 0_u8..4), 0..4),
+        ) {
+            let n = parts * CHECK_PART_ROWS - 3;
+            let mut data: Vec<f32> = (0..n * dim).map(|i| (i % 7) as f32 - 3.0).collect();
+            for &(at, kind) in &planted {
+                let row = at % n;
+                let value = match kind {
+                    0 => f32::NAN,
+                    1 => f32::INFINITY,
+                    2 => f32::NEG_INFINITY,
+                    _ => 3.0e38,
+                };
+                data[row * dim + at % dim] = value;
+            }
+            let (par, seq) = both(&data, dim);
+            prop_assert_eq!(par, seq);
+        }
+    }
+
+    #[test]
+    fn shape_errors_are_the_sequential_ones() {
+        for (len, dim) in [(0, 4), (7, 4), (4, 0)] {
+            let data = vec![1.0_f32; len];
+            let (par, seq) = both(&data, dim);
+            assert_eq!(par, seq);
+            assert!(!par.starts_with("ok"), "{len} values of D = {dim}: {par}");
+        }
     }
 }

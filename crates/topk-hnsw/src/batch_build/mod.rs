@@ -49,7 +49,8 @@ mod tests;
 
 use std::time::Instant;
 
-use topk_core::{validate, Metric};
+use rayon::prelude::*;
+use topk_core::Metric;
 
 use crate::build::{select_neighbours, Graph, Progress};
 use crate::error::{HnswError, Result};
@@ -57,7 +58,7 @@ use crate::graph::{Layout, Links};
 use crate::index::Hnsw;
 use crate::params::{draw_levels, HnswParams};
 use crate::search::{greedy, search_layer, All, Cand, CpuScorer, ScratchPool};
-use crate::vectors::Vectors;
+use crate::vectors::{check_corpus, Vectors};
 pub(crate) use round::Flat;
 use round::{insert_round, Phases};
 
@@ -325,10 +326,11 @@ pub(crate) fn batch_graph(
         .collect();
     if !upper.is_empty() {
         let mut clock = Instant::now();
-        let rows: Vec<f32> = upper
-            .iter()
-            .flat_map(|&u| vectors.row(u).iter().copied())
-            .collect();
+        let dim = vectors.dim();
+        let mut rows = vec![0.0_f32; upper.len() * dim];
+        rows.par_chunks_mut(dim)
+            .zip(&upper)
+            .for_each(|(row, &u)| row.copy_from_slice(vectors.row(u)));
         let sub_vectors = Vectors::new(rows, vectors.dim(), vectors.metric());
         let sub_levels: Vec<u8> = upper
             .iter()
@@ -434,7 +436,7 @@ impl Hnsw {
     ) -> Result<Self> {
         params.validate()?;
         schedule.validate()?;
-        validate::corpus(&data, dim)?;
+        check_corpus(&data, dim)?;
         let vectors = Vectors::new(data, dim, metric);
         let graph = {
             let mut engine = CpuBatch::new(&vectors);

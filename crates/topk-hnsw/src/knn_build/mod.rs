@@ -89,7 +89,7 @@ use crate::error::{HnswError, Result};
 use crate::graph::{Layout, Links};
 use crate::index::Hnsw;
 use crate::params::{draw_levels, HnswParams};
-use crate::vectors::Vectors;
+use crate::vectors::{check_corpus, Vectors};
 
 use layer0::layer_lists;
 use upper::{connect_from_entry, lift_upper_links, prefix_lists, write_layer};
@@ -216,7 +216,7 @@ impl Hnsw {
         progress: Progress<'_>,
     ) -> Result<Self> {
         params.validate()?;
-        validate::corpus(data, dim)?;
+        check_corpus(data, dim)?;
         let vectors = Vectors::new(data.to_vec(), dim, metric);
         Self::knn_build_vectors(vectors, params, knn, schedule, progress)
     }
