@@ -19,6 +19,13 @@
 #define PRUNE_MAX_CANDS 2048
 #define PRUNE_MAX_CAP 128
 
+// Where a job's sorted keys start in its dynamic shared memory: past its
+// scored keys and two spare ones, at an even key (16 bytes). The host sizes
+// the memory as prune_sorted_at(max_cands) + max_cands + 2 keys.
+__device__ __forceinline__ unsigned prune_sorted_at(unsigned max_cands) {
+    return (max_cands + 3u) & ~1u;
+}
+
 // The job of block blockIdx.x: node base[j] and its candidates, the ids
 // cands[(first + i) * stride] for i < count, where first = off[j] and count
 // = off[j + 1] - first, or (no `off`) first = j * uniform and count =
@@ -26,7 +33,7 @@
 // rows as `base`). With `status`, a job whose status is not 0 (a walk that
 // did not finish) keeps nothing. The kept ids go to out[j * cap ...], best
 // first, their scores against the base to out_scores (when given), their
-// count to counts[j]. Dynamic shared memory: 2 * max_cands keys.
+// count to counts[j]. Dynamic shared memory: see prune_sorted_at.
 template <int METRIC>
 __device__ __forceinline__ void prune_job(const float* __restrict__ corpus,
                                           const float* __restrict__ rnorm, unsigned d,
@@ -57,8 +64,11 @@ __device__ __forceinline__ void prune_job(const float* __restrict__ corpus,
     const size_t first = off != nullptr ? (size_t)off[j] : j * uniform;
     const unsigned c =
         min(off != nullptr ? off[j + 1] - off[j] : uniform, max_cands);
+    // Two spare keys after the scored ones (`sorted` starts 16-byte aligned
+    // past them): the rank loop's vector loads may read one key beyond the
+    // last, which must not be a key another thread is writing.
     unsigned long long* keys = prune_smem;
-    unsigned long long* sorted = prune_smem + max_cands;
+    unsigned long long* sorted = prune_smem + prune_sorted_at(max_cands);
     const float* brow = corpus + (size_t)b * d;
     const float bn = (METRIC == TOPK_COSINE) ? rnorm[b] : 0.0f;
 

@@ -54,9 +54,13 @@ pub(crate) struct SetListsArgs<'a> {
 }
 
 /// Dynamic shared memory of a job of at most `max_cands` candidates: their
-/// keys as scored, then sorted.
+/// keys as scored, two spare keys, then the keys sorted and two more spare
+/// (the kernel's `prune_sorted_at`: a vector load of the last key may read
+/// the next 8 bytes, which must be neither a key being written nor past
+/// the block's memory).
 fn prune_smem(max_cands: usize) -> usize {
-    2 * max_cands.max(1) * 8
+    let m = max_cands.max(1);
+    (((m + 3) & !1) + m + 2) * 8
 }
 
 impl Kernels {
@@ -188,6 +192,7 @@ mod tests {
         assert_eq!(define(src, "PRUNE_THREADS"), PRUNE_THREADS as usize);
         assert_eq!(define(src, "PRUNE_MAX_CANDS"), PRUNE_MAX_CANDS);
         assert_eq!(define(src, "PRUNE_MAX_CAP"), PRUNE_MAX_CAP);
-        assert_eq!(prune_smem(100), 1600);
+        assert_eq!(prune_smem(100), (102 + 102) * 8);
+        assert_eq!(prune_smem(101), (104 + 103) * 8);
     }
 }
