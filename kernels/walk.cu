@@ -34,6 +34,14 @@
 // possible with an allow-list; the walk stops) or SHORT (the walk ended with
 // fewer than `want` allowed nodes). The host finishes the last two on the
 // CPU path, which gives the same answer an OK walk would.
+//
+// Width w > 1 (the CPU walk's `width`): each step expands the w best
+// unexpanded nodes of B at once (fewer if B has fewer), their unseen
+// neighbours scored and merged together; the CPU walk pops its w best
+// candidates still above the cut. A step then costs about what one
+// expansion costs (the lists and the rows of all w are read in the same
+// round trips), so a lone walk ends in about 1/w of the steps. The answer
+// depends on w as it does on ef, and on nothing else.
 #include "common.cuh"
 #include "prune.cuh"
 
@@ -47,6 +55,9 @@
 // a block of T threads takes at most min(T, WALK_MAX_DEGREE) (one thread
 // per neighbour when a list is read).
 #define WALK_MAX_DEGREE 128
+// Largest width (nodes expanded per step); a block also needs width * m0 <=
+// THREADS (a thread per neighbour slot of a step).
+#define WALK_MAX_WIDTH 8
 #define WALK_EXPANDED 1u
 #define WALK_ALLOWED 2u
 #define WALK_STATUS_OK 0u
@@ -214,12 +225,13 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
     }
 }
 
-// The walk of query blockIdx.x by a block of THREADS threads. With deg =
-// max(m0, m) (at most THREADS: one thread per neighbour of a list), the
-// dynamic shared memory holds, in order: the query (d floats, rounded up to
-// 16 bytes), two beam buffers of cap + deg entries, the scored and the
-// sorted neighbours (deg entries each), their ids, and the seen-set table
-// (mask + 1 slots of 4 bytes, or of 2 when `id_bits` is not 0: WalkSeen).
+// The walk of query blockIdx.x by a block of THREADS threads, expanding
+// `width` nodes per step. With deg = max(m0 * width, m) (at most THREADS: one
+// thread per neighbour slot of a step), the dynamic shared memory holds, in
+// order: the query (d floats, rounded up to 16 bytes), two beam buffers of
+// cap + deg entries, the scored and the sorted neighbours (deg entries
+// each), their ids, and the seen-set table (mask + 1 slots of 4 bytes, or
+// of 2 when `id_bits` is not 0: WalkSeen).
 template <int METRIC, unsigned THREADS>
 __device__ __forceinline__ void walk_query(
     const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned d,
@@ -227,8 +239,8 @@ __device__ __forceinline__ void walk_query(
     const unsigned* __restrict__ layer0, unsigned m0,
     const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off, unsigned m,
     unsigned entry, unsigned top, const unsigned* __restrict__ allow, unsigned ef,
-    unsigned want, unsigned cap, unsigned mask, unsigned id_bits, TopkNeighbor* __restrict__ out,
-    unsigned* __restrict__ status) {
+    unsigned width, unsigned want, unsigned cap, unsigned mask, unsigned id_bits,
+    TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {
     constexpr unsigned WARPS = THREADS / TOPK_WARP;
     constexpr int STEPS = THREADS == WALK_MAX_THREADS ? WALK_LOAD_STEPS_ALONE : WALK_LOAD_STEPS;
     static_assert(WARPS * TOPK_WARP == THREADS && THREADS <= WALK_MAX_THREADS, "walk block shape");
@@ -237,7 +249,7 @@ __device__ __forceinline__ void walk_query(
     const unsigned lane = tid & (TOPK_WARP - 1);
     const unsigned warp = tid / TOPK_WARP;
     const size_t q = blockIdx.x;
-    const unsigned deg = max(m0, m);
+    const unsigned deg = max(m0 * width, m);
 
     float* qs = reinterpret_cast<float*>(walk_smem);
     size_t off = ((size_t)d * sizeof(float) + 15u) & ~(size_t)15u;
@@ -254,7 +266,8 @@ __device__ __forceinline__ void walk_query(
     const WalkSeen seen{reinterpret_cast<unsigned*>(walk_smem + off), mask, id_bits};
 
     __shared__ unsigned s_warp[WARPS];
-    __shared__ unsigned s_nb, s_first, s_fresh, s_moved, s_overflow, s_cut;
+    __shared__ unsigned s_nb, s_first, s_fresh, s_moved, s_overflow, s_cut, s_nexp;
+    __shared__ unsigned s_next[WALK_MAX_WIDTH];
     __shared__ unsigned long long s_worst, s_cut_worst;
     __shared__ float s_qn;
     __shared__ WalkEntry s_cur;
@@ -350,18 +363,42 @@ __device__ __forceinline__ void walk_query(
         if (first >= nb || s_overflow) {
             break;
         }
-        const unsigned node = topk_key_index(beam[first].key);
-        // No thread reads an entry's flags before the merge.
-        if (tid == 0) {
-            beam[first].flags |= WALK_EXPANDED;
+        // The nodes this step expands: beam[first], or with width > 1 the
+        // first `width` unexpanded entries from there (one warp's ballots).
+        unsigned nexp = 1;
+        if (width > 1u) {
+            if (warp == 0) {
+                unsigned got = 0;
+                for (unsigned base = first; base < nb && got < width; base += TOPK_WARP) {
+                    const unsigned i = base + lane;
+                    const bool open = i < nb && (beam[i].flags & WALK_EXPANDED) == 0u;
+                    const unsigned ballot = __ballot_sync(0xffffffffu, open);
+                    const unsigned at = got + __popc(ballot & ((1u << lane) - 1u));
+                    if (open && at < width) {
+                        s_next[at] = i;
+                    }
+                    got += __popc(ballot);
+                }
+                if (lane == 0) {
+                    s_nexp = min(got, width);
+                }
+            }
+            __syncthreads();
+            nexp = s_nexp;
         }
-        const unsigned* list = layer0 + (size_t)node * (1u + m0);
-        // The count and the slots are read together (every slot of the
+        // No thread reads an entry's flags before the merge.
+        if (tid < nexp) {
+            beam[width > 1u ? s_next[tid] : first].flags |= WALK_EXPANDED;
+        }
+        // Each node's count and slots are read together (every slot of the
         // block is in the graph), saving a round trip per expansion.
-        const unsigned slot = tid < m0 ? list[1 + tid] : 0u;
-        const unsigned cnt = min(list[0], m0);
-        if (tid < cnt) {
-            if (seen.visit(slot)) {
+        if (tid < nexp * m0) {
+            const unsigned e = tid / m0;
+            const unsigned j = tid - e * m0;
+            const unsigned node = topk_key_index(beam[width > 1u ? s_next[e] : first].key);
+            const unsigned* list = layer0 + (size_t)node * (1u + m0);
+            const unsigned slot = list[1 + j];
+            if (j < min(list[0], m0) && seen.visit(slot)) {
                 fresh_ids[atomicAdd(&s_fresh, 1u)] = slot;
             }
         }
@@ -533,11 +570,11 @@ __device__ __forceinline__ void walk_query(
         const unsigned* __restrict__ layer0, unsigned m0,                                     \
         const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off,           \
         unsigned m, unsigned entry, unsigned top, const unsigned* __restrict__ allow,         \
-        unsigned ef, unsigned want, unsigned cap, unsigned mask, unsigned id_bits,            \
-        TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {                      \
+        unsigned ef, unsigned width, unsigned want, unsigned cap, unsigned mask,              \
+        unsigned id_bits, TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {    \
         walk_query<METRIC, THREADS>(corpus, rnorm, d, queries, qrows, layer0, m0, upper,      \
-                                    upper_off, m, entry, top, allow, ef, want, cap, mask,     \
-                                    id_bits, out, status);                                    \
+                                    upper_off, m, entry, top, allow, ef, width, want, cap,    \
+                                    mask, id_bits, out, status);                              \
     }
 #define TOPK_WALK_TEAMS(NAME, METRIC)    \
     TOPK_WALK_KERNEL(NAME, METRIC, 32)   \

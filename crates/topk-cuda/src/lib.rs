@@ -359,7 +359,8 @@ impl CudaRetriever {
 
     /// Searches `graph` for every row-major query (`queries.len() / D` of
     /// them) in one launch per 65,536 queries: greedy descent through the
-    /// upper layers, then the `ef`-wide beam search of layer 0, returning
+    /// upper layers, then the `ef`-wide beam search of layer 0 expanding
+    /// `width` nodes per step (1 ..= 8, and `width × m0 ≤ 256`), returning
     /// `want` results per query into `hits` (row `i` at `i * want`) and how
     /// each walk ended into `status`. Only nodes whose bit is set in `allow`
     /// (`ceil(N / 32)` words, bit `i % 32` of word `i / 32`) are returned;
@@ -372,6 +373,7 @@ impl CudaRetriever {
         graph: &DeviceGraph,
         queries: &[f32],
         ef: usize,
+        width: usize,
         want: usize,
         allow: Option<&[u32]>,
         hits: &mut Vec<Neighbor>,
@@ -381,6 +383,7 @@ impl CudaRetriever {
             graph,
             WalkQueries::Values(queries),
             ef,
+            width,
             want,
             allow,
             hits,
@@ -405,6 +408,7 @@ impl CudaRetriever {
             graph,
             WalkQueries::Rows(rows),
             ef,
+            1,
             want,
             None,
             hits,

@@ -87,6 +87,7 @@ impl Engine {
         _graph: &DeviceGraph,
         _queries: WalkQueries<'_>,
         _ef: usize,
+        _width: usize,
         _want: usize,
         _allow: Option<&[u32]>,
         _hits: &mut Vec<Neighbor>,

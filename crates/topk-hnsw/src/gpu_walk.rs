@@ -22,7 +22,7 @@ use crate::error::{HnswError, Result};
 use crate::filter::SlotFilter;
 use crate::gpu::{check_engine, spot_check, upper_offsets};
 use crate::index::Hnsw;
-use crate::params::check_ef;
+use crate::params::{check_ef, check_width};
 
 /// An index's graph resident on the device of one engine (which holds the
 /// index's rows), from [`Hnsw::upload_graph`].
@@ -96,7 +96,7 @@ impl Hnsw {
         k: usize,
         ef: usize,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        self.search_graph_gpu_counted(graph, queries, k, ef, None)
+        self.search_graph_gpu_counted(graph, queries, k, ef, 1, None)
             .map(|(hits, _)| hits)
     }
 
@@ -110,23 +110,29 @@ impl Hnsw {
         ef: usize,
         filter: &SlotFilter,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        self.search_graph_gpu_counted(graph, queries, k, ef, Some(filter))
+        self.search_graph_gpu_counted(graph, queries, k, ef, 1, Some(filter))
             .map(|(hits, _)| hits)
     }
 
-    /// The GPU graph search, with the count of queries each side answered.
+    /// The GPU graph search expanding `width` nodes per step (1 ..=
+    /// [`crate::MAX_WALK_WIDTH`], and at most 256 layer-0 slots per step:
+    /// `width × 2m`), over the live slots of `filter` where given, with the
+    /// count of queries each side answered: the same results as
+    /// [`Hnsw::search_batch_wide`].
     pub fn search_graph_gpu_counted(
         &self,
         graph: &GpuGraph<'_>,
         queries: ArrayView2<'_, f32>,
         k: usize,
         ef: usize,
+        width: usize,
         filter: Option<&SlotFilter>,
     ) -> Result<(Vec<Vec<Neighbor>>, GpuWalkCounts)> {
         let n = self.vectors.len();
         validate::queries(queries, self.vectors.dim())?;
         validate::k(k, n)?;
         check_ef(ef)?;
+        check_width(width)?;
         if graph.stamp != self.stamp {
             return Err(HnswError::GpuGraphStale);
         }
@@ -149,10 +155,7 @@ impl Hnsw {
         let host_one = |i: usize| -> Result<Vec<Neighbor>> {
             let q: Vec<f32> = queries.row(i).iter().copied().collect();
             let mut out = Vec::with_capacity(want);
-            match filter {
-                Some(f) => self.search_filtered_with_ef(&q, k, ef, f, &mut out)?,
-                None => self.search_with_ef(&q, k, ef, &mut out)?,
-            }
+            self.search_one(&q, k, ef, width, filter, &mut out)?;
             Ok(out)
         };
         if want == 0 || self.scores_directly(allowed, ef) {
@@ -177,6 +180,7 @@ impl Hnsw {
             &graph.graph,
             &flat,
             ef,
+            width,
             want,
             allow.as_deref(),
             &mut hits,

@@ -7,9 +7,9 @@ use topk_core::{validate, Metric, Neighbor, Retriever};
 use crate::build::{build, Graph, Mode};
 use crate::error::Result;
 use crate::filter::SlotFilter;
-use crate::params::{check_ef, rng_after, HnswParams, SplitMix64};
+use crate::params::{check_ef, check_width, rng_after, HnswParams, SplitMix64};
 use crate::search::{
-    greedy, search_layer, All, Allow, Cand, CpuScorer, Scorer, Scratch, ScratchPool,
+    greedy, search_layer_wide, All, Allow, Cand, CpuScorer, Scorer, Scratch, ScratchPool,
 };
 use crate::vectors::{check_corpus, Vectors};
 
@@ -302,14 +302,7 @@ impl Hnsw {
         validate::query(query, self.vectors.dim())?;
         validate::k(k, self.vectors.len())?;
         check_ef(ef)?;
-        let mut scorer = CpuScorer {
-            vectors: &self.vectors,
-            query: self.vectors.query(query),
-        };
-        let mut sc = self.pool.take();
-        let r = self.search_scored(&mut scorer, k, ef, &mut sc, out);
-        self.pool.put(sc);
-        r
+        self.search_one(query, k, ef, 1, None, out)
     }
 
     /// Searches every row of a `Q × D` batch in parallel with beam width `ef`.
@@ -334,6 +327,69 @@ impl Hnsw {
             .collect()
     }
 
+    /// Searches every row of a `Q × D` batch in parallel with beam width
+    /// `max(ef, k)`, expanding the `width` best open candidates of the beam
+    /// per step (1 ..= [`crate::MAX_WALK_WIDTH`]), over the live slots of `filter`
+    /// where one is given. Width 1 is [`Hnsw::search_batch_with_ef`] (and
+    /// [`Hnsw::search_filtered_with_ef`]); a wider step scores the unseen
+    /// neighbours of several nodes at once, so a walk takes fewer, larger
+    /// steps, and its answer may differ as one with another `ef` would. The
+    /// GPU walk with the same width gives the same answers
+    /// (`Hnsw::search_graph_gpu_counted`, docs/CONTRACTS.md §13).
+    pub fn search_batch_wide(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+        ef: usize,
+        width: usize,
+        filter: Option<&SlotFilter>,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        validate::queries(queries, self.vectors.dim())?;
+        validate::k(k, self.vectors.len())?;
+        check_ef(ef)?;
+        check_width(width)?;
+        (0..queries.nrows())
+            .into_par_iter()
+            .map(|i| {
+                let q: Vec<f32> = queries.row(i).iter().copied().collect();
+                let mut out = Vec::with_capacity(k.min(self.vectors.len()));
+                self.search_one(&q, k, ef, width, filter, &mut out)?;
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// One checked query's search: the live rows, or the live rows of
+    /// `filter`.
+    pub(crate) fn search_one(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        width: usize,
+        filter: Option<&SlotFilter>,
+        out: &mut Vec<Neighbor>,
+    ) -> Result<()> {
+        let mut scorer = CpuScorer {
+            vectors: &self.vectors,
+            query: self.vectors.query(query),
+        };
+        let mut sc = self.pool.take();
+        let r = match filter {
+            None => self.search_scored(&mut scorer, k, ef, width, &mut sc, out),
+            Some(filter) => {
+                let allowed = filter.count_below_minus(self.vectors.len(), &self.deleted);
+                let allow = InButNot {
+                    filter,
+                    deleted: &self.deleted,
+                };
+                self.walk(&mut scorer, k, ef, width, &mut sc, out, &allow, allowed)
+            }
+        };
+        self.pool.put(sc);
+        r
+    }
+
     /// The search proper, for any scorer, over the live
     /// rows: [`Hnsw::walk`] with deleted slots disallowed.
     pub(crate) fn search_scored<F: Scorer>(
@@ -341,21 +397,23 @@ impl Hnsw {
         scorer: &mut F,
         k: usize,
         ef: usize,
+        width: usize,
         sc: &mut Scratch,
         out: &mut Vec<Neighbor>,
     ) -> Result<()> {
         if self.deleted_count == 0 {
             let n = self.vectors.len();
-            self.walk(scorer, k, ef, sc, out, &All, n)
+            self.walk(scorer, k, ef, width, sc, out, &All, n)
         } else {
             let live = self.live_len();
             let allow = NotIn(&self.deleted);
-            self.walk(scorer, k, ef, sc, out, &allow, live)
+            self.walk(scorer, k, ef, width, sc, out, &allow, live)
         }
     }
 
-    /// Greedy descent to layer 1, beam search of layer 0 admitting only rows
-    /// `allow` accepts (`allowed` of them), best `min(k, allowed)` of the beam.
+    /// Greedy descent to layer 1, beam search of layer 0 (`width` nodes
+    /// expanded per step) admitting only rows `allow` accepts (`allowed` of
+    /// them), best `min(k, allowed)` of the beam.
     ///
     /// Three cases leave the graph walk: a beam at least as wide as the
     /// graph, and an allowed set (some rows excluded) small enough that
@@ -371,6 +429,7 @@ impl Hnsw {
         scorer: &mut F,
         k: usize,
         ef: usize,
+        width: usize,
         sc: &mut Scratch,
         out: &mut Vec<Neighbor>,
         allow: &A,
@@ -393,7 +452,7 @@ impl Hnsw {
         if g.max_level > 0 {
             cur = greedy(&g.links, scorer, sc, cur, g.max_level, 1, &All)?;
         }
-        search_layer(&g.links, scorer, sc, cur, ef, 0, allow)?;
+        search_layer_wide(&g.links, scorer, sc, cur, ef, width, 0, allow)?;
         if sc.results.len() < want {
             let unseen: Vec<u32> = (0..n as u32)
                 .filter(|&i| !sc.seen(i) && allow.allows(i))

@@ -90,6 +90,6 @@ pub use gpu_build::GPU_LAYER_MIN_ROWS;
 pub use gpu_walk::{GpuGraph, GpuWalkCounts};
 pub use index::{GraphStats, Hnsw, DEFAULT_FILTER_WALK_COST};
 pub use knn_build::{KnnSource, EARLY_NODES, KNN_BATCH_ROWS, MAX_KNN_CANDIDATES};
-pub use params::{HnswParams, SplitMix64, MAX_LEVEL, MAX_M};
+pub use params::{HnswParams, SplitMix64, MAX_LEVEL, MAX_M, MAX_WALK_WIDTH};
 pub use persist::{FORMAT_VERSION, MAGIC};
 pub use recall::recall_at_k;

@@ -50,7 +50,7 @@ use crate::filter::SlotFilter;
 use crate::graph::Links;
 #[cfg(doc)]
 use crate::index::DEFAULT_FILTER_WALK_COST;
-use crate::index::{Hnsw, InButNot};
+use crate::index::Hnsw;
 use crate::params::{check_ef, draw_level, HnswParams};
 use crate::search::{greedy, search_layer, AllBut, Cand, CpuScorer, Scorer, ScratchPool};
 use crate::vectors::Vectors;
@@ -177,20 +177,7 @@ impl Hnsw {
         validate::query(query, self.vectors.dim())?;
         validate::k(k, self.vectors.len())?;
         check_ef(ef)?;
-        let n = self.vectors.len();
-        let allowed = filter.count_below_minus(n, &self.deleted);
-        let allow = InButNot {
-            filter,
-            deleted: &self.deleted,
-        };
-        let mut scorer = CpuScorer {
-            vectors: &self.vectors,
-            query: self.vectors.query(query),
-        };
-        let mut sc = self.pool.take();
-        let r = self.walk(&mut scorer, k, ef, &mut sc, out, &allow, allowed);
-        self.pool.put(sc);
-        r
+        self.search_one(query, k, ef, 1, Some(filter), out)
     }
 
     fn check_slot(&self, slot: u32) -> Result<()> {

@@ -101,6 +101,23 @@ pub(crate) fn check_ef(ef: usize) -> Result<()> {
     Ok(())
 }
 
+/// Most nodes a search expands per step ([`Hnsw::search_batch_wide`]; the
+/// GPU walk's limit too).
+///
+/// [`Hnsw::search_batch_wide`]: crate::Hnsw::search_batch_wide
+pub const MAX_WALK_WIDTH: usize = 8;
+
+pub(crate) fn check_width(width: usize) -> Result<()> {
+    if width == 0 || width > MAX_WALK_WIDTH {
+        return Err(invalid(
+            "width",
+            width,
+            "nodes expanded per step: must be 1 ..= 8",
+        ));
+    }
+    Ok(())
+}
+
 fn invalid(name: &'static str, value: usize, reason: &'static str) -> HnswError {
     HnswError::InvalidParameter {
         name,

@@ -270,6 +270,26 @@ pub(crate) fn search_layer<S: Slot, F: Scorer, A: Allow>(
     level: usize,
     allow: &A,
 ) -> Result<()> {
+    search_layer_wide(links, scorer, sc, start, ef, 1, level, allow)
+}
+
+/// [`search_layer`] expanding up to `width` candidates per step: the
+/// `width` best candidates still above the beam's cut (as it stood when the
+/// step began) are taken together, their unseen neighbours scored in one
+/// call and admitted as one expansion's would be. Width 1 is
+/// `search_layer`'s walk; the GPU walk does the same steps
+/// (`kernels/walk.cu`), so any width gives the same answer on both.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn search_layer_wide<S: Slot, F: Scorer, A: Allow>(
+    links: &Links<S>,
+    scorer: &mut F,
+    sc: &mut Scratch,
+    start: Cand,
+    ef: usize,
+    width: usize,
+    level: usize,
+    allow: &A,
+) -> Result<()> {
     sc.new_epoch();
     let Scratch {
         visited,
@@ -290,21 +310,35 @@ pub(crate) fn search_layer<S: Slot, F: Scorer, A: Allow>(
         results.push(Reverse(start));
     }
 
-    while let Some(c) = candidates.pop() {
-        if results.len() >= ef {
-            if let Some(Reverse(worst)) = results.peek() {
-                if c.key < worst.key {
-                    break;
+    let width = width.max(1);
+    let mut ended = false;
+    while !ended {
+        // The step's nodes: the best candidates above the cut, at most `width`.
+        ids.clear();
+        let mut taken = 0;
+        while taken < width {
+            let Some(c) = candidates.pop() else {
+                ended = taken == 0;
+                break;
+            };
+            if results.len() >= ef {
+                if let Some(Reverse(worst)) = results.peek() {
+                    if c.key < worst.key {
+                        // Every later candidate ranks lower still.
+                        ended = taken == 0;
+                        candidates.clear();
+                        break;
+                    }
                 }
             }
-        }
-        links.neighbours_into(c.id(), level, nbr);
-        ids.clear();
-        for &e in nbr.iter() {
-            let tag = &mut visited[e as usize];
-            if *tag != epoch {
-                *tag = epoch;
-                ids.push(e);
+            taken += 1;
+            links.neighbours_into(c.id(), level, nbr);
+            for &e in nbr.iter() {
+                let tag = &mut visited[e as usize];
+                if *tag != epoch {
+                    *tag = epoch;
+                    ids.push(e);
+                }
             }
         }
         if ids.is_empty() {

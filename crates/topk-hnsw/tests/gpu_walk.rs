@@ -40,14 +40,21 @@ fn assert_same(
     dim: usize,
     k: usize,
     ef: usize,
+    width: usize,
 ) {
     let nq = queries.len() / dim;
     let qs = ArrayView2::from_shape((nq, dim), queries).unwrap();
     let g = index.upload_graph(gpu).unwrap();
-    let (got, counts) = index.search_graph_gpu_counted(&g, qs, k, ef, None).unwrap();
-    let want = index.search_batch_with_ef(qs, k, ef).unwrap();
+    let (got, counts) = index
+        .search_graph_gpu_counted(&g, qs, k, ef, width, None)
+        .unwrap();
+    let want = if width == 1 {
+        index.search_batch_with_ef(qs, k, ef).unwrap()
+    } else {
+        index.search_batch_wide(qs, k, ef, width, None).unwrap()
+    };
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(bits(a), bits(b), "query {i}, k {k}, ef {ef}");
+        assert_eq!(bits(a), bits(b), "query {i}, k {k}, ef {ef}, width {width}");
     }
     assert_eq!(counts.device + counts.host, nq);
 }
@@ -63,13 +70,13 @@ fn every_metric_and_beam_width_gives_the_cpu_bits() {
             let gpu = engine(&data, dim, metric);
             let index = Hnsw::build(&data, dim, metric, params(m, 5)).unwrap();
             for (k, ef) in [(1, 1), (10, 10), (10, 64), (50, 200), (100, 700)] {
-                assert_same(&index, &gpu, &queries, dim, k, ef);
+                assert_same(&index, &gpu, &queries, dim, k, ef, 1);
             }
             // The device walks every unfiltered query with ef below n.
             let qs = ArrayView2::from_shape((200, dim), &queries[..]).unwrap();
             let g = index.upload_graph(&gpu).unwrap();
             let (_, counts) = index
-                .search_graph_gpu_counted(&g, qs, 10, 64, None)
+                .search_graph_gpu_counted(&g, qs, 10, 64, 1, None)
                 .unwrap();
             assert_eq!(counts.device, 200, "{metric} d {dim}");
         }
@@ -170,7 +177,7 @@ fn every_team_size_gives_the_cpu_bits() {
                 config.tuning.walk_seen = seen;
                 let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
                 let g = index.upload_graph(&gpu).unwrap();
-                let got = index.search_graph_gpu_counted(&g, qs, 10, 60, None);
+                let got = index.search_graph_gpu_counted(&g, qs, 10, 60, 1, None);
                 if (threads as usize) < 2 * m {
                     let e = got.unwrap_err().to_string();
                     assert!(
@@ -186,12 +193,95 @@ fn every_team_size_gives_the_cpu_bits() {
                     assert_eq!(bits(a), bits(b), "{case} query {i}");
                 }
                 let got = index
-                    .search_graph_gpu_counted(&g, qs, 10, 60, Some(&filter))
+                    .search_graph_gpu_counted(&g, qs, 10, 60, 1, Some(&filter))
                     .unwrap()
                     .0;
                 for (i, (a, b)) in got.iter().zip(&want_filtered).enumerate() {
                     assert_eq!(bits(a), bits(b), "{case} filtered query {i}");
                 }
+            }
+        }
+    }
+}
+
+/// Every width the walk takes (`width × 2m ≤ 256`) gives the CPU walk's
+/// bits at that width, unfiltered, filtered and with deletions, by the team
+/// the engine picks and by forced ones, and a query's answer does not
+/// depend on its batch; widths past the limits are refused by name.
+#[test]
+fn every_walk_width_gives_the_cpu_bits() {
+    let Some(()) = gpu_or_skip() else { return };
+    let n = 5_000;
+    for (dim, m) in [(40, 8), (96, 16), (33, 32)] {
+        let data = synth::gaussian_clusters(n, dim, 20, 0.6, 50 + dim as u64);
+        let queries = synth::cluster_queries(150, dim, 20, 0.6, 51);
+        let qs = ArrayView2::from_shape((150, dim), &queries[..]).unwrap();
+        let filter = SlotFilter::from_fn(n, |s| s % 4 != 1);
+        for metric in Metric::ALL {
+            let mut index = Hnsw::build(&data, dim, metric, params(m, 7)).unwrap();
+            for s in (0..n as u32).step_by(11) {
+                index.mark_deleted(s).unwrap();
+            }
+            for threads in [0, 256] {
+                let mut config = CudaConfig::default();
+                config.tuning.walk_threads = threads;
+                let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
+                let g = index.upload_graph(&gpu).unwrap();
+                for width in 1..=topk_hnsw::MAX_WALK_WIDTH {
+                    let case = format!("{metric} d {dim} m {m} team {threads} width {width}");
+                    let got = index.search_graph_gpu_counted(&g, qs, 10, 60, width, None);
+                    if width * 2 * m > 256 {
+                        let e = got.unwrap_err().to_string();
+                        assert!(e.contains("walk width"), "{case}: {e}");
+                        continue;
+                    }
+                    let (got, counts) = got.unwrap();
+                    assert_eq!(counts.device, 150, "{case}");
+                    let want = index.search_batch_wide(qs, 10, 60, width, None).unwrap();
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(bits(a), bits(b), "{case} query {i}");
+                    }
+                    let got = index
+                        .search_graph_gpu_counted(&g, qs, 10, 60, width, Some(&filter))
+                        .unwrap()
+                        .0;
+                    let want = index
+                        .search_batch_wide(qs, 10, 60, width, Some(&filter))
+                        .unwrap();
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(bits(a), bits(b), "{case} filtered query {i}");
+                    }
+                    // One query alone, and the batch reversed, against the
+                    // CPU answers of the whole batch.
+                    let one = ArrayView2::from_shape((1, dim), &queries[7 * dim..8 * dim]).unwrap();
+                    let alone = index
+                        .search_graph_gpu_counted(&g, one, 10, 60, width, None)
+                        .unwrap()
+                        .0;
+                    let whole = index.search_batch_wide(qs, 10, 60, width, None).unwrap();
+                    let reversed: Vec<f32> =
+                        queries.chunks(dim).rev().flatten().copied().collect();
+                    let rev = ArrayView2::from_shape((150, dim), &reversed[..]).unwrap();
+                    let back = index
+                        .search_graph_gpu_counted(&g, rev, 10, 60, width, None)
+                        .unwrap()
+                        .0;
+                    for (i, r) in back.iter().enumerate() {
+                        assert_eq!(bits(r), bits(&whole[149 - i]), "{case} reversed {i}");
+                    }
+                    assert_eq!(bits(&alone[0]), bits(&whole[7]), "{case} alone");
+                }
+            }
+            let gpu = engine(&data, dim, metric);
+            let g = index.upload_graph(&gpu).unwrap();
+            for width in [0, topk_hnsw::MAX_WALK_WIDTH + 1] {
+                assert!(
+                    matches!(
+                        index.search_graph_gpu_counted(&g, qs, 10, 60, width, None),
+                        Err(HnswError::InvalidParameter { name: "width", .. })
+                    ),
+                    "width {width}"
+                );
             }
         }
     }
@@ -222,7 +312,7 @@ fn deletions_and_allow_lists_match_the_cpu_walk() {
         for keep in [2u32, 3, 10, 40] {
             let filter = SlotFilter::from_fn(n, |s| s % keep == 1);
             let (got, counts) = index
-                .search_graph_gpu_counted(&g, qs, 10, 50, Some(&filter))
+                .search_graph_gpu_counted(&g, qs, 10, 50, 1, Some(&filter))
                 .unwrap();
             for (i, (q, r)) in queries.chunks(dim).zip(&got).enumerate() {
                 let mut want = Vec::new();
@@ -295,6 +385,7 @@ proptest! {
         metric in prop::sample::select(Metric::ALL.to_vec()),
         k in 1usize..30,
         ef in 1usize..120,
+        width in 1usize..=8,
         seed in any::<u64>(),
     ) {
         let Some(()) = gpu_or_skip() else { return Ok(()) };
@@ -311,7 +402,7 @@ proptest! {
         let queries: Vec<f32> = (0..20 * dim).map(|_| (rng.next_u64() % 5) as f32 - 2.0).collect();
         let gpu = engine(&data, dim, metric);
         let index = Hnsw::build(&data, dim, metric, params(6, seed)).unwrap();
-        assert_same(&index, &gpu, &queries, dim, k.min(n), ef);
+        assert_same(&index, &gpu, &queries, dim, k.min(n), ef, width);
     }
 }
 
@@ -339,7 +430,8 @@ fn small_walks_match_the_cpu() {
         }
         let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
         let index = Hnsw::build(&data, dim, metric, params(8, 4)).unwrap();
-        assert_same(&index, &gpu, &queries, dim, 10, 40);
+        assert_same(&index, &gpu, &queries, dim, 10, 40, 1);
+        assert_same(&index, &gpu, &queries, dim, 10, 40, 4);
         let g = index.upload_graph(&gpu).unwrap();
         let got = index
             .search_graph_gpu_filtered(&g, qs, 10, 40, &filter)
@@ -371,7 +463,9 @@ fn batches_past_one_launch_match_the_cpu() {
     let index = Hnsw::build(&data, dim, Metric::Cosine, params(6, 3)).unwrap();
     let qs = ArrayView2::from_shape((nq, dim), &queries[..]).unwrap();
     let g = index.upload_graph(&gpu).unwrap();
-    let (got, counts) = index.search_graph_gpu_counted(&g, qs, 5, 24, None).unwrap();
+    let (got, counts) = index
+        .search_graph_gpu_counted(&g, qs, 5, 24, 1, None)
+        .unwrap();
     assert_eq!(counts.device, nq);
     let want = index.search_batch_with_ef(qs, 5, 24).unwrap();
     let differ = got

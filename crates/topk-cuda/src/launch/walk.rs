@@ -14,6 +14,9 @@ use crate::driver::DevSlice;
 use crate::error::CudaError;
 use crate::walk_layout::MAX_WALK_DEGREE as WALK_MAX_DEGREE;
 
+/// Most nodes a walk expands per step (`WALK_MAX_WIDTH`).
+pub(crate) const WALK_MAX_WIDTH: usize = 8;
+
 /// Slots of one bucket of the narrow seen table (`WALK_BUCKET`).
 const WALK_BUCKET: usize = 8;
 
@@ -69,6 +72,8 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) graph: WalkGraph<'a>,
     pub(crate) allow: Option<DevSlice<'a, u32>>,
     pub(crate) ef: u32,
+    /// Nodes expanded per step (1 ..= [`WALK_MAX_WIDTH`]).
+    pub(crate) width: u32,
     pub(crate) want: u32,
     pub(crate) cap: u32,
     pub(crate) table_slots: u32,
@@ -81,9 +86,10 @@ pub(crate) struct WalkArgs<'a> {
     pub(crate) status: DevSlice<'a, u32>,
 }
 
-/// Dynamic shared memory of a walk over a graph whose widest list holds
-/// `deg` neighbours (the layout of `walk_query`), its seen table of 2-byte
-/// slots when `narrow`.
+/// Dynamic shared memory of a walk whose steps score at most `deg`
+/// neighbours (the wider of `width` layer-0 lists and one upper-layer list:
+/// the layout of `walk_query`), its seen table of 2-byte slots when
+/// `narrow`.
 fn walk_smem(d: usize, cap: usize, table_slots: usize, narrow: bool, deg: usize) -> usize {
     let query = (d * 4).div_ceil(16) * 16;
     let slot = if narrow { 2 } else { 4 };
@@ -142,12 +148,23 @@ impl Kernels {
                 reason,
             })
         };
-        let degree = g.m0.max(g.m);
-        if degree as usize > WALK_MAX_DEGREE {
+        if g.m0.max(g.m) as usize > WALK_MAX_DEGREE {
             return bad(
                 "graph degree",
-                degree as usize,
+                g.m0.max(g.m) as usize,
                 "the GPU walk takes at most 128 neighbours per list",
+            );
+        }
+        if a.width == 0 || a.width as usize > WALK_MAX_WIDTH {
+            return bad("walk width", a.width as usize, "must be 1 ..= 8");
+        }
+        // The neighbour slots of one step: a thread each.
+        let degree = (g.m0 * a.width).max(g.m);
+        if degree > WALK_TEAMS[WALK_TEAMS.len() - 1] {
+            return bad(
+                "walk width",
+                a.width as usize,
+                "width times the layer-0 degree must be at most 256",
             );
         }
         let threads = match a.threads {
@@ -165,7 +182,7 @@ impl Kernels {
             return bad(
                 "walk threads",
                 threads as usize,
-                "a block needs a thread per neighbour of the graph's widest list",
+                "a block needs a thread per neighbour slot of a step (width × layer-0 degree, and the upper degree)",
             );
         }
         if a.ef == 0 || a.want == 0 || a.want > a.ef || a.cap < a.ef {
@@ -241,6 +258,7 @@ impl Kernels {
                 top = g.top,
                 allow = a.allow.map_or(0, |s| s.ptr()),
                 ef = a.ef,
+                width = a.width,
                 want = a.want,
                 cap = a.cap,
                 mask = a.table_slots - 1,
@@ -321,6 +339,7 @@ mod tests {
     #[test]
     fn host_constants_mirror_the_walk_kernel() {
         assert_eq!(define(WALK_CU, "WALK_MAX_DEGREE"), WALK_MAX_DEGREE);
+        assert_eq!(define(WALK_CU, "WALK_MAX_WIDTH"), WALK_MAX_WIDTH);
         assert_eq!(define(WALK_CU, "WALK_BUCKET"), WALK_BUCKET);
         assert_eq!(1 << define(WALK_CU, "WALK_BUCKET_BITS"), WALK_BUCKET);
         assert_eq!(

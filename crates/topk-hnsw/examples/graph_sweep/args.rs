@@ -94,6 +94,11 @@ pub(crate) struct Args {
     /// choice by batch size).
     #[arg(long, default_value_t = 0)]
     pub(crate) walk_threads: u32,
+    /// Nodes the GPU walk of the `gpu-graph (wide)` points expands per step
+    /// (`Hnsw::search_graph_gpu_counted`'s width, 1 ..= 8); 1 runs no such
+    /// points.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) walk_width: usize,
     /// How the GPU walk keeps its seen set (`Tuning::walk_seen`): auto,
     /// ids (32-bit) or tags (16-bit).
     #[arg(long, default_value = "auto", value_parser = parse_seen)]
@@ -131,6 +136,9 @@ pub(crate) fn check_args(a: &Args) -> AnyResult<()> {
     }
     if !(a.budget_s.is_finite() && a.budget_s >= 0.0) {
         return Err(format!("--budget-s must be a finite value ≥ 0, got {}", a.budget_s).into());
+    }
+    if a.walk_width == 0 || a.walk_width > topk_hnsw::MAX_WALK_WIDTH {
+        return Err(format!("--walk-width must be 1 ..= 8, got {}", a.walk_width).into());
     }
     if a.min_reps == 0 {
         return Err("--min-reps must be at least 1, got 0".into());

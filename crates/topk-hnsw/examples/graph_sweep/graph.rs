@@ -26,10 +26,11 @@ impl GraphSearcher<'_> {
         queries: ArrayView2<'_, f32>,
         k: usize,
         ef: usize,
+        width: usize,
     ) -> AnyResult<Vec<Vec<Neighbor>>> {
         let (hits, c) = self
             .index
-            .search_graph_gpu_counted(&self.graph, queries, k, ef, None)?;
+            .search_graph_gpu_counted(&self.graph, queries, k, ef, width, None)?;
         let (dev, host) = self.counts.get();
         self.counts.set((dev + c.device, host + c.host));
         Ok(hits)

@@ -69,6 +69,9 @@ pub(crate) type AnyResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync
 pub(crate) const GPU_GRAPH: &str = "gpu-graph";
 /// GPU graph search over the GPU-built graph (batch sizes 1 and the largest).
 pub(crate) const GPU_GRAPH_GPU_BUILT: &str = "gpu-graph (gpu-built graph)";
+/// GPU graph search over the CPU-built graph expanding `--walk-width`
+/// nodes per step (run when the width is above 1).
+pub(crate) const GPU_GRAPH_WIDE: &str = "gpu-graph (wide)";
 /// topk-hnsw's CPU search over the CPU-built graph.
 pub(crate) const CPU_HNSW: &str = "cpu-hnsw";
 /// The exact GPU engine.

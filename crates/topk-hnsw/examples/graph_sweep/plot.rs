@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use plotters::prelude::*;
 
 use crate::report::{fmt_qps, Point, Summary};
-use crate::{AnyResult, CPU_HNSW, EXACT_GPU, GPU_GRAPH, GPU_GRAPH_GPU_BUILT};
+use crate::{AnyResult, CPU_HNSW, EXACT_GPU, GPU_GRAPH, GPU_GRAPH_GPU_BUILT, GPU_GRAPH_WIDE};
 
 static FONT: &[u8] = include_bytes!("../../../topk-bench/assets/DejaVuSans.ttf");
 const FAMILY: &str = "sans-serif";
@@ -27,6 +27,7 @@ fn colour(method: &str) -> RGBColor {
     match method {
         GPU_GRAPH => RGBColor(0x1f, 0x77, 0xb4),
         GPU_GRAPH_GPU_BUILT => RGBColor(0x2c, 0xa0, 0x2c),
+        GPU_GRAPH_WIDE => RGBColor(0x94, 0x67, 0xbd),
         CPU_HNSW => RGBColor(0xff, 0x7f, 0x0e),
         EXACT_GPU => RGBColor(0xd6, 0x27, 0x28),
         _ => RGBColor(0x7f, 0x7f, 0x7f),
@@ -105,7 +106,13 @@ fn draw_recall_qps<DB: DrawingBackend>(
             BLACK.mix(0.3).stroke_width(1),
         ))
         .map_err(e)?;
-    let methods = [GPU_GRAPH, GPU_GRAPH_GPU_BUILT, CPU_HNSW, EXACT_GPU];
+    let methods = [
+        GPU_GRAPH,
+        GPU_GRAPH_WIDE,
+        GPU_GRAPH_GPU_BUILT,
+        CPU_HNSW,
+        EXACT_GPU,
+    ];
     let batches = if b_min == b_max {
         vec![(b_max, true)]
     } else {

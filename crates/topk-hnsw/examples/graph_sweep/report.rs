@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use serde_json::{json, Value};
 
 use crate::args::Args;
-use crate::{AnyResult, CPU_HNSW, EXACT_GPU, GPU_GRAPH, GPU_GRAPH_GPU_BUILT, LOG};
+use crate::{AnyResult, CPU_HNSW, EXACT_GPU, GPU_GRAPH, GPU_GRAPH_GPU_BUILT, GPU_GRAPH_WIDE, LOG};
 
 /// Appends JSON lines to `raw.jsonl`, flushed per line so a cut-off run
 /// keeps what it measured.
@@ -53,9 +53,10 @@ pub(crate) struct Summary {
     pub(crate) header: Vec<String>,
     pub(crate) builds: Vec<BuildRow>,
     pub(crate) points: Vec<Point>,
-    /// Per `ef`: queries whose GPU graph ids differ from CPU HNSW's, whose
-    /// (id, score bits) lists differ, and that the CPU path answered.
-    pub(crate) gpu_vs_cpu: Vec<(usize, usize, usize, usize)>,
+    /// Per walk width and `ef`: queries whose GPU graph ids differ from CPU
+    /// HNSW's (at the same width), whose (id, score bits) lists differ, and
+    /// that the CPU path answered.
+    pub(crate) gpu_vs_cpu: Vec<(usize, usize, usize, usize, usize)>,
     /// Queries of timed batches whose result differs from the one-call
     /// pass, summed over the points of each method.
     pub(crate) batch_differs: BTreeMap<&'static str, (usize, usize)>,
@@ -209,17 +210,29 @@ pub(crate) fn table(a: &Args, sums: &[Summary]) -> String {
         let mut batches: Vec<usize> = s.points.iter().map(|p| p.batch).collect();
         batches.sort_unstable();
         batches.dedup();
+        let wide = s.points.iter().any(|p| p.method == GPU_GRAPH_WIDE);
         o.push_str(&format!(
-            "\n### Best QPS at recall@{} ≥ {t}\n\n| batch | {GPU_GRAPH} | {CPU_HNSW} | {EXACT_GPU} | {GPU_GRAPH}/{CPU_HNSW} | {GPU_GRAPH}/{EXACT_GPU} | {GPU_GRAPH_GPU_BUILT} |\n| ---: | --- | --- | --- | ---: | ---: | --- |\n",
+            "\n### Best QPS at recall@{} ≥ {t}\n\n| batch | {GPU_GRAPH} | {CPU_HNSW} | {EXACT_GPU} | {GPU_GRAPH}/{CPU_HNSW} | {GPU_GRAPH}/{EXACT_GPU} | {GPU_GRAPH_GPU_BUILT} |",
             a.k
         ));
+        if wide {
+            o.push_str(&format!(
+                " {GPU_GRAPH_WIDE}, width {w} | wide/{CPU_HNSW} | wide/{EXACT_GPU} |",
+                w = a.walk_width
+            ));
+        }
+        o.push_str("\n| ---: | --- | --- | --- | ---: | ---: | --- |");
+        if wide {
+            o.push_str(" --- | ---: | ---: |");
+        }
+        o.push('\n');
         for &b in &batches {
             let g = best(&s.points, GPU_GRAPH, b, t);
             let c = best(&s.points, CPU_HNSW, b, t);
             let e = best(&s.points, EXACT_GPU, b, t);
             let gg = best(&s.points, GPU_GRAPH_GPU_BUILT, b, t);
             o.push_str(&format!(
-                "| {b} | {} | {} | {} | {} | {} | {} |\n",
+                "| {b} | {} | {} | {} | {} | {} | {} |",
                 cell(g),
                 cell(c),
                 cell(e),
@@ -227,6 +240,11 @@ pub(crate) fn table(a: &Args, sums: &[Summary]) -> String {
                 ratio(g, e),
                 cell(gg)
             ));
+            if wide {
+                let w = best(&s.points, GPU_GRAPH_WIDE, b, t);
+                o.push_str(&format!(" {} | {} | {} |", cell(w), ratio(w, c), ratio(w, e)));
+            }
+            o.push('\n');
         }
         o.push_str("\n### Every point\n\n| method | batch | ef | recall | QPS | median ms | p90 ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         for p in &s.points {
@@ -245,9 +263,9 @@ pub(crate) fn table(a: &Args, sums: &[Summary]) -> String {
         if s.gpu_vs_cpu.is_empty() {
             o.push_str("- GPU graph search not run.\n");
         }
-        for &(ef, ids, bits, host) in &s.gpu_vs_cpu {
+        for &(width, ef, ids, bits, host) in &s.gpu_vs_cpu {
             o.push_str(&format!(
-                "- ef = {ef}, one call of all queries: {ids} queries whose GPU graph ids differ from CPU HNSW's on the same graph ({bits} with any score bit differing); {host} answered by the CPU path.\n"
+                "- width {width}, ef = {ef}, one call of all queries: {ids} queries whose GPU graph ids differ from CPU HNSW's on the same graph at the same width ({bits} with any score bit differing); {host} answered by the CPU path.\n"
             ));
         }
         for (m, host) in &s.host_answers {

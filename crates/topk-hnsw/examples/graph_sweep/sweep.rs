@@ -15,7 +15,10 @@ use crate::data::Dataset;
 use crate::graph::{gpu_build, upload_graph, GraphSearcher};
 use crate::report::{failed, BuildRow, Sink, Summary};
 use crate::timing::{differ, ids, Ctx};
-use crate::{bar, spinner, AnyResult, CPU_HNSW, EXACT_GPU, GPU_GRAPH, GPU_GRAPH_GPU_BUILT, LOG};
+use crate::{
+    bar, spinner, AnyResult, CPU_HNSW, EXACT_GPU, GPU_GRAPH, GPU_GRAPH_GPU_BUILT, GPU_GRAPH_WIDE,
+    LOG,
+};
 
 pub(crate) fn run_dataset(
     a: &Args,
@@ -208,43 +211,62 @@ pub(crate) fn run_dataset(
         (Some(g), Some((gi, _, _))) => timed_upload(gi, g, "GPU-built", ds, sink, &mut sum)?,
         _ => None,
     };
+    // Width 1 (`gpu_full`), then `--walk-width` where above 1 (`wide_full`),
+    // each checked against the CPU walk at its width.
+    let mut wide_full: BTreeMap<usize, Vec<Vec<Neighbor>>> = BTreeMap::new();
+    let widths: Vec<usize> = if a.walk_width > 1 {
+        vec![1, a.walk_width]
+    } else {
+        vec![1]
+    };
     if let Some(s) = &searcher {
-        for &ef in &a.ef {
-            s.take_counts();
-            let r = match s.search(qv, k, ef) {
-                Ok(r) => r,
-                Err(e) => {
-                    failed(
-                        sink,
-                        &mut sum,
-                        &ds.name,
-                        &format!("{GPU_GRAPH} one call, ef = {ef}"),
-                        &e,
-                    )?;
-                    gpu_full.clear();
-                    break;
-                }
+        'widths: for &width in &widths {
+            let (full, name) = if width == 1 {
+                (&mut gpu_full, GPU_GRAPH)
+            } else {
+                (&mut wide_full, GPU_GRAPH_WIDE)
             };
-            let (device_walks, host_answers) = s.take_counts();
-            let cpu = cpu_full.get(&ef).map_or(&[][..], |v| v.as_slice());
-            let (ids_differ, bits_differ) = differ(&r, cpu);
-            sum.gpu_vs_cpu
-                .push((ef, ids_differ, bits_differ, host_answers));
-            sink.emit(&json!({
-                "what": "check_gpu_graph_equals_cpu_hnsw", "dataset": ds.name, "ef": ef,
-                "k": k, "queries": nq, "ids_differ": ids_differ, "bits_differ": bits_differ,
-                "recall_gpu_graph": recall_at_k(&r, &cx.truth, k)?,
-                "device_walks": device_walks, "host_answers": host_answers,
-            }))?;
-            gpu_full.insert(ef, r);
+            for &ef in &a.ef {
+                s.take_counts();
+                let r = match s.search(qv, k, ef, width) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let what = format!("{name} one call, ef = {ef}");
+                        failed(sink, &mut sum, &ds.name, &what, &e)?;
+                        full.clear();
+                        continue 'widths;
+                    }
+                };
+                let (device_walks, host_answers) = s.take_counts();
+                let wide_cpu;
+                let cpu = if width == 1 {
+                    cpu_full.get(&ef).map_or(&[][..], |v| v.as_slice())
+                } else {
+                    wide_cpu = index.search_batch_wide(qv, k, ef, width, None)?;
+                    wide_cpu.as_slice()
+                };
+                let (ids_differ, bits_differ) = differ(&r, cpu);
+                sum.gpu_vs_cpu
+                    .push((width, ef, ids_differ, bits_differ, host_answers));
+                sink.emit(&json!({
+                    "what": "check_gpu_graph_equals_cpu_hnsw", "dataset": ds.name, "ef": ef,
+                    "width": width, "k": k, "queries": nq, "ids_differ": ids_differ,
+                    "bits_differ": bits_differ,
+                    "recall_gpu_graph": recall_at_k(&r, &cx.truth, k)?,
+                    "recall_cpu_hnsw": recall_at_k(cpu, &cx.truth, k)?,
+                    "device_walks": device_walks, "host_answers": host_answers,
+                }))?;
+                full.insert(ef, r);
+            }
         }
     }
+    let wide_ok = a.walk_width > 1 && wide_full.len() == a.ef.len();
     if gpu_full.len() < a.ef.len() {
         searcher = None;
     }
     if let Some(s) = &searcher_gpu_built {
         for &ef in &a.ef {
-            match s.search(qv, k, ef) {
+            match s.search(qv, k, ef, 1) {
                 Ok(r) => {
                     gpu_built_full.insert(ef, r);
                 }
@@ -262,7 +284,7 @@ pub(crate) fn run_dataset(
 
     // The timed sweep.
     let gpu_points = if gpu.is_some() {
-        a.ef.len() * batches.len() + 2 * a.ef.len() + batches.len()
+        a.ef.len() * batches.len() * (1 + usize::from(wide_ok)) + 2 * a.ef.len() + batches.len()
     } else {
         0
     };
@@ -274,22 +296,32 @@ pub(crate) fn run_dataset(
         for &ef in &a.ef {
             // The GPU walk of the CPU-built graph at every batch size, of the
             // GPU-built graph at the smallest and largest.
+            // The wide walk of the CPU-built graph where asked for.
             let walks = [
-                (GPU_GRAPH, searcher.as_ref(), &gpu_full, true),
+                (GPU_GRAPH, searcher.as_ref(), &gpu_full, 1, true),
+                (
+                    GPU_GRAPH_WIDE,
+                    searcher.as_ref(),
+                    &wide_full,
+                    a.walk_width,
+                    wide_ok,
+                ),
                 (
                     GPU_GRAPH_GPU_BUILT,
                     searcher_gpu_built.as_ref(),
                     &gpu_built_full,
+                    1,
                     b == b_max || b == b_min,
                 ),
             ];
-            for (name, searcher, full, here) in walks {
+            for (name, searcher, full, width, here) in walks {
                 let Some(s) = searcher.filter(|_| here) else {
                     continue;
                 };
                 pb.set_message(format!("{name} b={b} ef={ef}"));
                 let full = full.get(&ef).map_or(&[][..], |v| v.as_slice());
-                let mut f = |lo: usize, hi: usize| s.search(qv.slice(s![lo..hi, ..]), k, ef);
+                let mut f =
+                    |lo: usize, hi: usize| s.search(qv.slice(s![lo..hi, ..]), k, ef, width);
                 cx.point(sink, &mut sum, name, b, Some(ef), full, Some(s), &mut f)?;
                 pb.inc(1);
             }
