@@ -409,7 +409,7 @@ proptest! {
 /// A small case for the sanitizers (memcheck, racecheck): every metric,
 /// unfiltered and filtered walks over a few hundred rows, by the team the
 /// engine picks (256 threads, 32-bit seen ids) and by teams of 32 and 64
-/// told to keep 16-bit seen tags.
+/// told to keep 16-bit seen tags, at widths up to what each team takes.
 #[test]
 fn small_walks_match_the_cpu() {
     let Some(()) = gpu_or_skip() else { return };
@@ -430,8 +430,15 @@ fn small_walks_match_the_cpu() {
         }
         let gpu = CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap();
         let index = Hnsw::build(&data, dim, metric, params(8, 4)).unwrap();
-        assert_same(&index, &gpu, &queries, dim, 10, 40, 1);
-        assert_same(&index, &gpu, &queries, dim, 10, 40, 4);
+        // Wide walks too, as wide as the team takes (16 slots per list).
+        let widths: &[usize] = match threads {
+            0 => &[1, 4, 8],
+            32 => &[1, 2],
+            _ => &[1, 4],
+        };
+        for &width in widths {
+            assert_same(&index, &gpu, &queries, dim, 10, 40, width);
+        }
         let g = index.upload_graph(&gpu).unwrap();
         let got = index
             .search_graph_gpu_filtered(&g, qs, 10, 40, &filter)
