@@ -55,8 +55,8 @@
 // a block of T threads takes at most min(T, WALK_MAX_DEGREE) (one thread
 // per neighbour when a list is read).
 #define WALK_MAX_DEGREE 128
-// Largest width (nodes expanded per step); a block also needs width * m0 <=
-// THREADS (a thread per neighbour slot of a step).
+// Largest width (nodes expanded per step). A step reads width * m0 slots,
+// every THREADS-th by one thread.
 #define WALK_MAX_WIDTH 8
 #define WALK_EXPANDED 1u
 #define WALK_ALLOWED 2u
@@ -225,9 +225,10 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
     }
 }
 
-// The walk of query blockIdx.x by a block of THREADS threads, expanding
-// `width` nodes per step. With deg = max(m0 * width, m) (at most THREADS: one
-// thread per neighbour slot of a step), the dynamic shared memory holds, in
+// The walk of query blockIdx.x by a block of THREADS threads (at least
+// max(m0, m): the descent reads a list with a thread per slot), expanding
+// `width` nodes per step. With deg = max(m0 * width, m) (the most
+// neighbours one step scores), the dynamic shared memory holds, in
 // order: the query (d floats, rounded up to 16 bytes), two beam buffers of
 // cap + deg entries, the scored and the sorted neighbours (deg entries
 // each), their ids, and the seen-set table (mask + 1 slots of 4 bytes, or
@@ -392,9 +393,9 @@ __device__ __forceinline__ void walk_query(
         }
         // Each node's count and slots are read together (every slot of the
         // block is in the graph), saving a round trip per expansion.
-        if (tid < nexp * m0) {
-            const unsigned e = tid / m0;
-            const unsigned j = tid - e * m0;
+        for (unsigned t = tid; t < nexp * m0; t += THREADS) {
+            const unsigned e = t / m0;
+            const unsigned j = t - e * m0;
             const unsigned node = topk_key_index(beam[width > 1u ? s_next[e] : first].key);
             const unsigned* list = layer0 + (size_t)node * (1u + m0);
             const unsigned slot = list[1 + j];
@@ -430,31 +431,50 @@ __device__ __forceinline__ void walk_query(
         // within the list, then sort the rest best first by rank. The kept
         // keys go to the spare buffer (stale until the merge), so that the
         // repeat check's reads of `fresh` need no barrier before them.
+        // A step of w nodes may score more neighbours than the block has
+        // threads, so each thread takes every THREADS-th.
         unsigned long long* kept = reinterpret_cast<unsigned long long*>(spare);
-        unsigned long long mine = 0ull;
-        if (tid < nf) {
-            mine = fresh[tid].key;
+        unsigned mine_count = 0;
+        for (unsigned j = tid; j < nf; j += THREADS) {
+            unsigned long long mine = fresh[j].key;
             if (mine != 0ull) {
                 const unsigned at = walk_count_above(beam, nb, mine);
                 bool repeat = at < nb && beam[at].key == mine;
-                for (unsigned i = 0; i < tid && !repeat; ++i) {
+                for (unsigned i = 0; i < j && !repeat; ++i) {
                     repeat = fresh[i].key == mine;
                 }
                 if (repeat) {
                     mine = 0ull;
                 }
             }
+            kept[j] = mine;
+            mine_count += mine != 0ull ? 1u : 0u;
         }
-        if (tid < nf) {
-            kept[tid] = mine;
-        }
-        const unsigned nv = __syncthreads_count(mine != 0ull);
-        if (mine != 0ull) {
-            unsigned rank = 0;
-            for (unsigned i = 0; i < nf; ++i) {
-                rank += kept[i] > mine ? 1u : 0u;
+        unsigned nv;
+        if (nf <= THREADS) {
+            nv = __syncthreads_count(mine_count != 0u);
+        } else {
+            // s_warp is next written by the filtered cut, after two barriers.
+            const unsigned in_warp = __reduce_add_sync(0xffffffffu, mine_count);
+            if (lane == 0) {
+                s_warp[warp] = in_warp;
             }
-            sorted[rank] = fresh[tid];
+            __syncthreads();
+            nv = 0;
+#pragma unroll
+            for (unsigned w = 0; w < WARPS; ++w) {
+                nv += s_warp[w];
+            }
+        }
+        for (unsigned j = tid; j < nf; j += THREADS) {
+            const unsigned long long mine = kept[j];
+            if (mine != 0ull) {
+                unsigned rank = 0;
+                for (unsigned i = 0; i < nf; ++i) {
+                    rank += kept[i] > mine ? 1u : 0u;
+                }
+                sorted[rank] = fresh[j];
+            }
         }
         __syncthreads();
         // Merge beam and sorted neighbours into the spare buffer.

@@ -360,7 +360,7 @@ impl CudaRetriever {
     /// Searches `graph` for every row-major query (`queries.len() / D` of
     /// them) in one launch per 65,536 queries: greedy descent through the
     /// upper layers, then the `ef`-wide beam search of layer 0 expanding
-    /// `width` nodes per step (1 ..= 8, and `width × m0 ≤ 256`), returning
+    /// `width` nodes per step (1 ..= 8), returning
     /// `want` results per query into `hits` (row `i` at `i * want`) and how
     /// each walk ended into `status`. Only nodes whose bit is set in `allow`
     /// (`ceil(N / 32)` words, bit `i % 32` of word `i / 32`) are returned;

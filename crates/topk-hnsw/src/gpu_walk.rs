@@ -115,10 +115,9 @@ impl Hnsw {
     }
 
     /// The GPU graph search expanding `width` nodes per step (1 ..=
-    /// [`crate::MAX_WALK_WIDTH`], and at most 256 layer-0 slots per step:
-    /// `width × 2m`), over the live slots of `filter` where given, with the
-    /// count of queries each side answered: the same results as
-    /// [`Hnsw::search_batch_wide`].
+    /// [`crate::MAX_WALK_WIDTH`]), over the live slots of `filter` where
+    /// given, with the count of queries each side answered: the same
+    /// results as [`Hnsw::search_batch_wide`].
     pub fn search_graph_gpu_counted(
         &self,
         graph: &GpuGraph<'_>,

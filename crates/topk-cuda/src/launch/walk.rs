@@ -158,15 +158,10 @@ impl Kernels {
         if a.width == 0 || a.width as usize > WALK_MAX_WIDTH {
             return bad("walk width", a.width as usize, "must be 1 ..= 8");
         }
-        // The neighbour slots of one step: a thread each.
-        let degree = (g.m0 * a.width).max(g.m);
-        if degree > WALK_TEAMS[WALK_TEAMS.len() - 1] {
-            return bad(
-                "walk width",
-                a.width as usize,
-                "width times the layer-0 degree must be at most 256",
-            );
-        }
+        // The descent reads a list with a thread per slot; a step's
+        // `width` lists are spread over the block.
+        let degree = g.m0.max(g.m);
+        let step = (g.m0 * a.width).max(g.m);
         let threads = match a.threads {
             0 => walk_team(a.nq, self.sm_count, degree),
             t => t,
@@ -182,7 +177,7 @@ impl Kernels {
             return bad(
                 "walk threads",
                 threads as usize,
-                "a block needs a thread per neighbour slot of a step (width × layer-0 degree, and the upper degree)",
+                "a block needs a thread per neighbour of the graph's widest list",
             );
         }
         if a.ef == 0 || a.want == 0 || a.want > a.ef || a.cap < a.ef {
@@ -212,7 +207,7 @@ impl Kernels {
                 a.cap as usize,
                 a.table_slots as usize,
                 narrow,
-                degree as usize,
+                step as usize,
             )
         };
         let wide = smem_of(false);
@@ -238,7 +233,7 @@ impl Kernels {
             return bad(
                 "walk shared memory (bytes)",
                 smem,
-                "ef or D too large for one block of this device",
+                "ef, D or the walk width too large for one block of this device",
             );
         }
         allow_shared(f, smem)?;
