@@ -48,9 +48,9 @@ use crate::build::select_neighbours;
 use crate::error::{HnswError, Result};
 use crate::filter::SlotFilter;
 use crate::graph::Links;
+use crate::index::Hnsw;
 #[cfg(doc)]
 use crate::index::DEFAULT_FILTER_WALK_COST;
-use crate::index::Hnsw;
 use crate::params::{check_ef, draw_level, HnswParams};
 use crate::search::{greedy, search_layer, AllBut, Cand, CpuScorer, Scorer, ScratchPool};
 use crate::vectors::Vectors;

@@ -259,8 +259,7 @@ fn every_walk_width_gives_the_cpu_bits() {
                         .unwrap()
                         .0;
                     let whole = index.search_batch_wide(qs, 10, 60, width, None).unwrap();
-                    let reversed: Vec<f32> =
-                        queries.chunks(dim).rev().flatten().copied().collect();
+                    let reversed: Vec<f32> = queries.chunks(dim).rev().flatten().copied().collect();
                     let rev = ArrayView2::from_shape((150, dim), &reversed[..]).unwrap();
                     let back = index
                         .search_graph_gpu_counted(&g, rev, 10, 60, width, None)

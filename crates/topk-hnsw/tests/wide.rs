@@ -144,11 +144,18 @@ fn wide_walks_keep_recall_and_batch_independence() {
             let r = recall_at_k(&got, &f.truth, 10).unwrap();
             eprintln!("ef {ef}: width 1 recall {base:.4}, width {width} {r:.4}");
             // 2,000 (query, rank) pairs: 0.01 is a few standard errors.
-            assert!(r >= base - 0.01, "ef {ef} width {width}: {r} against {base}");
+            assert!(
+                r >= base - 0.01,
+                "ef {ef} width {width}: {r} against {base}"
+            );
             for i in [0, 17, Q - 1] {
                 let one = qs.slice(ndarray::s![i..i + 1, ..]);
                 let alone = index.search_batch_wide(one, 10, ef, width, None).unwrap();
-                assert_eq!(bits(&alone[0]), bits(&got[i]), "ef {ef} width {width} query {i}");
+                assert_eq!(
+                    bits(&alone[0]),
+                    bits(&got[i]),
+                    "ef {ef} width {width} query {i}"
+                );
             }
         }
     }
@@ -158,7 +165,7 @@ fn wide_walks_keep_recall_and_batch_independence() {
 fn bad_widths_are_typed_errors() {
     let data = synth::gaussian_clusters(500, 8, 4, 0.5, 1);
     let index = Hnsw::build(&data, 8, Metric::Dot, small_params(1)).unwrap();
-    let q = vec![0.25f32; 8];
+    let q = [0.25f32; 8];
     let qs = ArrayView2::from_shape((1, 8), &q[..]).unwrap();
     for width in [0, MAX_WALK_WIDTH + 1, usize::MAX] {
         match index.search_batch_wide(qs, 5, 10, width, None) {
@@ -166,6 +173,12 @@ fn bad_widths_are_typed_errors() {
             other => panic!("width {width}: {other:?}"),
         }
     }
-    assert!(index.search_batch_wide(qs, 0, 10, 2, None).is_err(), "k = 0");
-    assert!(index.search_batch_wide(qs, 5, 0, 2, None).is_err(), "ef = 0");
+    assert!(
+        index.search_batch_wide(qs, 0, 10, 2, None).is_err(),
+        "k = 0"
+    );
+    assert!(
+        index.search_batch_wide(qs, 5, 0, 2, None).is_err(),
+        "ef = 0"
+    );
 }

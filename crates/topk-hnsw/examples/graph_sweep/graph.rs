@@ -28,9 +28,9 @@ impl GraphSearcher<'_> {
         ef: usize,
         width: usize,
     ) -> AnyResult<Vec<Vec<Neighbor>>> {
-        let (hits, c) = self
-            .index
-            .search_graph_gpu_counted(&self.graph, queries, k, ef, width, None)?;
+        let (hits, c) =
+            self.index
+                .search_graph_gpu_counted(&self.graph, queries, k, ef, width, None)?;
         let (dev, host) = self.counts.get();
         self.counts.set((dev + c.device, host + c.host));
         Ok(hits)

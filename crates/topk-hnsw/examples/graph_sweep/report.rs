@@ -242,7 +242,12 @@ pub(crate) fn table(a: &Args, sums: &[Summary]) -> String {
             ));
             if wide {
                 let w = best(&s.points, GPU_GRAPH_WIDE, b, t);
-                o.push_str(&format!(" {} | {} | {} |", cell(w), ratio(w, c), ratio(w, e)));
+                o.push_str(&format!(
+                    " {} | {} | {} |",
+                    cell(w),
+                    ratio(w, c),
+                    ratio(w, e)
+                ));
             }
             o.push('\n');
         }

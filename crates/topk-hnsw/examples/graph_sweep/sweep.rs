@@ -320,8 +320,7 @@ pub(crate) fn run_dataset(
                 };
                 pb.set_message(format!("{name} b={b} ef={ef}"));
                 let full = full.get(&ef).map_or(&[][..], |v| v.as_slice());
-                let mut f =
-                    |lo: usize, hi: usize| s.search(qv.slice(s![lo..hi, ..]), k, ef, width);
+                let mut f = |lo: usize, hi: usize| s.search(qv.slice(s![lo..hi, ..]), k, ef, width);
                 cx.point(sink, &mut sum, name, b, Some(ef), full, Some(s), &mut f)?;
                 pb.inc(1);
             }
