@@ -79,6 +79,34 @@ pub fn cluster_queries(q: usize, dim: usize, clusters: usize, spread: f32, seed:
     out
 }
 
+/// A corpus built to force ties: `n` rows drawn (seeded by `seed`) from
+/// `distinct` rows of small integers in −3..=3, so that rows repeat and
+/// many scores are exactly equal, and `q` queries of integers in −2..=2.
+/// Row-major `(corpus, queries)`.
+pub fn tied_rows(
+    distinct: usize,
+    n: usize,
+    dim: usize,
+    q: usize,
+    seed: u64,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = SplitMix64::new(seed);
+    let distinct = distinct.max(1);
+    let pool: Vec<f32> = (0..distinct * dim)
+        .map(|_| (rng.next_u64() % 7) as f32 - 3.0)
+        .collect();
+    let corpus: Vec<f32> = (0..n)
+        .flat_map(|_| {
+            let r = (rng.next_u64() % distinct as u64) as usize;
+            pool[r * dim..(r + 1) * dim].to_vec()
+        })
+        .collect();
+    let queries: Vec<f32> = (0..q * dim)
+        .map(|_| (rng.next_u64() % 5) as f32 - 2.0)
+        .collect();
+    (corpus, queries)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -388,17 +388,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let Some(()) = gpu_or_skip() else { return Ok(()) };
-        let mut rng = topk_hnsw::SplitMix64::new(seed);
-        let pool: Vec<f32> = (0..distinct * dim)
-            .map(|_| (rng.next_u64() % 7) as f32 - 3.0)
-            .collect();
-        let data: Vec<f32> = (0..n)
-            .flat_map(|_| {
-                let r = (rng.next_u64() % distinct as u64) as usize;
-                pool[r * dim..(r + 1) * dim].to_vec()
-            })
-            .collect();
-        let queries: Vec<f32> = (0..20 * dim).map(|_| (rng.next_u64() % 5) as f32 - 2.0).collect();
+        let (data, queries) = synth::tied_rows(distinct, n, dim, 20, seed);
         let gpu = engine(&data, dim, metric);
         let index = Hnsw::build(&data, dim, metric, params(6, seed)).unwrap();
         assert_same(&index, &gpu, &queries, dim, k.min(n), ef, width);

@@ -27,25 +27,6 @@ fn small_params(seed: u64) -> HnswParams {
     }
 }
 
-/// A corpus of few distinct small-integer rows, so that many scores tie
-/// exactly and rows repeat, and integer queries.
-fn tied_corpus(distinct: usize, n: usize, dim: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut rng = topk_hnsw::SplitMix64::new(seed);
-    let pool: Vec<f32> = (0..distinct * dim)
-        .map(|_| (rng.next_u64() % 7) as f32 - 3.0)
-        .collect();
-    let data: Vec<f32> = (0..n)
-        .flat_map(|_| {
-            let r = (rng.next_u64() % distinct as u64) as usize;
-            pool[r * dim..(r + 1) * dim].to_vec()
-        })
-        .collect();
-    let queries: Vec<f32> = (0..12 * dim)
-        .map(|_| (rng.next_u64() % 5) as f32 - 2.0)
-        .collect();
-    (data, queries)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
@@ -62,7 +43,7 @@ proptest! {
         keep in 1u32..5,
         seed in any::<u64>(),
     ) {
-        let (data, queries) = tied_corpus(distinct, n, dim, seed);
+        let (data, queries) = synth::tied_rows(distinct, n, dim, 12, seed);
         let mut index = Hnsw::build(&data, dim, metric, small_params(seed)).unwrap();
         for s in (0..n as u32).step_by(9) {
             index.mark_deleted(s).unwrap();
@@ -97,7 +78,7 @@ proptest! {
         filtered in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let (data, queries) = tied_corpus(distinct, n, dim, seed);
+        let (data, queries) = synth::tied_rows(distinct, n, dim, 12, seed);
         let mut index = Hnsw::build(&data, dim, metric, small_params(seed)).unwrap();
         for s in (0..n as u32).step_by(7) {
             index.mark_deleted(s).unwrap();
