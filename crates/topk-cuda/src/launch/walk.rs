@@ -97,12 +97,14 @@ fn walk_smem(d: usize, cap: usize, table_slots: usize, narrow: bool, deg: usize)
 }
 
 /// The block size of a walk of `nq` queries on a device of `sm_count`
-/// multiprocessors over a graph whose widest list holds `degree`
-/// neighbours: 256 threads for fewer than 2 queries per multiprocessor, 128
-/// for fewer than 32, else 64 (more walks side by side on each
-/// multiprocessor), never fewer than `degree` (measured on an H200:
-/// `bench/gpu/NOTES.md`, "Walk teams").
-fn walk_team(nq: u32, sm_count: u32, degree: u32) -> u32 {
+/// multiprocessors whose steps read `step` list slots (`width` lists of
+/// `m0`, at least the widest list): 256 threads for fewer than 2 queries per
+/// multiprocessor, 128 for fewer than 32, else 64 (more walks side by side
+/// on each multiprocessor), never fewer than `step` up to 256 (a thread per
+/// slot of a step: width 4 of 32-slot lists took 620k QPS at batch 10,000
+/// with 128 threads against 535k with 64; measured on an H200,
+/// `bench/gpu/NOTES.md`, "Walk teams" and "Wide walks").
+fn walk_team(nq: u32, sm_count: u32, step: u32) -> u32 {
     let team = match nq / sm_count.max(1) {
         0..=1 => 256,
         2..=31 => 128,
@@ -110,7 +112,7 @@ fn walk_team(nq: u32, sm_count: u32, degree: u32) -> u32 {
     };
     WALK_TEAMS
         .into_iter()
-        .find(|&t| t >= team.max(degree))
+        .find(|&t| t >= team.max(step))
         .unwrap_or(256)
 }
 
@@ -163,7 +165,7 @@ impl Kernels {
         let degree = g.m0.max(g.m);
         let step = (g.m0 * a.width).max(g.m);
         let threads = match a.threads {
-            0 => walk_team(a.nq, self.sm_count, degree),
+            0 => walk_team(a.nq, self.sm_count, step),
             t => t,
         };
         let Some(team) = WALK_TEAMS.iter().position(|&t| t == threads) else {
@@ -276,8 +278,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn teams_shrink_with_the_batch_but_never_below_the_degree() {
-        // (queries, multiprocessors, degree, team)
+    fn teams_shrink_with_the_batch_but_never_below_a_step() {
+        // (queries, multiprocessors, slots of a step, team)
         for (nq, sms, deg, team) in [
             (1, 132, 32, 256),
             (263, 132, 32, 256),
@@ -290,6 +292,10 @@ mod tests {
             (100_000, 132, 128, 128),
             (1_000, 132, 128, 128),
             (10, 0, 32, 128),
+            // Wide steps: width 4 or 8 of 32-slot lists.
+            (100_000, 132, 128, 128),
+            (100_000, 132, 256, 256),
+            (100_000, 132, 512, 256),
         ] {
             assert_eq!(walk_team(nq, sms, deg), team, "{nq} {sms} {deg}");
         }
