@@ -312,19 +312,7 @@ impl Hnsw {
         k: usize,
         ef: usize,
     ) -> Result<Vec<Vec<Neighbor>>> {
-        validate::queries(queries, self.vectors.dim())?;
-        validate::k(k, self.vectors.len())?;
-        check_ef(ef)?;
-        (0..queries.nrows())
-            .into_par_iter()
-            .map(|i| {
-                let row = queries.row(i);
-                let q: Vec<f32> = row.iter().copied().collect();
-                let mut out = Vec::with_capacity(k.min(self.vectors.len()));
-                self.search_with_ef(&q, k, ef, &mut out)?;
-                Ok(out)
-            })
-            .collect()
+        self.search_batch_wide(queries, k, ef, 1, None)
     }
 
     /// Searches every row of a `Q × D` batch in parallel with beam width
