@@ -45,14 +45,21 @@
 
 // A block of WGQ x WGR warpgroups: warpgroup (i, j) multiplies queries
 // 64 i .. + 64 by rows 128 j .. + 128 of the block tile, STAGES stages.
-template <int WGQ, int WGR, int STAGES>
+template <int WGQ_, int WGR_, int STAGES_>
 struct W9Shape {
+    static constexpr unsigned WGQ = WGQ_;
+    static constexpr unsigned WGR = WGR_;
+    static constexpr unsigned STAGES = STAGES_;
     static constexpr unsigned BQ = 64 * WGQ;
     static constexpr unsigned BR = 128 * WGR;
     static constexpr unsigned THREADS = 128 * WGQ * WGR;
     // Bytes of one stage: queries then rows, 128 bytes each.
     static constexpr unsigned STAGE_BYTES = (BQ + BR) * W9_BK * 4;
     static constexpr unsigned SMEM = STAGES * STAGE_BYTES + W9_ALIGN;
+    // The copy engine's kernel (w9_scores_tma) also holds two barriers a
+    // stage after the stages, and a producer warp.
+    static constexpr unsigned TMA_SMEM = SMEM + 16 * STAGES;
+    static constexpr unsigned TMA_THREADS = THREADS + 32;
     // Row stride of the products' tile in shared memory at the end (floats;
     // 8-byte stores of a warp fall on distinct banks in pairs).
     static constexpr unsigned LD = BR + 4;
@@ -143,18 +150,106 @@ __device__ __forceinline__ void w9_stage(unsigned st, const T* __restrict__ corp
     topk_cp_async_commit();
 }
 
+// The block's tile: which queries and rows it multiplies, and which
+// warpgroup and warp of it a consumer thread is. Blocks take (query tile,
+// row tile) pairs with the query tile varying fastest, so the blocks that
+// share a row tile run together and read it from L2. Warpgroup (gq, gr)
+// owns queries 64 gq .. + 64 and rows 128 gr .. + 128 of the block tile;
+// warp w of it queries 16 w .. + 16 of those.
+template <class SH>
+struct W9Tile {
+    size_t q0, r0;
+    unsigned gq, gr, warp, lane;
+    __device__ __forceinline__ W9Tile(unsigned nq) {
+        const unsigned qtiles = (nq + SH::BQ - 1) / SH::BQ;
+        q0 = (size_t)(blockIdx.x % qtiles) * SH::BQ;
+        r0 = (size_t)(blockIdx.x / qtiles) * SH::BR;
+        gq = (threadIdx.x / 128u) / SH::WGR;
+        gr = (threadIdx.x / 128u) % SH::WGR;
+        warp = (threadIdx.x / TOPK_WARP) % 4u;
+        lane = threadIdx.x & (TOPK_WARP - 1);
+    }
+};
+
+// The four products of one stage at shared address `st` into acc, then
+// waits until at most the products just issued are in flight (those of
+// the stage before are done).
+template <class SH, class T>
+__device__ __forceinline__ void w9_stage_products(float (&acc)[64], unsigned st,
+                                                  const W9Tile<SH>& t, bool skip) {
+    const unsigned a = st + t.gq * 64u * 128u;
+    const unsigned b = st + (SH::BQ + t.gr * 128u) * 128u;
+    w9_fence_acc(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    if (!skip) {
+#pragma unroll
+        for (unsigned kk = 0; kk < 4; ++kk) {
+            // One product's K is 32 bytes along the swizzled row.
+            w9_mma(acc, w9_desc(a + kk * 32u), w9_desc(b + kk * 32u), T{});
+        }
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    w9_fence_acc(acc);
+}
+
+// The lower bounds of the block's products (acc of each consumer thread)
+// into scores (and the sampled ones into sub), written through shared
+// memory at `sm` (the stages, free once every product is done) so that a
+// query's rows are written together. acc[4 j + 2 h + c] is query 16 warp +
+// lane / 4 + 8 h, row 8 j + 2 (lane % 4) + c of the warpgroup's 64 x 128
+// (PTX ISA, "Register Fragments", wgmma .m64nNk8 / k16 accumulators).
+// Every thread of the block calls it; those past SH::THREADS hold no
+// products.
+template <int METRIC, class SH, class T>
+__device__ __forceinline__ void w9_write(const float (&acc)[64], float* tile, const W9Tile<SH>& t,
+                                         unsigned n, unsigned d, unsigned nq,
+                                         const float* __restrict__ rnorm,
+                                         const float* __restrict__ qnorm,
+                                         const float* __restrict__ qinv,
+                                         float* __restrict__ scores, float* __restrict__ sub,
+                                         unsigned sub_shift) {
+    __syncthreads();
+    if (threadIdx.x < SH::THREADS) {
+        const unsigned g = t.lane / 4;
+        const unsigned c = t.lane % 4;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned q = t.gq * 64 + t.warp * 16 + g + 8 * h;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const unsigned r = t.gr * 128 + j * 8 + 2 * c;
+                *reinterpret_cast<float2*>(tile + q * SH::LD + r) =
+                    make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+    __syncthreads();
+    for (unsigned i = threadIdx.x; i < SH::BQ * SH::BR; i += blockDim.x) {
+        const unsigned qi = i / SH::BR;
+        const unsigned ri = i % SH::BR;
+        const size_t q = t.q0 + qi;
+        const size_t row = t.r0 + ri;
+        if (q < nq && row < n) {
+            float a = tile[qi * SH::LD + ri];
+            if constexpr (sizeof(T) == 2) {
+                a = __fmul_rn(a, qinv[q]);
+            }
+            topk_write_lower(scores, sub, sub_shift, n, q, row,
+                             topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row], d));
+        }
+    }
+}
+
 // Lower bounds of the canonical scores of nq queries against n rows into
-// scores[q * n + row], as filter.cu's approx_scores. Rows and queries are
-// both of type T: f32 queries as they are for f32 rows; for half rows, the
-// queries topk_queries16 scaled and rounded, and `qinv` the inverse of
-// each query's scale (nullptr for f32). Blocks take (query tile, row tile)
-// pairs with the query tile varying fastest, so the blocks that share a
-// row tile run together and read it from L2. Warpgroup (gq, gr) owns
-// queries 64 gq .. + 64 and rows 128 gr .. + 128 of the block tile; warp w
-// of it queries 16 w .. + 16 of those.
+// scores[q * n + row], as filter.cu's approx_scores, with every thread
+// copying its share of each stage (cp.async; bench/gpu/lab only, where it
+// is measured against w9_scores_tma). Rows and queries are both of type
+// T: f32 queries as they are for f32 rows; for half rows, the queries
+// topk_queries16 scaled and rounded, and `qinv` the inverse of each
+// query's scale (nullptr for f32).
 // Dynamic shared memory: STAGES stages plus W9_ALIGN bytes of slack.
-// LAB (bench/gpu/lab/wgmma_lab.cu only; the engine's kernels pass 0):
-// 1 leaves the products out, 2 the copies after the first stages.
+// LAB: 1 leaves the products out, 2 the copies after the first stages.
 template <int METRIC, int WGQ, int WGR, int STAGES, int LAB = 0, class T = float>
 __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict__ rnorm,
                           unsigned n, unsigned d, const T* __restrict__ queries, unsigned nq,
@@ -166,13 +261,7 @@ __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict_
     extern __shared__ float4 topk_dyn_smem[];
     const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
     const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
-    const unsigned qtiles = (nq + SH::BQ - 1) / SH::BQ;
-    const size_t q0 = (size_t)(blockIdx.x % qtiles) * SH::BQ;
-    const size_t r0 = (size_t)(blockIdx.x / qtiles) * SH::BR;
-    const unsigned gq = (threadIdx.x / 128u) / WGR;
-    const unsigned gr = (threadIdx.x / 128u) % WGR;
-    const unsigned warp = (threadIdx.x / TOPK_WARP) % 4u;
-    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const W9Tile<SH> t(nq);
     const unsigned nk = (d + BK - 1) / BK;
 
     float acc[64];
@@ -186,7 +275,7 @@ __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict_
 #pragma unroll
     for (unsigned s = 0; s + 2 < STAGES; ++s) {
         if (s < nk) {
-            w9_stage<SH>(sm + s * SH::STAGE_BYTES, corpus, n, d, queries, nq, q0, r0, s * BK);
+            w9_stage<SH>(sm + s * SH::STAGE_BYTES, corpus, n, d, queries, nq, t.q0, t.r0, s * BK);
         } else {
             topk_cp_async_commit();
         }
@@ -201,62 +290,130 @@ __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict_
         __syncthreads();
         const unsigned next = kt + STAGES - 2;
         if (next < nk && LAB != 2) {
-            w9_stage<SH>(sm + (next % STAGES) * SH::STAGE_BYTES, corpus, n, d, queries, nq, q0,
-                         r0, next * BK);
+            w9_stage<SH>(sm + (next % STAGES) * SH::STAGE_BYTES, corpus, n, d, queries, nq, t.q0,
+                         t.r0, next * BK);
         } else {
             topk_cp_async_commit();
         }
-        const unsigned st = sm + (kt % STAGES) * SH::STAGE_BYTES;
-        const unsigned a = st + gq * 64u * 128u;
-        const unsigned b = st + (SH::BQ + gr * 128u) * 128u;
-        w9_fence_acc(acc);
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (unsigned kk = 0; kk < (LAB == 1 ? 0 : 4); ++kk) {
-            // One product's K is 32 bytes along the swizzled row.
-            w9_mma(acc, w9_desc(a + kk * 32u), w9_desc(b + kk * 32u), T{});
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        w9_fence_acc(acc);
+        w9_stage_products<SH, T>(acc, sm + (kt % STAGES) * SH::STAGE_BYTES, t, LAB == 1);
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     w9_fence_acc(acc);
     topk_cp_async_wait<0>();
-    // The block's products go through shared memory (the stages are free
-    // once every warpgroup is done), so that the lower bounds are written a
-    // query's rows at a time. acc[4 j + 2 h + c] is query 16 warp + lane / 4
-    // + 8 h, row 8 j + 2 (lane % 4) + c of the warpgroup's 64 x 128 (PTX
-    // ISA, "Register Fragments", wgmma .m64nNk8 / k16 accumulators).
-    __syncthreads();
     float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
-    const unsigned g = lane / 4;
-    const unsigned t = lane % 4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const unsigned q = gq * 64 + warp * 16 + g + 8 * h;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const unsigned r = gr * 128 + j * 8 + 2 * t;
-            *reinterpret_cast<float2*>(tile + q * SH::LD + r) =
-                make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub, sub_shift);
+}
+
+// A tensor map of the copy engine (CUtensorMap: 128 bytes, 64-byte
+// aligned), as the host encodes it: a 2-D tensor of `rows` vectors of D
+// values, a box of 128 bytes of each of 128 (queries) or 256 (rows)
+// vectors, 128-byte swizzle, zeros past the tensor's edges.
+struct alignas(64) W9Map {
+    unsigned long long words[16];
+};
+
+__device__ __forceinline__ void w9_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrives on `bar` and adds `bytes` to the copies it waits for.
+__device__ __forceinline__ void w9_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void w9_bar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void w9_bar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nW9_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra W9_WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// The box at (column c0, vector v0) of `map` into shared address `dst`, its
+// bytes counted on `bar`.
+__device__ __forceinline__ void w9_tma(unsigned dst, const W9Map* map, unsigned c0, unsigned v0,
+                                       unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(v0), "r"(bar)
+        : "memory");
+}
+
+// w9_scores with the stages filled by the copy engine: the block's last
+// warp (thread SH::THREADS) issues each stage's two boxes (queries, rows;
+// zeros past nq, n and d) as soon as the consumers have released it, and
+// the SH::THREADS consumer threads multiply each stage once its bytes have
+// arrived, with no block barrier between stages. Stage s has two
+// barriers: full[s] (one arrival, the producer's, and the bytes) and
+// empty[s] (one arrival per consumer warp once its products of the stage
+// are done). `qmap` and `cmap` are the queries' and the rows' tensor maps
+// (of T). Block: SH::TMA_THREADS threads; dynamic shared memory:
+// SH::TMA_SMEM bytes.
+template <int METRIC, class SH, class T>
+__device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float* __restrict__ rnorm,
+                              unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm,
+                              const float* __restrict__ qinv, float* __restrict__ scores,
+                              float* __restrict__ sub, unsigned sub_shift) {
+    constexpr unsigned STAGES = SH::STAGES;
+    constexpr unsigned BK = 128u / sizeof(T);
+    constexpr unsigned CONSUMER_WARPS = SH::THREADS / TOPK_WARP;
+    extern __shared__ float4 topk_dyn_smem[];
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
+    const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
+    const unsigned full = sm + STAGES * SH::STAGE_BYTES;
+    const unsigned empty = full + 8u * STAGES;
+    const W9Tile<SH> t(nq);
+    const unsigned nk = (d + BK - 1) / BK;
+    if (threadIdx.x == 0) {
+        for (unsigned s = 0; s < STAGES; ++s) {
+            w9_bar_init(full + 8u * s, 1u);
+            w9_bar_init(empty + 8u * s, CONSUMER_WARPS);
         }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    for (unsigned i = threadIdx.x; i < SH::BQ * SH::BR; i += SH::THREADS) {
-        const unsigned qi = i / SH::BR;
-        const unsigned ri = i % SH::BR;
-        const size_t q = q0 + qi;
-        const size_t row = r0 + ri;
-        if (q < nq && row < n) {
-            float a = tile[qi * SH::LD + ri];
-            if constexpr (sizeof(T) == 2) {
-                a = __fmul_rn(a, qinv[q]);
-            }
-            topk_write_lower(scores, sub, sub_shift, n, q, row,
-                             topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row], d));
-        }
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        acc[i] = 0.0f;
     }
+    if (threadIdx.x >= SH::THREADS) {
+        if (threadIdx.x == SH::THREADS) {
+            for (unsigned kt = 0; kt < nk; ++kt) {
+                const unsigned s = kt % STAGES;
+                if (kt >= STAGES) {
+                    // The consumers' release of this stage's previous use.
+                    w9_bar_wait(empty + 8u * s, ((kt / STAGES) + 1u) & 1u);
+                }
+                const unsigned st = sm + s * SH::STAGE_BYTES;
+                w9_bar_expect(full + 8u * s, SH::STAGE_BYTES);
+                w9_tma(st, &qmap, kt * BK, (unsigned)t.q0, full + 8u * s);
+                w9_tma(st + SH::BQ * 128u, &cmap, kt * BK, (unsigned)t.r0, full + 8u * s);
+            }
+        }
+    } else {
+        for (unsigned kt = 0; kt < nk; ++kt) {
+            const unsigned s = kt % STAGES;
+            w9_bar_wait(full + 8u * s, (kt / STAGES) & 1u);
+            w9_stage_products<SH, T>(acc, sm + s * SH::STAGE_BYTES, t, false);
+            // The products of stage kt - 1 are done: release it.
+            if (kt > 0 && t.lane == 0) {
+                w9_bar_arrive(empty + 8u * ((kt - 1) % STAGES));
+            }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        w9_fence_acc(acc);
+    }
+    // Every copy has landed (the consumers waited for each) and every
+    // product is done, so the stages hold the products' tile next.
+    float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
+    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub, sub_shift);
 }
 
 // 2^e as a float, e in [-149, 127] (exact).
@@ -315,28 +472,22 @@ __device__ void w9_queries16(const float* __restrict__ queries, unsigned nq, uns
 using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
 
 // Each kernel also writes the sampled lower bounds (topk_write_lower).
-#if TOPK_ROW_DTYPE == 0
+// `qmap` is the tensor map of the queries (f32 rows: the f32 queries; half
+// rows: topk_queries16's, with `qinv` their inverse scales, nullptr for
+// f32), `cmap` that of the rows.
 #define TOPK_FILTER90_KERNELS(NAME, METRIC)                                                  \
-    extern "C" __global__ void __launch_bounds__(W9Engine::THREADS) topk_approx90_##NAME(    \
-        const float* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,       \
-        unsigned d, const float* __restrict__ queries, unsigned nq,                         \
-        const float* __restrict__ qnorm, float* __restrict__ scores, float* __restrict__ sub, \
-        unsigned sub_shift) {                                                                \
-        w9_scores<METRIC, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm, \
-                                                     nullptr, scores, sub, sub_shift);       \
-    }
-#else
-// Half rows: `queries` are topk_queries16's, `qinv` their inverse scales.
-#define TOPK_FILTER90_KERNELS(NAME, METRIC)                                                  \
-    extern "C" __global__ void __launch_bounds__(W9Engine::THREADS) topk_approx90_##NAME(    \
-        const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \
-        unsigned d, const topk_row_t* __restrict__ queries, unsigned nq,                    \
-        const float* __restrict__ qnorm, float* __restrict__ scores,                         \
-        const float* __restrict__ qinv, float* __restrict__ sub, unsigned sub_shift) {       \
-        w9_scores<METRIC, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm, \
-                                                     qinv, scores, sub, sub_shift);          \
+    extern "C" __global__ void __launch_bounds__(W9Engine::TMA_THREADS, 1)                  \
+        topk_approx90_##NAME(const __grid_constant__ W9Map qmap,                            \
+                             const __grid_constant__ W9Map cmap,                            \
+                             const float* __restrict__ rnorm, unsigned n, unsigned d,       \
+                             unsigned nq, const float* __restrict__ qnorm,                  \
+                             const float* __restrict__ qinv, float* __restrict__ scores,    \
+                             float* __restrict__ sub, unsigned sub_shift) {                 \
+        w9_scores_tma<METRIC, W9Engine, topk_row_t>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, \
+                                                   scores, sub, sub_shift);                 \
     }
 
+#if TOPK_ROW_DTYPE != 0
 extern "C" __global__ void __launch_bounds__(W9_QUERY_THREADS)
     topk_queries16(const float* __restrict__ queries, unsigned nq, unsigned d,
                    topk_row_t* __restrict__ out, float* __restrict__ inv) {

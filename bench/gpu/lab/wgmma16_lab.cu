@@ -24,6 +24,7 @@
 #include "norms.cu"
 #include "filter90.cu"
 #include "lab.cuh"
+#include "w9_lab.cuh"
 
 template <int LAB, class T>
 __global__ void __launch_bounds__(W9Engine::THREADS)
@@ -40,24 +41,6 @@ __global__ void __launch_bounds__(W9Engine::THREADS)
             const float* __restrict__ qnorm, float* __restrict__ scores) {
     w9_scores<TOPK_DOT, W9_WGQ, W9_WGR, W9_STAGES>(corpus, rnorm, n, d, queries, nq, qnorm,
                                                    nullptr, scores, nullptr, 0);
-}
-
-template <class T>
-__global__ void lab_queries16(const float* __restrict__ q, unsigned nq, unsigned d,
-                              T* __restrict__ out, float* __restrict__ inv) {
-    w9_queries16(q, nq, d, out, inv);
-}
-
-// Rows rounded to T (nearest even), and the stored values widened back.
-template <class T>
-__global__ void lab_narrow(const float* __restrict__ x, size_t count, T* __restrict__ out,
-                           float* __restrict__ wide) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const T h = w9_round(x[i], T{});
-        out[i] = h;
-        wide[i] = topk_widen(h);
-    }
 }
 
 template <class T>

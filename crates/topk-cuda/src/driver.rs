@@ -470,3 +470,92 @@ pub(crate) fn wait_for_stream(ours: &Stream, theirs: u64) -> Result<(), CudaErro
     let destroyed = check("cuEventDestroy", unsafe { cu::cuEventDestroy_v2(event) });
     waited.and(destroyed)
 }
+
+/// A tensor map of the copy engine (`CUtensorMap`: 128 bytes, 64-byte
+/// aligned), passed by value to the kernels that stage tiles with
+/// `cp.async.bulk.tensor` (`W9Map` in `kernels/filter90.cu`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct TensorMap([u64; 16]);
+
+// The driver's encoder of tiled tensor maps (CUDA 12.0 and later; the
+// engine's PTX needs a newer driver than that). Its enumerations are C
+// `int`s; the status is read as the integer it is, so that a code this
+// crate's bindings do not know stays a value.
+extern "C" {
+    fn cuTensorMapEncodeTiled(
+        map: *mut TensorMap,
+        dtype: u32,
+        rank: u32,
+        address: *mut c_void,
+        dims: *const u64,
+        strides: *const u64,
+        box_dims: *const u32,
+        element_strides: *const u32,
+        interleave: u32,
+        swizzle: u32,
+        l2_promotion: u32,
+        oob_fill: u32,
+    ) -> u32;
+}
+
+impl TensorMap {
+    /// The map of `rows` vectors of `d` values of `width` (4 or 2) bytes
+    /// each from `ptr` (row-major), read in boxes of 128 bytes of `box_rows`
+    /// vectors (at most 256) in the 128-byte swizzle, with zeros past the
+    /// tensor's edges. The copy engine needs a 16-byte aligned `ptr` and
+    /// `d · width` a multiple of 16: an error otherwise, naming `what`.
+    pub(crate) fn tiled(
+        what: &'static str,
+        ptr: DPtr,
+        rows: usize,
+        d: usize,
+        width: usize,
+        box_rows: u32,
+    ) -> Result<Self, CudaError> {
+        let stride = d * width;
+        if ptr % 16 != 0 || stride % 16 != 0 || !(width == 2 || width == 4) {
+            return Err(CudaError::InvalidOption {
+                name: what,
+                value: stride,
+                reason: "the copy engine needs 16-byte aligned vectors of a multiple of 16 bytes",
+            });
+        }
+        // CU_TENSOR_MAP_DATA_TYPE_UINT16 / _FLOAT32: the copy moves bytes,
+        // so a 16-bit type stands for f16 and bf16 alike.
+        let dtype = if width == 2 { 1 } else { 7 };
+        let dims = [d as u64, rows.max(1) as u64];
+        let strides = [stride as u64];
+        let box_dims = [(128 / width) as u32, box_rows];
+        let element_strides = [1u32, 1];
+        let mut map = TensorMap([0; 16]);
+        // SAFETY: `map` is 128 writable bytes aligned to 64; the arrays hold
+        // rank (2) dimensions, rank - 1 strides, 2 box sizes and 2 element
+        // strides. The encoder only reads `ptr` as an address. Interleave
+        // none (0), swizzle 128 bytes (3), L2 promotion 256 bytes (3), zero
+        // fill (0).
+        let status = unsafe {
+            cuTensorMapEncodeTiled(
+                &mut map,
+                dtype,
+                2,
+                ptr as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                box_dims.as_ptr(),
+                element_strides.as_ptr(),
+                0,
+                3,
+                3,
+                0,
+            )
+        };
+        if status != 0 {
+            return Err(CudaError::Driver {
+                op: what,
+                reason: format!("cuTensorMapEncodeTiled returned {status}"),
+            });
+        }
+        Ok(map)
+    }
+}

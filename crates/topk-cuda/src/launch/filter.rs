@@ -13,7 +13,7 @@ use super::{
     SCORE_THREADS, SEL_THREADS,
 };
 use crate::device::DevNeighbor;
-use crate::driver::{DevSlice, Rows};
+use crate::driver::{DPtr, DevSlice, Rows, TensorMap};
 use crate::error::CudaError;
 
 /// Block tile of `topk_approx_*` (`AX_BQ` queries × `AX_BR` rows, 256
@@ -23,13 +23,14 @@ const APPROX_QUERIES: u32 = 64;
 const APPROX_ROWS: u32 = 128;
 pub(super) const APPROX_SMEM: usize = 3 * (64 + 128) * 36 * 4;
 /// Block tile of `topk_approx90_*` (`W9Shape<W9_WGQ, W9_WGR, W9_STAGES>`:
-/// 64 `W9_WGQ` queries × 128 `W9_WGR` rows, 128 threads a warpgroup) and
-/// its dynamic shared memory (`W9_STAGES` stages of (queries + rows) × 128
-/// bytes, and 1,024 bytes to align them).
+/// 64 `W9_WGQ` queries × 128 `W9_WGR` rows, 128 threads a warpgroup, and
+/// the copy engine's producer warp) and its dynamic shared memory
+/// (`W9_STAGES` stages of (queries + rows) × 128 bytes, 1,024 bytes to
+/// align them, two 8-byte barriers a stage).
 const APPROX90_QUERIES: u32 = 64 * 2;
 const APPROX90_ROWS: u32 = 128 * 2;
-const APPROX90_THREADS: u32 = 128 * 2 * 2;
-pub(super) const APPROX90_SMEM: usize = 4 * (128 + 256) * 128 + 1024;
+const APPROX90_THREADS: u32 = 128 * 2 * 2 + 32;
+pub(super) const APPROX90_SMEM: usize = 4 * (128 + 256) * 128 + 1024 + 16 * 4;
 /// Threads of `topk_filter_*` and `topk_rescore_*` (`FILTER_THREADS`).
 const FILTER_THREADS: u32 = 256;
 /// Blocks per multiprocessor of `topk_filter_*`, shared among the chunk's
@@ -51,17 +52,66 @@ fn check_aligned(ops: &Operands<'_>) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// The launch of `topk_approx90_*` (`f`, any storage type's build) over
-/// the operands' queries and rows.
-fn approx90_launch(f: [cu::CUfunction; 3], metric: Metric, ops: &Operands<'_>) -> Launch {
-    let blocks = ops.nq.div_ceil(APPROX90_QUERIES) * ops.n.div_ceil(APPROX90_ROWS);
-    Launch::new(
+/// Runs `topk_approx90_*` (`f`, any storage type's build) over the
+/// operands' rows and `queries` (`nq` × D values of the rows' width: the
+/// f32 queries, or their half operands with `qinv` their inverse scales,
+/// 0 for f32), each read through a tensor map of the copy engine.
+fn approx90_run(
+    q: Queue<'_>,
+    f: [cu::CUfunction; 3],
+    metric: Metric,
+    ops: &Operands<'_>,
+    queries: DPtr,
+    qinv: DPtr,
+    sampled: Sampled<'_>,
+) -> Result<(), CudaError> {
+    let (n, d, nq) = (ops.n, ops.d, ops.nq);
+    let width = ops.corpus.width();
+    let qmap = TensorMap::tiled(
+        "queries of the Hopper bounds",
+        queries,
+        nq as usize,
+        d as usize,
+        width,
+        APPROX90_QUERIES,
+    )?;
+    let cmap = TensorMap::tiled(
+        "rows of the Hopper bounds",
+        ops.corpus.ptr(),
+        n as usize,
+        d as usize,
+        width,
+        APPROX90_ROWS,
+    )?;
+    kernel_args!(
+        args = [
+            qmap,
+            cmap,
+            rnorm = ops.rnorm.ptr(),
+            n,
+            d,
+            nq,
+            qnorm = ops.qnorm.ptr(),
+            qinv,
+            scores = ops.scores.ptr(),
+            sub = sampled.bounds.ptr(),
+            shift = sampled.shift
+        ]
+    );
+    let blocks = nq.div_ceil(APPROX90_QUERIES) * n.div_ceil(APPROX90_ROWS);
+    let launch = Launch::new(
         "topk_approx90",
         f[metric_slot(metric)],
         (blocks, 1),
         APPROX90_THREADS,
     )
-    .shared(APPROX90_SMEM)
+    .shared(APPROX90_SMEM);
+    // SAFETY: the parameter list of topk_approx90_* (two tensor maps by
+    // value, then the norms, sizes, inverse scales, bounds); the maps cover
+    // exactly the queries and rows the caller checked, the bound buffers
+    // were checked by the caller; the dynamic shared memory was allowed at
+    // load.
+    unsafe { launch.run(q, &mut args) }
 }
 
 /// Room for the half operands of a chunk's queries that the Hopper bounds
@@ -108,6 +158,9 @@ impl Kernels {
         {
             return self.approx90_half(q, metric, ops, f, prep, half, sampled);
         }
+        if let Some(f) = self.approx90.filter(|_| ops.corpus.width() == 4) {
+            return approx90_run(q, f, metric, ops, ops.queries.ptr(), 0, sampled);
+        }
         kernel_args!(
             args = [
                 corpus = ops.corpus.ptr(),
@@ -122,23 +175,17 @@ impl Kernels {
                 shift = sampled.shift
             ]
         );
-        let wgmma = self.approx90.filter(|_| ops.corpus.width() == 4);
-        let launch = match wgmma {
-            Some(f) => approx90_launch(f, metric, ops),
-            None => {
-                let blocks = ops.nq.div_ceil(APPROX_QUERIES) * ops.n.div_ceil(APPROX_ROWS);
-                Launch::new(
-                    "topk_approx",
-                    self.approx[metric_slot(metric)],
-                    (blocks, 1),
-                    SCORE_THREADS,
-                )
-                .shared(APPROX_SMEM)
-            }
-        };
-        // SAFETY: the parameter list of topk_approx_* and topk_approx90_*
-        // (the same); buffers and alignment checked above; the dynamic
-        // shared memory was allowed at load.
+        let blocks = ops.nq.div_ceil(APPROX_QUERIES) * ops.n.div_ceil(APPROX_ROWS);
+        let launch = Launch::new(
+            "topk_approx",
+            self.approx[metric_slot(metric)],
+            (blocks, 1),
+            SCORE_THREADS,
+        )
+        .shared(APPROX_SMEM);
+        // SAFETY: the parameter list of topk_approx_*; buffers and
+        // alignment checked above; the dynamic shared memory was allowed at
+        // load.
         unsafe { launch.run(q, &mut args) }
     }
 
@@ -193,27 +240,7 @@ impl Kernels {
         // operands' check) and room for as many values and nq scales
         // (checked above).
         unsafe { convert.run(q, &mut args)? };
-        kernel_args!(
-            args = [
-                corpus = ops.corpus.ptr(),
-                rnorm = ops.rnorm.ptr(),
-                n,
-                d,
-                queries = h.values.ptr(),
-                nq,
-                qnorm = ops.qnorm.ptr(),
-                scores = ops.scores.ptr(),
-                inv = h.inv.ptr(),
-                sub = sampled.bounds.ptr(),
-                shift = sampled.shift
-            ]
-        );
-        let launch = approx90_launch(f, metric, ops);
-        // SAFETY: the parameter list of a half build's topk_approx90_*;
-        // buffers checked above and by the caller (D % 8 == 0, so each
-        // 16-byte copy of 8 values is aligned); the dynamic shared memory
-        // was allowed at load.
-        unsafe { launch.run(q, &mut args) }
+        approx90_run(q, f, metric, ops, h.values.ptr(), h.inv.ptr(), sampled)
     }
 
     /// Lists, per query, the rows whose upper bound reaches the K-th lower
@@ -422,15 +449,13 @@ mod tests {
         let (wgq, wgr) = (define(FILTER90_CU, "W9_WGQ"), define(FILTER90_CU, "W9_WGR"));
         assert_eq!(64 * wgq as u32, APPROX90_QUERIES);
         assert_eq!(128 * wgr as u32, APPROX90_ROWS);
-        assert_eq!(128 * (wgq * wgr) as u32, APPROX90_THREADS);
+        assert_eq!(128 * (wgq * wgr) as u32 + 32, APPROX90_THREADS);
         let (bk, align) = (
             define(FILTER90_CU, "W9_BK"),
             define(FILTER90_CU, "W9_ALIGN"),
         );
         let stage = (64 * wgq + 128 * wgr) * bk * 4;
-        assert_eq!(
-            APPROX90_SMEM,
-            define(FILTER90_CU, "W9_STAGES") * stage + align
-        );
+        let stages = define(FILTER90_CU, "W9_STAGES");
+        assert_eq!(APPROX90_SMEM, stages * stage + align + 16 * stages);
     }
 }
