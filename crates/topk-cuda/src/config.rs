@@ -100,8 +100,9 @@ pub struct Tuning {
     pub wgmma_bounds: bool,
     /// The filtered path finds its threshold T from the lower bounds of
     /// every s-th row only, s the largest power of two up to this value
-    /// with s · K · 4 <= 4,096 (the list's capacity) and s · K · D <= 2^19,
-    /// and at least 4: the K-th best of a sample is at most the K-th best
+    /// with s · K · 4 <= 4,096 (the list's capacity), s · K · D <= 2^19 and
+    /// s · K · D <= N (below that the extra rescoring costs more than the
+    /// smaller selection saves), and at least 4: the K-th best of a sample is at most the K-th best
     /// of all, so T stays a valid threshold and the answers are the same
     /// bit for bit, while the selection reads 1/s of the bounds (about
     /// s · K rows are then listed and rescored instead of K). Chunks with an allow set, and K where no
@@ -176,9 +177,10 @@ impl Default for Tuning {
 pub const DEFAULT_BATCH_SCRATCH: usize = 1 << 30;
 
 /// Default of `Tuning::filter_rows` and `Tuning::filter_queries`: where the
-/// filtered path was faster than the canonical one on an H200 (K = 100,
-/// from 64 queries at 50k-1M rows; `bench/gpu/NOTES.md`).
-pub const DEFAULT_FILTER_ROWS: usize = 50_000;
+/// filtered path was as fast as the canonical one or faster on an H200
+/// (K = 100, Q = 64 and 256, D = 384-1024, from 30k rows; at 20k rows
+/// Q = 64 over D = 384 is 20 % slower filtered; `bench/gpu/NOTES.md`).
+pub const DEFAULT_FILTER_ROWS: usize = 30_000;
 /// See [`DEFAULT_FILTER_ROWS`].
 pub const DEFAULT_FILTER_QUERIES: usize = 64;
 

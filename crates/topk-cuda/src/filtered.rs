@@ -21,9 +21,15 @@ const SAMPLE_VALUES: usize = 1 << 19;
 
 /// log2 of the stride of the rows whose lower bounds give a filtered
 /// chunk's threshold (`Tuning::filter_sample`): the largest power of two
-/// s <= `max` with s · k · 4 <= CAND_CAP and s · k · d <= SAMPLE_VALUES,
-/// at least MIN_SAMPLE, whose sample of `n` rows fits `room` bounds a query
-/// and holds 4 k of them; 0 (every row) where there is none.
+/// s <= `max` with s · k · 4 <= CAND_CAP, s · k · d <= SAMPLE_VALUES and
+/// s · k · d <= n, at least MIN_SAMPLE, whose sample of `n` rows fits
+/// `room` bounds a query and holds 4 k of them; 0 (every row) where there
+/// is none. The selection then reads n / s bounds a query instead of n,
+/// and the rescoring about s · k rows of d values instead of k: below
+/// n = s · k · d the rescoring costs more than the selection saves
+/// (measured on an H200 at K = 100: sampling loses at 200k rows for D = 768
+/// and 1024 and at 50k-100k for D = 384, and wins from 500k rows,
+/// `bench/gpu/NOTES.md`).
 pub(crate) fn sample_shift(max: usize, k: usize, n: usize, d: usize, room: usize) -> u32 {
     let mut s = if max >= MIN_SAMPLE {
         1usize << max.ilog2()
@@ -33,7 +39,13 @@ pub(crate) fn sample_shift(max: usize, k: usize, n: usize, d: usize, room: usize
     while s >= MIN_SAMPLE {
         let rows = n.div_ceil(s);
         let listed = s * k;
-        if listed * 4 <= CAND_CAP && listed * d <= SAMPLE_VALUES && rows <= room && rows >= 4 * k {
+        let values = listed * d;
+        if listed * 4 <= CAND_CAP
+            && values <= SAMPLE_VALUES
+            && values <= n
+            && rows <= room
+            && rows >= 4 * k
+        {
             return s.ilog2();
         }
         s /= 2;
@@ -189,9 +201,17 @@ mod tests {
             (0, 10, m, 128, room, 0),
             // Not a power of two: the largest power below it.
             (7, 10, m, 128, room, 2),
-            // The sample must hold 4 K bounds, and fit the slot's room.
-            (8, 100, 3_000, 128, 750, 2),
-            (8, 100, 1_000, 128, 250, 0),
+            // Not where the rescoring would read more values than there
+            // are rows: s = 4 from 409,600 rows at D = 1024, s = 8 from
+            // 307,200 at D = 384 (s = 4 below), none at 50k.
+            (8, 100, 200_000, 1024, room, 0),
+            (8, 100, 409_600, 1024, room, 2),
+            (8, 100, 307_199, 384, room, 2),
+            (8, 100, 307_200, 384, room, 3),
+            (8, 100, 50_000, 384, room, 0),
+            (8, 10, 50_000, 384, room, 3),
+            // The sample must fit the slot's room.
+            (8, 100, m, 128, 100_000, 0),
             (8, 10, m, 128, 0, 0),
         ];
         for (max, k, n, d, room, shift) in cases {
