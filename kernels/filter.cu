@@ -43,8 +43,10 @@
 #define AX_STAGES 3
 #define AX_THREADS 256
 
-// Threads of the filter and rescoring kernels.
+// Threads of the filter and rescoring kernels, and the runs of 32 rows a
+// warp of the filter reads a step (topk-cuda mirrors both).
 #define FILTER_THREADS 256
+#define FILTER_UNROLL 4
 
 // Stages columns k0..k0+AX_BK of the block's queries and rows into `st`
 // (queries first, AX_LD floats each, then rows, AX_LD stored values each:
@@ -248,32 +250,45 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const float* row_scores = scores + (size_t)q * n;
     unsigned* qlist = list + (size_t)q * TOPK_CAND_CAP;
-    const size_t stride = (size_t)gridDim.x * FILTER_THREADS;
-    // Warp-uniform trip count, so the ballot below has every lane.
-    for (size_t base = (size_t)blockIdx.x * FILTER_THREADS + (threadIdx.x - lane); base < n;
-         base += stride) {
-        const size_t row = base + lane;
-        bool listed = false;
-        if (row < n) {
-            const float lo = __ldcs(row_scores + row);
-            const float w = topk_approx_width<METRIC>(qn, rnorm[row], d);
-            listed = lo == __int_as_float(0xff800000u) || __fmaf_rn(2.0f, w, lo) >= t;
+    // A warp takes FILTER_UNROLL runs of 32 rows a step and issues all of
+    // their loads before it looks at any: one load a lane in flight leaves
+    // the stream latency-bound (measured on an H200, bench/gpu/NOTES.md).
+    // The steps are warp-uniform, so the ballots below have every lane.
+    const size_t warp_rows = (size_t)TOPK_WARP * FILTER_UNROLL;
+    const size_t stride = (size_t)gridDim.x * FILTER_THREADS * FILTER_UNROLL;
+    for (size_t base = ((size_t)blockIdx.x * FILTER_THREADS + (threadIdx.x - lane)) * FILTER_UNROLL;
+         base < n; base += stride) {
+        float lo[FILTER_UNROLL], rn[FILTER_UNROLL];
+#pragma unroll
+        for (unsigned j = 0; j < FILTER_UNROLL; ++j) {
+            const size_t row = base + j * TOPK_WARP + lane;
+            lo[j] = row < n ? __ldcs(row_scores + row) : 0.0f;
+            rn[j] = row < n ? rnorm[row] : 0.0f;
         }
-        const unsigned mask = __ballot_sync(TOPK_FULL_MASK, listed);
-        if (mask == 0u) {
-            continue;
-        }
-        unsigned first = 0;
-        if (lane == 0) {
-            first = atomicAdd(&count[q], (unsigned)__popc(mask));
-        }
-        first = __shfl_sync(TOPK_FULL_MASK, first, 0);
-        if (listed) {
-            const unsigned at = first + __popc(mask & ((1u << lane) - 1u));
-            if (at < TOPK_CAND_CAP) {
-                qlist[at] = (unsigned)row;
-            } else {
-                atomicOr(flag, 1u);
+#pragma unroll
+        for (unsigned j = 0; j < FILTER_UNROLL; ++j) {
+            const size_t row = base + j * TOPK_WARP + lane;
+            bool listed = false;
+            if (row < n) {
+                const float w = topk_approx_width<METRIC>(qn, rn[j], d);
+                listed = lo[j] == __int_as_float(0xff800000u) || __fmaf_rn(2.0f, w, lo[j]) >= t;
+            }
+            const unsigned mask = __ballot_sync(TOPK_FULL_MASK, listed);
+            if (mask == 0u) {
+                continue;
+            }
+            unsigned first = 0;
+            if (lane == 0) {
+                first = atomicAdd(&count[q], (unsigned)__popc(mask));
+            }
+            first = __shfl_sync(TOPK_FULL_MASK, first, 0);
+            if (listed) {
+                const unsigned at = first + __popc(mask & ((1u << lane) - 1u));
+                if (at < TOPK_CAND_CAP) {
+                    qlist[at] = (unsigned)row;
+                } else {
+                    atomicOr(flag, 1u);
+                }
             }
         }
     }

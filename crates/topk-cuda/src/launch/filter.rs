@@ -33,6 +33,8 @@ const APPROX90_THREADS: u32 = 128 * 2 * 2 + 32;
 pub(super) const APPROX90_SMEM: usize = 4 * (128 + 256) * 128 + 1024 + 16 * 4;
 /// Threads of `topk_filter_*` and `topk_rescore_*` (`FILTER_THREADS`).
 const FILTER_THREADS: u32 = 256;
+/// Runs of 32 rows a warp of `topk_filter_*` reads a step (`FILTER_UNROLL`).
+const FILTER_UNROLL: u32 = 4;
 /// Blocks per multiprocessor of `topk_filter_*`, shared among the chunk's
 /// queries: enough loads in flight to stream the lower bounds.
 const FILTER_BLOCKS_PER_SM: u32 = 16;
@@ -262,7 +264,7 @@ impl Kernels {
         out.need("results", ops.nq as usize * (k as usize + 1))?;
         let (n, d, nq) = (ops.n, ops.d, ops.nq);
         let per_query = n
-            .div_ceil(FILTER_THREADS * 4)
+            .div_ceil(FILTER_THREADS * FILTER_UNROLL)
             .clamp(1, (FILTER_BLOCKS_PER_SM * self.sm_count / nq.max(1)).max(1));
         kernel_args!(
             args = [
@@ -433,6 +435,7 @@ mod tests {
         assert_eq!((bq as u32, br as u32), (APPROX_QUERIES, APPROX_ROWS));
         assert_eq!(define(FILTER_CU, "AX_THREADS"), SCORE_THREADS as usize);
         assert_eq!(define(FILTER_CU, "FILTER_THREADS"), FILTER_THREADS as usize);
+        assert_eq!(define(FILTER_CU, "FILTER_UNROLL"), FILTER_UNROLL as usize);
         assert_eq!(
             define(FILTER90_CU, "W9_QUERY_THREADS"),
             QUERIES16_THREADS as usize
