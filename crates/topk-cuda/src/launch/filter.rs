@@ -204,7 +204,7 @@ impl Kernels {
         h: HalfQueries<'_>,
         sampled: Sampled<'_>,
     ) -> Result<(), CudaError> {
-        let (n, d, nq) = (ops.n, ops.d, ops.nq);
+        let (d, nq) = (ops.d, ops.nq);
         let count = nq as usize * d as usize;
         h.values.need("half queries", count)?;
         h.inv.need("query scales", nq as usize)?;
