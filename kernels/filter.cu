@@ -254,7 +254,6 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
     // their loads before it looks at any: one load a lane in flight leaves
     // the stream latency-bound (measured on an H200, bench/gpu/NOTES.md).
     // The steps are warp-uniform, so the ballots below have every lane.
-    const size_t warp_rows = (size_t)TOPK_WARP * FILTER_UNROLL;
     const size_t stride = (size_t)gridDim.x * FILTER_THREADS * FILTER_UNROLL;
     for (size_t base = ((size_t)blockIdx.x * FILTER_THREADS + (threadIdx.x - lane)) * FILTER_UNROLL;
          base < n; base += stride) {

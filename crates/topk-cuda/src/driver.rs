@@ -514,11 +514,18 @@ impl TensorMap {
         box_rows: u32,
     ) -> Result<Self, CudaError> {
         let stride = d * width;
-        if ptr % 16 != 0 || stride % 16 != 0 || !(width == 2 || width == 4) {
+        if ptr % 16 != 0 {
+            return Err(CudaError::InvalidOption {
+                name: what,
+                value: ptr as usize,
+                reason: "the copy engine needs a 16-byte aligned address",
+            });
+        }
+        if stride % 16 != 0 || !(width == 2 || width == 4) {
             return Err(CudaError::InvalidOption {
                 name: what,
                 value: stride,
-                reason: "the copy engine needs 16-byte aligned vectors of a multiple of 16 bytes",
+                reason: "the copy engine needs vectors of 2- or 4-byte values, 16 bytes a multiple",
             });
         }
         // CU_TENSOR_MAP_DATA_TYPE_UINT16 / _FLOAT32: the copy moves bytes,

@@ -219,7 +219,7 @@ impl Kernels {
             return Err(CudaError::InvalidOption {
                 name: "half queries of a filtered batch",
                 value: h.values.ptr() as usize,
-                reason: "the 16-byte copies need a 16-byte aligned buffer",
+                reason: "the copy engine needs a 16-byte aligned buffer",
             });
         }
         kernel_args!(
