@@ -220,6 +220,78 @@ __device__ __forceinline__ float topk_warp_score(const float* __restrict__ qv,
     return topk_finish<METRIC>(topk_butterfly(p), qn, rn);
 }
 
+// Four consecutive stored values widened to f32, read through the
+// non-coherent cache with one load: 16 bytes of f32, 8 of a half type
+// (`p` aligned to that).
+__device__ __forceinline__ float4 topk_ldg_row4(const float* p) {
+    return __ldg(reinterpret_cast<const float4*>(p));
+}
+__device__ __forceinline__ float4 topk_ldg_row4(const TopkF16* p) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    return make_float4(topk_widen(TopkF16{(unsigned short)(u.x & 0xffffu)}),
+                       topk_widen(TopkF16{(unsigned short)(u.x >> 16)}),
+                       topk_widen(TopkF16{(unsigned short)(u.y & 0xffffu)}),
+                       topk_widen(TopkF16{(unsigned short)(u.y >> 16)}));
+}
+__device__ __forceinline__ float4 topk_ldg_row4(const TopkBf16* p) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    return make_float4(topk_widen(TopkBf16{(unsigned short)(u.x & 0xffffu)}),
+                       topk_widen(TopkBf16{(unsigned short)(u.x >> 16)}),
+                       topk_widen(TopkBf16{(unsigned short)(u.y & 0xffffu)}),
+                       topk_widen(TopkBf16{(unsigned short)(u.y >> 16)}));
+}
+
+// Lanes in a team of topk_team8_score.
+#define TOPK_TEAM8 8
+
+// The canonical score of one (query, row) pair by a team of 8 consecutive
+// lanes (t = lane % 8; all 32 lanes of the warp call it together, each team
+// with its own row). Lane t keeps the four canonical partials 4t..4t+3: the
+// m-th value of each is column 32m + 4t + i, so one 4-value load of columns
+// 32m + 4t .. 32m + 4t + 3 feeds the four partials their next values in
+// canonical order (D % 4 == 0 and 16-byte aligned vectors: a load is wholly
+// inside the vector or past it). AHEAD loads per lane are issued before the
+// arithmetic that uses them. The butterfly's steps 16, 8 and 4 pair lane t
+// with lane t ^ 4, t ^ 2 and t ^ 1 (the same slot), steps 2 and 1 pair slots
+// within a lane: the tree of topk_butterfly. Every lane of the team returns
+// the score.
+template <int METRIC, int AHEAD, class R>
+__device__ __forceinline__ float topk_team8_score(const float* __restrict__ qv,
+                                                  const R* __restrict__ rv, unsigned d,
+                                                  float qn, float rn, unsigned t) {
+    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+    for (unsigned base = 4 * t; base < d; base += AHEAD * TOPK_WARP) {
+        float4 x[AHEAD];
+        float4 y[AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; ++u) {
+            const unsigned col = base + u * TOPK_WARP;
+            if (col < d) {
+                x[u] = topk_ldg_row4(rv + col);
+                y[u] = __ldg(reinterpret_cast<const float4*>(qv + col));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < AHEAD; ++u) {
+            // Only real columns take a step.
+            if (base + u * TOPK_WARP < d) {
+                p0 = topk_step<METRIC>(y[u].x, x[u].x, p0);
+                p1 = topk_step<METRIC>(y[u].y, x[u].y, p1);
+                p2 = topk_step<METRIC>(y[u].z, x[u].z, p2);
+                p3 = topk_step<METRIC>(y[u].w, x[u].w, p3);
+            }
+        }
+    }
+#pragma unroll
+    for (unsigned s = 4; s >= 1; s /= 2) {
+        p0 = __fadd_rn(p0, __shfl_xor_sync(TOPK_FULL_MASK, p0, s));
+        p1 = __fadd_rn(p1, __shfl_xor_sync(TOPK_FULL_MASK, p1, s));
+        p2 = __fadd_rn(p2, __shfl_xor_sync(TOPK_FULL_MASK, p2, s));
+        p3 = __fadd_rn(p3, __shfl_xor_sync(TOPK_FULL_MASK, p3, s));
+    }
+    return topk_finish<METRIC>(__fadd_rn(__fadd_rn(p0, p2), __fadd_rn(p1, p3)), qn, rn);
+}
+
 // Canonical norm sqrt(canon_dot(v, v)) of a vector of length d, computed by
 // one whole warp (lane j walks d = j, j+32, ...; then the butterfly).
 template <class R>

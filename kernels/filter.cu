@@ -21,14 +21,13 @@
 // 3. topk_filter_*: rows whose upper bound reaches T are listed (at most
 //    TOPK_CAND_CAP per query). Every row whose canonical score is at least
 //    the K-th best, ties included, is listed;
-// 4. topk_rescore_*: each listed row's canonical score, a warp per row;
+// 4. topk_rescore_*: each listed row's canonical score, 8 lanes per row;
 // 5. topk_select_listed: the listed rows ranked by the §3 key of their
 //    canonical scores: the exact answer, bit for bit.
 // A chunk where a query lists more rows, or whose first selection did not
 // finish on the device (too many tied lower bounds), is flagged, and the
 // host runs it again on the canonical path.
 #include "bounds.cuh"
-#include "pairs.cuh"
 #include "select.cuh"
 
 // Block tile of the approximate scores: AX_BQ queries x AX_BR rows, staged
@@ -47,6 +46,8 @@
 // warp of the filter reads a step (topk-cuda mirrors both).
 #define FILTER_THREADS 256
 #define FILTER_UNROLL 4
+// 4-value loads a lane of the rescoring issues before it adds any of them.
+#define RESCORE_AHEAD 8
 
 // Stages columns k0..k0+AX_BK of the block's queries and rows into `st`
 // (queries first, AX_LD floats each, then rows, AX_LD stored values each:
@@ -294,21 +295,41 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
 }
 
 // The canonical score of every row query blockIdx.y listed, into
-// scores[q * n + row], a warp per row (pairs.cuh); nothing when the chunk is
-// flagged.
+// scores[q * n + row], a team of 8 lanes per row (common.cuh's
+// topk_team8_score: 4-value loads, RESCORE_AHEAD of them in flight a lane);
+// nothing when the chunk is flagged. The loop is uniform over each warp, so
+// its four teams shuffle together: a team past the list scores the last
+// listed row again and writes nothing.
 template <int METRIC>
 __device__ void rescore_rows(const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm,
                              unsigned n, unsigned d, const float* __restrict__ queries,
                              const float* __restrict__ qnorm, const unsigned* __restrict__ list,
                              const unsigned* __restrict__ count,
                              const unsigned* __restrict__ flag, float* __restrict__ scores) {
+    constexpr unsigned TEAMS = TOPK_WARP / TOPK_TEAM8;
+    constexpr unsigned WARPS = FILTER_THREADS / TOPK_WARP;
     const unsigned q = blockIdx.y;
     if (*flag != 0u) {
         return;
     }
-    const unsigned total = count[q];
-    topk_score_pairs<METRIC, false, FILTER_THREADS / TOPK_WARP, unsigned>(
-        corpus, rnorm, n, d, queries, qnorm, list, nullptr, q, total, scores);
+    const unsigned total = min(count[q], (unsigned)TOPK_CAND_CAP);
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    const unsigned t = lane % TOPK_TEAM8;
+    const float* qv = queries + (size_t)q * d;
+    const float qn = (METRIC == TOPK_COSINE) ? qnorm[q] : 0.0f;
+    const unsigned* qlist = list + (size_t)q * TOPK_CAND_CAP;
+    const unsigned step = gridDim.x * WARPS * TEAMS;
+    for (unsigned base = (blockIdx.x * WARPS + threadIdx.x / TOPK_WARP) * TEAMS; base < total;
+         base += step) {
+        const unsigned i = base + lane / TOPK_TEAM8;
+        const unsigned row = qlist[min(i, total - 1u)];
+        const float rn = (METRIC == TOPK_COSINE) ? rnorm[row] : 0.0f;
+        const float sc = topk_team8_score<METRIC, RESCORE_AHEAD>(
+            qv, corpus + (size_t)row * d, d, qn, rn, t);
+        if (i < total && t == 0) {
+            scores[(size_t)q * n + row] = sc;
+        }
+    }
 }
 
 // grid: (1, queries), TOPK_SEL_THREADS threads. The exact best k of query

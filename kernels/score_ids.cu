@@ -9,9 +9,8 @@
         const float* __restrict__ queries, const float* __restrict__ qnorm,                  \
         const unsigned* __restrict__ ids, const unsigned* __restrict__ owner,                \
         unsigned count, float* __restrict__ out) {                                           \
-        topk_score_pairs<METRIC, true, SCORE_WARPS, size_t>(corpus, rnorm, 0u, d, queries,   \
-                                                            qnorm, ids, owner, 0u, count,    \
-                                                            out);                            \
+        topk_score_pairs<METRIC, SCORE_WARPS, size_t>(corpus, rnorm, d, queries, qnorm, ids,  \
+                                                      owner, count, out);                     \
     }
 
 TOPK_SCORE_IDS_KERNEL(dot, TOPK_DOT)
