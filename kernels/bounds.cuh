@@ -62,6 +62,15 @@ __device__ __forceinline__ float topk_approx_lower(float a, float qn, float rn, 
     return (isfinite(s) && isfinite(w) && isfinite(lo)) ? lo : __int_as_float(0xff800000u);
 }
 
+// Whether a pair whose lower bound is `lo`, with half-width `w`, is listed
+// against the threshold t (at most the K-th best canonical score): its upper
+// bound lo + 2w reaches t, or no finite bound is known. Both listings (the
+// filter pass over every bound and the Hopper bound kernel that lists as it
+// multiplies) take this test.
+__device__ __forceinline__ bool topk_listed(float lo, float w, float t) {
+    return lo == __int_as_float(0xff800000u) || __fmaf_rn(2.0f, w, lo) >= t;
+}
+
 // Writes the lower bound `lo` of (query q, row) into scores[q * n + row]
 // and, where sub_shift > 0 and the row is a multiple of 2^sub_shift, into
 // the sampled bounds sub[q * ceil(n / 2^sub_shift) + row / 2^sub_shift]:

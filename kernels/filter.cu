@@ -231,13 +231,17 @@ __device__ void approx_scores(const topk_row_t* __restrict__ corpus, const float
 // header then results best first), into list[q * TOPK_CAND_CAP ..], counted
 // in count[q]. `flag` becomes nonzero when a query lists more than
 // TOPK_CAND_CAP rows or its selection did not finish on the device: the
-// host then runs the chunk on the canonical path.
-template <int METRIC>
+// host then runs the chunk on the canonical path. The bounds are
+// scores[q * n + row] for every row (EMITTED false), or (EMITTED true) the
+// first min(ecount[q], n) entries of the rows the Hopper bound kernel listed
+// (scores[q * n + i] the lower bound of row erow[q * n + i]; n their room).
+template <int METRIC, bool EMITTED>
 __device__ void filter_rows(const float* __restrict__ scores, const float* __restrict__ rnorm,
                             unsigned n, unsigned d, const float* __restrict__ qnorm,
                             const TopkNeighbor* __restrict__ out, unsigned k,
-                            unsigned* __restrict__ list, unsigned* __restrict__ count,
-                            unsigned* __restrict__ flag) {
+                            const unsigned* __restrict__ erow,
+                            const unsigned* __restrict__ ecount, unsigned* __restrict__ list,
+                            unsigned* __restrict__ count, unsigned* __restrict__ flag) {
     const unsigned q = blockIdx.y;
     const TopkNeighbor* res = out + (size_t)q * (k + 1);
     if (res[0].index != TOPK_STATUS_OK) {
@@ -250,6 +254,8 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
     const float qn = qnorm[q];
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const float* row_scores = scores + (size_t)q * n;
+    const unsigned* ids = EMITTED ? erow + (size_t)q * n : nullptr;
+    const size_t limit = EMITTED ? min(ecount[q], n) : n;
     unsigned* qlist = list + (size_t)q * TOPK_CAND_CAP;
     // A warp takes FILTER_UNROLL runs of 32 rows a step and issues all of
     // their loads before it looks at any: one load a lane in flight leaves
@@ -257,22 +263,24 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
     // The steps are warp-uniform, so the ballots below have every lane.
     const size_t stride = (size_t)gridDim.x * FILTER_THREADS * FILTER_UNROLL;
     for (size_t base = ((size_t)blockIdx.x * FILTER_THREADS + (threadIdx.x - lane)) * FILTER_UNROLL;
-         base < n; base += stride) {
+         base < limit; base += stride) {
         float lo[FILTER_UNROLL], rn[FILTER_UNROLL];
+        unsigned id[FILTER_UNROLL];
 #pragma unroll
         for (unsigned j = 0; j < FILTER_UNROLL; ++j) {
-            const size_t row = base + j * TOPK_WARP + lane;
-            lo[j] = row < n ? __ldcs(row_scores + row) : 0.0f;
-            rn[j] = row < n ? rnorm[row] : 0.0f;
+            const size_t i = base + j * TOPK_WARP + lane;
+            id[j] = i < limit ? (EMITTED ? __ldcs(ids + i) : (unsigned)i) : 0u;
+            lo[j] = i < limit ? __ldcs(row_scores + i) : 0.0f;
         }
 #pragma unroll
         for (unsigned j = 0; j < FILTER_UNROLL; ++j) {
-            const size_t row = base + j * TOPK_WARP + lane;
-            bool listed = false;
-            if (row < n) {
-                const float w = topk_approx_width<METRIC>(qn, rn[j], d);
-                listed = lo[j] == __int_as_float(0xff800000u) || __fmaf_rn(2.0f, w, lo[j]) >= t;
-            }
+            rn[j] = base + j * TOPK_WARP + lane < limit ? rnorm[id[j]] : 0.0f;
+        }
+#pragma unroll
+        for (unsigned j = 0; j < FILTER_UNROLL; ++j) {
+            const bool inside = base + j * TOPK_WARP + lane < limit;
+            const bool listed =
+                inside && topk_listed(lo[j], topk_approx_width<METRIC>(qn, rn[j], d), t);
             const unsigned mask = __ballot_sync(TOPK_FULL_MASK, listed);
             if (mask == 0u) {
                 continue;
@@ -285,7 +293,7 @@ __device__ void filter_rows(const float* __restrict__ scores, const float* __res
             if (listed) {
                 const unsigned at = first + __popc(mask & ((1u << lane) - 1u));
                 if (at < TOPK_CAND_CAP) {
-                    qlist[at] = (unsigned)row;
+                    qlist[at] = id[j];
                 } else {
                     atomicOr(flag, 1u);
                 }
@@ -380,7 +388,17 @@ extern "C" __global__ void __launch_bounds__(TOPK_SEL_THREADS)
         unsigned d, const float* __restrict__ qnorm, const TopkNeighbor* __restrict__ out,   \
         unsigned k, unsigned* __restrict__ list, unsigned* __restrict__ count,               \
         unsigned* __restrict__ flag) {                                                       \
-        filter_rows<METRIC>(scores, rnorm, n, d, qnorm, out, k, list, count, flag);          \
+        filter_rows<METRIC, false>(scores, rnorm, n, d, qnorm, out, k, nullptr, nullptr, list, \
+                                   count, flag);                                             \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(FILTER_THREADS) topk_filter_emitted_##NAME( \
+        const float* __restrict__ scores, const float* __restrict__ rnorm, unsigned cap,     \
+        unsigned d, const float* __restrict__ qnorm, const TopkNeighbor* __restrict__ out,   \
+        unsigned k, const unsigned* __restrict__ erow, const unsigned* __restrict__ ecount,  \
+        unsigned* __restrict__ list, unsigned* __restrict__ count,                           \
+        unsigned* __restrict__ flag) {                                                       \
+        filter_rows<METRIC, true>(scores, rnorm, cap, d, qnorm, out, k, erow, ecount, list,  \
+                                  count, flag);                                              \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(FILTER_THREADS) topk_rescore_##NAME(        \
         const topk_row_t* __restrict__ corpus, const float* __restrict__ rnorm, unsigned n,  \

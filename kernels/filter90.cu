@@ -200,7 +200,9 @@ __device__ __forceinline__ void w9_stage_products(float (&acc)[64], unsigned st,
 // lane / 4 + 8 h, row 8 j + 2 (lane % 4) + c of the warpgroup's 64 x 128
 // (PTX ISA, "Register Fragments", wgmma .m64nNk8 / k16 accumulators).
 // Every thread of the block calls it; those past SH::THREADS hold no
-// products.
+// products. Row r of the tile is row r << rshift of the corpus (the
+// sampled rows of the Hopper listing, rshift > 0, read through a tensor map
+// of every 2^rshift-th row) for its norm.
 template <int METRIC, class SH, class T>
 __device__ __forceinline__ void w9_write(const float (&acc)[64], float* tile, const W9Tile<SH>& t,
                                          unsigned n, unsigned d, unsigned nq,
@@ -208,7 +210,7 @@ __device__ __forceinline__ void w9_write(const float (&acc)[64], float* tile, co
                                          const float* __restrict__ qnorm,
                                          const float* __restrict__ qinv,
                                          float* __restrict__ scores, float* __restrict__ sub,
-                                         unsigned sub_shift) {
+                                         unsigned sub_shift, unsigned rshift) {
     __syncthreads();
     if (threadIdx.x < SH::THREADS) {
         const unsigned g = t.lane / 4;
@@ -236,7 +238,7 @@ __device__ __forceinline__ void w9_write(const float (&acc)[64], float* tile, co
                 a = __fmul_rn(a, qinv[q]);
             }
             topk_write_lower(scores, sub, sub_shift, n, q, row,
-                             topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row], d));
+                             topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row << rshift], d));
         }
     }
 }
@@ -301,7 +303,8 @@ __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict_
     w9_fence_acc(acc);
     topk_cp_async_wait<0>();
     float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
-    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub, sub_shift);
+    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub, sub_shift,
+                            0u);
 }
 
 // A tensor map of the copy engine (CUtensorMap: 128 bytes, 64-byte
@@ -344,6 +347,82 @@ __device__ __forceinline__ void w9_tma(unsigned dst, const W9Map* map, unsigned 
         : "memory");
 }
 
+// Where the listing bound kernel (topk_emit90_*) puts a chunk's rows
+// (docs/CONTRACTS.md §5): `sel` holds the selection over the lower bounds
+// of a sample of the rows (rows of k + 1: header, then results best first),
+// whose K-th, T0, is at most the query's K-th best canonical score; every
+// (query q, row) whose upper bound reaches T0 gets its lower bound
+// elo[q * cap + i] and its row erow[q * cap + i], i counted in ecount[q].
+// `flag` becomes nonzero when a query lists more than `cap` rows or its
+// sample's selection did not finish on the device.
+struct W9Emit {
+    const TopkNeighbor* sel;
+    unsigned k;
+    float* elo;
+    unsigned* erow;
+    unsigned* ecount;
+    unsigned cap;
+    unsigned* flag;
+};
+
+// The listing epilogue of the block's products: each consumer thread tests
+// its own 64 accumulators (fragment layout as in w9_write) against its
+// queries' T0 with bounds.cuh's test, and appends the rows that pass; no
+// bound is stored for the rest.
+template <int METRIC, class SH, class T>
+__device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>& t, unsigned n,
+                                        unsigned d, unsigned nq, const float* __restrict__ rnorm,
+                                        const float* __restrict__ qnorm,
+                                        const float* __restrict__ qinv, const W9Emit& e) {
+    if (threadIdx.x >= SH::THREADS) {
+        return;
+    }
+    const unsigned g = t.lane / 4;
+    const unsigned c = t.lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const size_t q = t.q0 + t.gq * 64 + t.warp * 16 + g + 8 * h;
+        if (q >= nq) {
+            continue;
+        }
+        const TopkNeighbor* res = e.sel + q * (e.k + 1);
+        if (res[0].index != TOPK_STATUS_OK) {
+            if (c == 0 && t.gr == 0) {
+                atomicOr(e.flag, 1u);
+            }
+            continue;
+        }
+        const float t0 = res[e.k].score;
+        const float qn = qnorm[q];
+        const float inv = sizeof(T) == 2 ? qinv[q] : 1.0f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                const size_t row = t.r0 + t.gr * 128 + j * 8 + 2 * c + cc;
+                if (row >= n) {
+                    continue;
+                }
+                float a = acc[4 * j + 2 * h + cc];
+                if constexpr (sizeof(T) == 2) {
+                    a = __fmul_rn(a, inv);
+                }
+                const float rn = rnorm[row];
+                const float lo = topk_approx_lower<METRIC>(a, qn, rn, d);
+                if (topk_listed(lo, topk_approx_width<METRIC>(qn, rn, d), t0)) {
+                    const unsigned at = atomicAdd(e.ecount + q, 1u);
+                    if (at < e.cap) {
+                        e.elo[q * e.cap + at] = lo;
+                        e.erow[q * e.cap + at] = (unsigned)row;
+                    } else {
+                        atomicOr(e.flag, 1u);
+                    }
+                }
+            }
+        }
+    }
+}
+
 // w9_scores with the stages filled by the copy engine: the block's last
 // warp (thread SH::THREADS) issues each stage's two boxes (queries, rows;
 // zeros past nq, n and d) as soon as the consumers have released it, and
@@ -353,12 +432,15 @@ __device__ __forceinline__ void w9_tma(unsigned dst, const W9Map* map, unsigned 
 // empty[s] (one arrival per consumer warp once its products of the stage
 // are done). `qmap` and `cmap` are the queries' and the rows' tensor maps
 // (of T). Block: SH::TMA_THREADS threads; dynamic shared memory:
-// SH::TMA_SMEM bytes.
-template <int METRIC, class SH, class T>
+// SH::TMA_SMEM bytes. EMIT: the rows are listed against `e` (w9_emit)
+// instead of every bound written (w9_write, with `rshift` its norms'
+// stride).
+template <int METRIC, class SH, class T, bool EMIT = false>
 __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float* __restrict__ rnorm,
                               unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm,
                               const float* __restrict__ qinv, float* __restrict__ scores,
-                              float* __restrict__ sub, unsigned sub_shift) {
+                              float* __restrict__ sub, unsigned sub_shift, unsigned rshift,
+                              const W9Emit& e) {
     constexpr unsigned STAGES = SH::STAGES;
     constexpr unsigned BK = 128u / sizeof(T);
     constexpr unsigned CONSUMER_WARPS = SH::THREADS / TOPK_WARP;
@@ -410,10 +492,15 @@ __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float*
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         w9_fence_acc(acc);
     }
-    // Every copy has landed (the consumers waited for each) and every
-    // product is done, so the stages hold the products' tile next.
-    float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
-    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub, sub_shift);
+    if constexpr (EMIT) {
+        w9_emit<METRIC, SH, T>(acc, t, n, d, nq, rnorm, qnorm, qinv, e);
+    } else {
+        // Every copy has landed (the consumers waited for each) and every
+        // product is done, so the stages hold the products' tile next.
+        float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
+        w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub,
+                                sub_shift, rshift);
+    }
 }
 
 // 2^e as a float, e in [-149, 127] (exact).
@@ -471,7 +558,10 @@ __device__ void w9_queries16(const float* __restrict__ queries, unsigned nq, uns
 #define W9_QUERY_THREADS 256
 using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
 
-// Each kernel also writes the sampled lower bounds (topk_write_lower).
+// topk_approx90_* writes every lower bound and the sampled ones
+// (topk_write_lower), tile row r being corpus row r << rshift for its norm
+// (rshift > 0: `cmap` maps every 2^rshift-th row); topk_emit90_* lists the
+// rows whose upper bound reaches the sample's K-th lower bound (w9_emit).
 // `qmap` is the tensor map of the queries (f32 rows: the f32 queries; half
 // rows: topk_queries16's, with `qinv` their inverse scales, nullptr for
 // f32), `cmap` that of the rows.
@@ -482,9 +572,21 @@ using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
                              const float* __restrict__ rnorm, unsigned n, unsigned d,       \
                              unsigned nq, const float* __restrict__ qnorm,                  \
                              const float* __restrict__ qinv, float* __restrict__ scores,    \
-                             float* __restrict__ sub, unsigned sub_shift) {                 \
+                             float* __restrict__ sub, unsigned sub_shift, unsigned rshift) { \
         w9_scores_tma<METRIC, W9Engine, topk_row_t>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, \
-                                                   scores, sub, sub_shift);                 \
+                                                   scores, sub, sub_shift, rshift, W9Emit{}); \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(W9Engine::TMA_THREADS, 1)                  \
+        topk_emit90_##NAME(const __grid_constant__ W9Map qmap,                              \
+                           const __grid_constant__ W9Map cmap, const float* __restrict__ rnorm, \
+                           unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm, \
+                           const float* __restrict__ qinv, const TopkNeighbor* __restrict__ sel, \
+                           unsigned k, float* __restrict__ elo, unsigned* __restrict__ erow,   \
+                           unsigned* __restrict__ ecount, unsigned cap,                       \
+                           unsigned* __restrict__ flag) {                                     \
+        w9_scores_tma<METRIC, W9Engine, topk_row_t, true>(                                    \
+            qmap, cmap, rnorm, n, d, nq, qnorm, qinv, nullptr, nullptr, 0u, 0u,               \
+            W9Emit{sel, k, elo, erow, ecount, cap, flag});                                    \
     }
 
 #if TOPK_ROW_DTYPE != 0

@@ -108,6 +108,19 @@ pub struct Tuning {
     /// s · K rows are then listed and rescored instead of K). Chunks with an allow set, and K where no
     /// such s exists, select over every row; 1 turns sampling off.
     pub filter_sample: usize,
+    /// On Hopper (with `wgmma_bounds`), a filtered chunk without an allow
+    /// set first bounds every s-th row only (s the largest power of two up
+    /// to this value, at least 16, with 4 · s · K at most the room below
+    /// and the sample at least 4 K rows) and selects the K-th best of those
+    /// bounds, T0; the bound kernel then lists, as it multiplies, the rows
+    /// whose upper bound reaches T0 (at most min(32,768, N / 4) a query)
+    /// instead of writing every bound, and the threshold is the K-th best
+    /// lower bound of the listed rows: the same rows are rescored as with
+    /// every bound selected, and the answers are the same bit for bit
+    /// (docs/CONTRACTS.md §5). A chunk that lists more rows runs again on
+    /// the canonical path. Where no such s exists, or below 16, the chunk
+    /// takes `filter_sample`'s path.
+    pub filter_emit: usize,
     /// Threads of each query's block in a graph walk (one of
     /// [`WALK_TEAMS`]; at least the graph's largest degree), or 0 for the
     /// engine's choice by batch size. The answers do not depend on
@@ -164,6 +177,7 @@ impl Default for Tuning {
             filter_queries: DEFAULT_FILTER_QUERIES,
             wgmma_bounds: true,
             filter_sample: 8,
+            filter_emit: 64,
             walk_threads: 0,
             walk_seen: SeenSet::Auto,
         }

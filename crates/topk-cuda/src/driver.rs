@@ -168,6 +168,18 @@ impl<'a, T> DevSlice<'a, T> {
     }
 }
 
+impl<'a> DevSlice<'a, f32> {
+    /// The same memory as 32-bit words (a score buffer's room lent to
+    /// row indices and counters).
+    pub(crate) fn words(self) -> DevSlice<'a, u32> {
+        DevSlice {
+            ptr: self.ptr,
+            len: self.len,
+            _buffer: PhantomData,
+        }
+    }
+}
+
 impl<'a> DevSlice<'a, crate::device::DevNeighbor> {
     /// The same memory as 32-bit words (an index, then a score's bits).
     pub(crate) fn words(self) -> DevSlice<'a, u32> {
@@ -513,7 +525,22 @@ impl TensorMap {
         width: usize,
         box_rows: u32,
     ) -> Result<Self, CudaError> {
-        let stride = d * width;
+        Self::tiled_every(what, ptr, rows, d, width, box_rows, 1)
+    }
+
+    /// [`Self::tiled`] over every `every`-th vector from `ptr`: `rows`
+    /// vectors `every · d` values apart (the sampled rows of the Hopper
+    /// listing).
+    pub(crate) fn tiled_every(
+        what: &'static str,
+        ptr: DPtr,
+        rows: usize,
+        d: usize,
+        width: usize,
+        box_rows: u32,
+        every: usize,
+    ) -> Result<Self, CudaError> {
+        let stride = d * width * every.max(1);
         if ptr % 16 != 0 {
             return Err(CudaError::InvalidOption {
                 name: what,

@@ -75,6 +75,8 @@ pub(crate) struct Engine {
     next: AtomicUsize,
     /// Filtered batch chunks the host ran again on the canonical path.
     pub(crate) reruns: AtomicUsize,
+    /// Filtered batch chunks whose rows the Hopper bound kernel listed.
+    pub(crate) listed: AtomicUsize,
     // Declared after the buffers that live in them: fields drop in order.
     _modules: Modules,
     ctx: Arc<Ctx>,
@@ -356,6 +358,7 @@ impl Engine {
             map_queries,
             next: AtomicUsize::new(0),
             reruns: AtomicUsize::new(0),
+            listed: AtomicUsize::new(0),
             _modules: modules,
             ctx,
         })
@@ -377,6 +380,9 @@ impl Engine {
     }
     pub(crate) fn filter_reruns(&self) -> usize {
         self.reruns.load(Ordering::Relaxed)
+    }
+    pub(crate) fn filter_listed(&self) -> usize {
+        self.listed.load(Ordering::Relaxed)
     }
     pub(crate) fn config(&self) -> &CudaConfig {
         &self.config

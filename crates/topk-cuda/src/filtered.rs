@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use crate::driver::DevSlice;
 use crate::engine::{Engine, MIN_SAMPLE};
 use crate::error::CudaError;
-use crate::launch::{HalfQueries, Listed, Queue, Sampled, SelectBufs, CAND_CAP};
+use crate::launch::{self, Emitted, HalfQueries, Listed, Queue, Sampled, SelectBufs, CAND_CAP};
 use crate::slot::Slot;
 
 /// Values a query's rescoring may read for a sampled threshold: s · K rows
@@ -51,6 +51,42 @@ pub(crate) fn sample_shift(max: usize, k: usize, n: usize, d: usize, room: usize
         s /= 2;
     }
     0
+}
+
+/// Most rows a query of the Hopper listing keeps (`Tuning::filter_emit`).
+pub(crate) const EMIT_CAP: usize = 32_768;
+/// Smallest stride of the Hopper listing's sample: its bounds cost at most
+/// 1/16 of the chunk's.
+pub(crate) const EMIT_MIN_STRIDE: usize = 16;
+
+/// The Hopper listing's plan (`Tuning::filter_emit`): log2 of the stride s
+/// of its sample and the rows a query keeps, `cap` = min(EMIT_CAP, n / 4):
+/// the largest power of two s <= `max`, at least EMIT_MIN_STRIDE, with
+/// 4 · s · k <= cap (about s · k rows are listed) and a sample of at least
+/// 4 k rows, where the sample's bounds, the listed bounds and rows and the
+/// counts of `nq` queries fit `room` floats (the chunk's score buffer,
+/// which the rescoring reuses after them). `None` where there is none.
+pub(crate) fn emit_plan(
+    max: usize,
+    k: usize,
+    n: usize,
+    nq: usize,
+    room: usize,
+) -> Option<(u32, usize)> {
+    if max < EMIT_MIN_STRIDE || k == 0 {
+        return None;
+    }
+    let cap = EMIT_CAP.min(n / 4);
+    let mut s = 1usize << max.ilog2();
+    while s >= EMIT_MIN_STRIDE {
+        let rows = n.div_ceil(s);
+        let need = nq.checked_mul(rows + 2 * cap + 1)?;
+        if 4 * s * k <= cap && rows >= 4 * k && need <= room {
+            return Some((s.ilog2(), cap));
+        }
+        s /= 2;
+    }
+    None
 }
 
 impl Engine {
@@ -100,6 +136,50 @@ impl Engine {
             values: slot.q16.view(),
             inv: DevSlice::of(&slot.q16_inv),
         };
+        let plan = match allow {
+            Some(_) => None,
+            None => emit_plan(
+                self.config.tuning.filter_emit,
+                k,
+                self.n,
+                nq,
+                ops.scores.len(),
+            ),
+        };
+        if let Some((shift, cap)) = plan.filter(|_| ks.lists90(ops.corpus.width(), ops.d)) {
+            // The Hopper listing (docs/CONTRACTS.md §5): the score buffer
+            // holds the sample's bounds, then the listed bounds, rows and
+            // counts, all dead before the rescoring writes its scores.
+            let rows = self.n.div_ceil(1 << shift);
+            let room = ops.scores;
+            let sample = room.range("sampled lower bounds", 0, nq * rows)?;
+            let lo = room.range("listed lower bounds", nq * rows, nq * cap)?;
+            let words = room.words();
+            let emitted = Emitted {
+                lo,
+                rows: words.range("listed rows", nq * (rows + cap), nq * cap)?,
+                count: words.range("listed counts", nq * (rows + 2 * cap), nq)?,
+                cap: cap as u32,
+            };
+            let bq = ks.approx_sample90(s, metric, &ops, half, sample, shift)?;
+            let first_sel = SelectBufs {
+                scores: sample,
+                ..bufs
+            };
+            ks.hist(s, &first_sel, rows as u32, ops.nq, k32)?;
+            ks.gather(s, &first_sel, rows as u32, ops.nq, k32)?;
+            let stream = slot.stream.as_inner();
+            launch::fill_neg_inf(stream, emitted.lo)?;
+            launch::zero32(stream, emitted.count)?;
+            ks.emit90(s, metric, &ops, bq, bufs.out, k32, &emitted, lists.flag)?;
+            let listed_sel = SelectBufs { scores: lo, ..bufs };
+            ks.hist(s, &listed_sel, cap as u32, ops.nq, k32)?;
+            ks.gather(s, &listed_sel, cap as u32, ops.nq, k32)?;
+            ks.filter_emitted(s, metric, &ops, bufs.out, k32, &emitted, &lists)?;
+            ks.rescore(s, metric, &ops, &lists)?;
+            self.listed.fetch_add(1, Ordering::Relaxed);
+            return ks.select_listed(s, &ops, &lists, k32, bufs.out);
+        }
         // The threshold from every 2^shift-th row's bound (none hidden by
         // an allow set, whose mask comes after the bounds).
         let shift = match allow {
@@ -219,6 +299,42 @@ mod tests {
                 sample_shift(max, k, n, d, room),
                 shift,
                 "max {max} k {k} n {n} d {d} room {room}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_listing_plan_keeps_the_sample_small_and_the_room_four_times_the_rows() {
+        let m = 1_000_000;
+        let full = |nq: usize, n: usize| nq * n;
+        // (max, k, n, nq, room, plan)
+        let cases = [
+            // K = 100 over 1M rows: every 64th row, room for 32,768 rows.
+            (64, 100, m, 256, full(256, m), Some((6, EMIT_CAP))),
+            (64, 10, m, 256, full(256, m), Some((6, EMIT_CAP))),
+            (128, 10, m, 256, full(256, m), Some((7, EMIT_CAP))),
+            // Not a power of two: the largest power below it.
+            (100, 10, m, 256, full(256, m), Some((6, EMIT_CAP))),
+            // Larger K: a denser sample, down to every 16th row at 512.
+            (64, 200, m, 256, full(256, m), Some((5, EMIT_CAP))),
+            (64, 512, m, 256, full(256, m), Some((4, EMIT_CAP))),
+            (64, 513, m, 256, full(256, m), None),
+            // Small corpora: room N / 4, and a sample of at least 4 K rows.
+            (64, 100, 30_000, 64, full(64, 30_000), Some((4, 7_500))),
+            (64, 100, 20_000, 64, full(64, 20_000), None),
+            (64, 10, 20_000, 64, full(64, 20_000), Some((6, 5_000))),
+            (64, 1, 1_000, 64, full(64, 1_000), Some((5, 250))),
+            // Off below a stride of 16, for K = 0, or without the room.
+            (8, 10, m, 256, full(256, m), None),
+            (0, 10, m, 256, full(256, m), None),
+            (64, 0, m, 256, full(256, m), None),
+            (64, 10, m, 256, 256 * 2 * EMIT_CAP, None),
+        ];
+        for (max, k, n, nq, room, plan) in cases {
+            assert_eq!(
+                emit_plan(max, k, n, nq, room),
+                plan,
+                "max {max} k {k} n {n} nq {nq} room {room}"
             );
         }
     }

@@ -258,6 +258,12 @@ impl CudaRetriever {
         self.engine.filter_reruns()
     }
 
+    /// Chunks of filtered batches whose rows the Hopper bound kernel listed
+    /// as it multiplied (`Tuning::filter_emit`), since construction.
+    pub fn filter_listed(&self) -> usize {
+        self.engine.filter_listed()
+    }
+
     /// The device the corpus lives on.
     pub fn info(&self) -> &DeviceInfo {
         self.engine.info()

@@ -60,6 +60,9 @@ impl Engine {
     pub(crate) fn filter_reruns(&self) -> usize {
         match *self {}
     }
+    pub(crate) fn filter_listed(&self) -> usize {
+        match *self {}
+    }
     pub(crate) fn info(&self) -> &DeviceInfo {
         match *self {}
     }

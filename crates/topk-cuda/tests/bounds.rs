@@ -61,12 +61,16 @@ fn queries(seed: u64, nq: usize, d: usize, corpus: &[f32]) -> Vec<f32> {
 
 /// The filtered path for every chunk, with or without `wgmma`, chunks of
 /// 64 queries (`small_chunks`) or as many as the default scratch holds; the
-/// threshold from a sample of the rows (the default) or from all of them.
-fn filtered_as(wgmma: bool, small_chunks: bool, sample: bool) -> CudaConfig {
+/// threshold from a sample of the rows (the default) or from all of them;
+/// the Hopper listing where it applies (`list`, the default) or not.
+fn filtered_with(wgmma: bool, small_chunks: bool, sample: bool, list: bool) -> CudaConfig {
     let mut c = CudaConfig::for_path(PlanPath::FilteredBatch);
     c.tuning.wgmma_bounds = wgmma;
     if !sample {
         c.tuning.filter_sample = 1;
+    }
+    if !list {
+        c.tuning.filter_emit = 0;
     }
     if small_chunks {
         c.tuning.batch_scratch = 0;
@@ -74,9 +78,21 @@ fn filtered_as(wgmma: bool, small_chunks: bool, sample: bool) -> CudaConfig {
     c
 }
 
+/// [`filtered_with`] with the Hopper listing where it applies.
+fn filtered_as(wgmma: bool, small_chunks: bool, sample: bool) -> CudaConfig {
+    filtered_with(wgmma, small_chunks, sample, true)
+}
+
 /// [`filtered_as`] with the default sampled threshold.
 fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
     filtered_as(wgmma, small_chunks, true)
+}
+
+/// What a checked batch did: chunks run again on the canonical path, and
+/// chunks whose rows the Hopper bound kernel listed.
+struct Counts {
+    reruns: usize,
+    listed: usize,
 }
 
 /// Every query of the batch against the oracle over the same store (`data`
@@ -92,6 +108,21 @@ fn check(
     k: usize,
     ctx: &str,
 ) -> Result<usize, String> {
+    check_counts(data, d, dtype, metric, config, qs, k, ctx).map(|c| c.reruns)
+}
+
+/// [`check`], with both of the engine's counts.
+#[allow(clippy::too_many_arguments)]
+fn check_counts(
+    data: &[f32],
+    d: usize,
+    dtype: Dtype,
+    metric: Metric,
+    config: CudaConfig,
+    qs: &[f32],
+    k: usize,
+    ctx: &str,
+) -> Result<Counts, String> {
     let store = RowStore::from_f32(data.to_vec(), d, dtype).map_err(|e| format!("{ctx}: {e}"))?;
     let gpu = CudaRetriever::from_store(&store, metric, config)
         .map_err(|e| format!("{ctx}: engine: {e}"))?;
@@ -109,7 +140,18 @@ fn check(
             return Err(format!("{ctx}: query {i}: {diff}"));
         }
     }
-    Ok(gpu.filter_reruns())
+    Ok(Counts {
+        reruns: gpu.filter_reruns(),
+        listed: gpu.filter_listed(),
+    })
+}
+
+/// Whether the device runs the Hopper bounds, and so the Hopper listing.
+fn hopper() -> bool {
+    let store = RowStore::from_f32(vec![0.5; 8], 8, Dtype::F32).expect("store");
+    CudaRetriever::from_store(&store, Metric::Dot, CudaConfig::default())
+        .map(|g| g.info().compute_capability == (9, 0))
+        .unwrap_or(false)
 }
 
 #[test]
@@ -126,20 +168,20 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
         1usize..200,
         prop::sample::select(vec![1usize, 10, 100, 200, 1000, 1024]),
         0usize..3,
-        (any::<bool>(), any::<bool>(), any::<bool>()),
+        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
         prop::sample::select(vec![Dtype::F32, Dtype::F16, Dtype::Bf16]),
     );
     runner
         .run(&strategy, |(seed, n, d, e, dup, nq, k, m, flags, dtype)| {
-            let (wgmma, small, sample) = flags;
+            let (wgmma, small, sample, list) = flags;
             let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
             let data = near_ties(seed, n, d, e, dup);
             let qs = queries(seed, nq, d, &data);
             let ctx = format!(
                 "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} {dtype} wgmma {wgmma} \
-                 small {small} sample {sample}"
+                 small {small} sample {sample} list {list}"
             );
-            let config = filtered_as(wgmma, small, sample);
+            let config = filtered_with(wgmma, small, sample, list);
             check(&data, d, dtype, metric, config, &qs, k, &ctx)
                 .map(|_| ())
                 .map_err(TestCaseError::fail)
@@ -217,5 +259,86 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
                 "{ctx}: the list must overflow"
             );
         }
+    }
+}
+
+#[test]
+fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let hopper = hopper();
+    if !hopper {
+        println!("no Hopper bounds on this device: the listing cases run the other paths");
+    }
+    let (n, d) = (80_000, 128);
+    for small in [true, false] {
+        // Spread rows: every chunk is listed by the bound kernel (every
+        // 32nd row sampled at K = 100, 2,500 rows; room for 20,000 listed
+        // rows a query), none runs again, whatever the metric and storage.
+        let data = near_ties(21, n, d, -2, 5);
+        let qs = queries(22, 150, d, &data);
+        for (metric, dtype, k) in [
+            (Metric::Dot, Dtype::F32, 100),
+            (Metric::Cosine, Dtype::F16, 10),
+            (Metric::L2, Dtype::Bf16, 100),
+            (Metric::L2, Dtype::F32, 1),
+        ] {
+            let ctx = format!("spread rows {metric} {dtype} k {k} small {small}");
+            let got = check_counts(&data, d, dtype, metric, filtered(true, small), &qs, k, &ctx)
+                .expect("listed");
+            assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
+            if hopper {
+                assert!(
+                    got.listed > 0,
+                    "{ctx}: no chunk was listed by the bound kernel"
+                );
+            }
+        }
+        // Every 32nd row (the sample) far from the queries, the others near
+        // them: the sample's K-th bound is far below the answer's, the
+        // listing overflows its room and every chunk runs again, exact.
+        let mut far = near_ties(23, n, d, 6, 0);
+        for r in (0..n).step_by(32) {
+            far[r * d..(r + 1) * d].iter_mut().for_each(|v| *v = -*v);
+        }
+        let qs: Vec<f32> = (0..70)
+            .flat_map(|i| far[(32 * i + 1) * d..(32 * i + 2) * d].to_vec())
+            .collect();
+        let ctx = format!("sampled rows far, small {small}");
+        let got = check_counts(
+            &far,
+            d,
+            Dtype::F32,
+            Metric::Dot,
+            filtered(true, small),
+            &qs,
+            100,
+            &ctx,
+        )
+        .expect("overflow");
+        if hopper {
+            assert!(
+                got.listed > 0 && got.reruns > 0,
+                "{ctx}: the listing must overflow"
+            );
+        }
+        // Rows within 2^-22 of each other: every row is listed, and the
+        // listing (or the list after it) overflows; exact either way.
+        let ties = near_ties(25, n, d, 22, 3);
+        let qs = queries(26, 70, d, &ties);
+        let ctx = format!("near ties, small {small}");
+        let got = check_counts(
+            &ties,
+            d,
+            Dtype::F32,
+            Metric::Cosine,
+            filtered(true, small),
+            &qs,
+            10,
+            &ctx,
+        )
+        .expect("near ties");
+        assert!(got.reruns > 0, "{ctx}: an overflowing list must run again");
     }
 }

@@ -107,6 +107,16 @@ pub(crate) fn zero32(stream: cu::CUstream, dst: DevSlice<'_, u32>) -> Result<(),
     })
 }
 
+/// Sets every element of `dst` to -inf, asynchronously on `stream` (the
+/// lower bounds of the Hopper listing's empty room, which no selection
+/// picks before a finite bound).
+pub(crate) fn fill_neg_inf(stream: cu::CUstream, dst: DevSlice<'_, f32>) -> Result<(), CudaError> {
+    // SAFETY: the range is exactly the view.
+    check("cuMemsetD32Async", unsafe {
+        cu::cuMemsetD32Async(dst.ptr(), f32::NEG_INFINITY.to_bits(), dst.len(), stream)
+    })
+}
+
 /// Sets every byte of `dst` to zero, synchronously.
 pub(crate) fn zero_sync<T>(dst: DevSlice<'_, T>) -> Result<(), CudaError> {
     // SAFETY: the range is exactly the view.

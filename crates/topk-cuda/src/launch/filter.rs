@@ -57,37 +57,61 @@ fn check_aligned(ops: &Operands<'_>) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// Runs `topk_approx90_*` (`f`, any storage type's build) over the
-/// operands' rows and `queries` (`nq` × D values of the rows' width: the
-/// f32 queries, or their half operands with `qinv` their inverse scales,
-/// 0 for f32), each read through a tensor map of the copy engine.
+/// The tensor maps of a Hopper bound kernel: the `nq` queries at
+/// `queries` (of the rows' width) and every 2^`rshift`-th row of the
+/// operands' corpus, with the count of those rows.
+fn maps90(
+    ops: &Operands<'_>,
+    queries: DPtr,
+    rshift: u32,
+) -> Result<(TensorMap, TensorMap, u32), CudaError> {
+    let (n, d, nq) = (ops.n as usize, ops.d as usize, ops.nq as usize);
+    let width = ops.corpus.width();
+    let rows = n.div_ceil(1 << rshift);
+    let qmap = TensorMap::tiled(
+        "queries of the Hopper bounds",
+        queries,
+        nq,
+        d,
+        width,
+        APPROX90_QUERIES,
+    )?;
+    let cmap = TensorMap::tiled_every(
+        "rows of the Hopper bounds",
+        ops.corpus.ptr(),
+        rows,
+        d,
+        width,
+        APPROX90_ROWS,
+        1 << rshift,
+    )?;
+    Ok((qmap, cmap, rows as u32))
+}
+
+/// The Hopper bound kernels' launch over `rows` rows of the operands.
+fn launch90(op: &'static str, f: cu::CUfunction, nq: u32, rows: u32) -> Launch {
+    let blocks = nq.div_ceil(APPROX90_QUERIES) * rows.div_ceil(APPROX90_ROWS);
+    Launch::new(op, f, (blocks.max(1), 1), APPROX90_THREADS).shared(APPROX90_SMEM)
+}
+
+/// Runs `topk_approx90_*` (`f`, any storage type's build) over every
+/// 2^`rshift`-th row of the operands (`ceil(n / 2^rshift)` bounds a query
+/// into `scores`) and `bq`'s queries, each read through a tensor map of the
+/// copy engine.
+#[allow(clippy::too_many_arguments)]
 fn approx90_run(
     q: Queue<'_>,
     f: [cu::CUfunction; 3],
     metric: Metric,
     ops: &Operands<'_>,
-    queries: DPtr,
-    qinv: DPtr,
+    bq: BoundQueries,
+    scores: DevSlice<'_, f32>,
     sampled: Sampled<'_>,
+    rshift: u32,
 ) -> Result<(), CudaError> {
-    let (n, d, nq) = (ops.n, ops.d, ops.nq);
-    let width = ops.corpus.width();
-    let qmap = TensorMap::tiled(
-        "queries of the Hopper bounds",
-        queries,
-        nq as usize,
-        d as usize,
-        width,
-        APPROX90_QUERIES,
-    )?;
-    let cmap = TensorMap::tiled(
-        "rows of the Hopper bounds",
-        ops.corpus.ptr(),
-        n as usize,
-        d as usize,
-        width,
-        APPROX90_ROWS,
-    )?;
+    let (d, nq) = (ops.d, ops.nq);
+    let (qmap, cmap, n) = maps90(ops, bq.ptr, rshift)?;
+    scores.need("lower bounds", nq as usize * n as usize)?;
     kernel_args!(
         args = [
             qmap,
@@ -97,26 +121,50 @@ fn approx90_run(
             d,
             nq,
             qnorm = ops.qnorm.ptr(),
-            qinv,
-            scores = ops.scores.ptr(),
+            qinv = bq.inv,
+            scores = scores.ptr(),
             sub = sampled.bounds.ptr(),
-            shift = sampled.shift
+            shift = sampled.shift,
+            rshift
         ]
     );
-    let blocks = nq.div_ceil(APPROX90_QUERIES) * n.div_ceil(APPROX90_ROWS);
-    let launch = Launch::new(
-        "topk_approx90",
-        f[metric_slot(metric)],
-        (blocks, 1),
-        APPROX90_THREADS,
-    )
-    .shared(APPROX90_SMEM);
+    let launch = launch90("topk_approx90", f[metric_slot(metric)], nq, n);
     // SAFETY: the parameter list of topk_approx90_* (two tensor maps by
-    // value, then the norms, sizes, inverse scales, bounds); the maps cover
-    // exactly the queries and rows the caller checked, the bound buffers
-    // were checked by the caller; the dynamic shared memory was allowed at
-    // load.
+    // value, then the norms, sizes, inverse scales, bounds, the norms'
+    // stride); the maps cover exactly the queries and rows the caller
+    // checked (every 2^rshift-th row below n, whose norms rnorm holds), the
+    // bound buffers were checked above and by the caller; the dynamic shared
+    // memory was allowed at load.
     unsafe { launch.run(q, &mut args) }
+}
+
+/// The queries a Hopper bound kernel multiplies: the f32 queries (`inv`
+/// 0), or their half operands and inverse scales.
+#[derive(Clone, Copy)]
+pub(crate) struct BoundQueries {
+    ptr: DPtr,
+    inv: DPtr,
+}
+
+/// Where the Hopper listing puts a chunk's rows: room for `cap` of them a
+/// query, each one's lower bound (`lo`, -inf past the listed ones: the
+/// caller fills it) and row (`rows`), and each query's count (`count`,
+/// zeroed by the caller).
+#[derive(Clone, Copy)]
+pub(crate) struct Emitted<'a> {
+    pub(crate) lo: DevSlice<'a, f32>,
+    pub(crate) rows: DevSlice<'a, u32>,
+    pub(crate) count: DevSlice<'a, u32>,
+    pub(crate) cap: u32,
+}
+
+impl Emitted<'_> {
+    fn check(&self, nq: u32) -> Result<(), CudaError> {
+        let room = nq as usize * self.cap as usize;
+        self.lo.need("listed lower bounds", room)?;
+        self.rows.need("listed rows", room)?;
+        self.count.need("listed counts", nq as usize)
+    }
 }
 
 /// Room for the half operands of a chunk's queries that the Hopper bounds
@@ -158,13 +206,8 @@ impl Kernels {
                 .bounds
                 .need("sampled lower bounds", ops.nq as usize * per_query)?;
         }
-        if let (Some(f), Some(prep), 2, 0) =
-            (self.approx90, self.queries16, ops.corpus.width(), ops.d % 8)
-        {
-            return self.approx90_half(q, metric, ops, f, prep, half, sampled);
-        }
-        if let Some(f) = self.approx90.filter(|_| ops.corpus.width() == 4) {
-            return approx90_run(q, f, metric, ops, ops.queries.ptr(), 0, sampled);
+        if let Some((f, bq)) = self.bound_queries90(q, ops, half)? {
+            return approx90_run(q, f, metric, ops, bq, ops.scores, sampled, 0);
         }
         kernel_args!(
             args = [
@@ -194,18 +237,150 @@ impl Kernels {
         unsafe { launch.run(q, &mut args) }
     }
 
-    /// The Hopper bounds of half-width rows: the queries' half operands into
-    /// `h`, then the products of the stored rows and those.
-    #[allow(clippy::too_many_arguments)]
-    fn approx90_half(
+    /// Whether the Hopper listing (`topk_emit90_*`) runs for rows of
+    /// `width` bytes a value and `d` values: the Hopper bounds are loaded
+    /// and take those rows.
+    pub(crate) fn lists90(&self, width: usize, d: u32) -> bool {
+        self.emit90.is_some()
+            && match width {
+                4 => true,
+                _ => self.queries16.is_some() && d % 8 == 0,
+            }
+    }
+
+    /// The Hopper bounds of the operands' rows, where they run: their
+    /// kernels and queries (for half-width rows, the queries' half operands
+    /// queued into `h` first); `None` where the `mma.sync` bounds serve.
+    fn bound_queries90(
+        &self,
+        q: Queue<'_>,
+        ops: &Operands<'_>,
+        h: HalfQueries<'_>,
+    ) -> Result<Option<([cu::CUfunction; 3], BoundQueries)>, CudaError> {
+        let Some(f) = self.approx90 else {
+            return Ok(None);
+        };
+        match (ops.corpus.width(), self.queries16) {
+            (4, _) => Ok(Some((
+                f,
+                BoundQueries {
+                    ptr: ops.queries.ptr(),
+                    inv: 0,
+                },
+            ))),
+            (2, Some(prep)) if ops.d % 8 == 0 => {
+                self.queries_half(q, ops, prep, h)?;
+                Ok(Some((
+                    f,
+                    BoundQueries {
+                        ptr: h.values.ptr(),
+                        inv: h.inv.ptr(),
+                    },
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The first step of the Hopper listing: lower bounds of every
+    /// 2^`shift`-th row (`ceil(n / 2^shift)` a query) into `sample`, for the
+    /// selection whose K-th is T0. Returns the queries the listing
+    /// multiplies next ([`Self::emit90`]).
+    pub(crate) fn approx_sample90(
         &self,
         q: Queue<'_>,
         metric: Metric,
         ops: &Operands<'_>,
-        f: [cu::CUfunction; 3],
+        half: HalfQueries<'_>,
+        sample: DevSlice<'_, f32>,
+        shift: u32,
+    ) -> Result<BoundQueries, CudaError> {
+        ops.check(true, true)?;
+        check_aligned(ops)?;
+        let Some((f, bq)) = self
+            .bound_queries90(q, ops, half)?
+            .filter(|_| self.lists90(ops.corpus.width(), ops.d))
+        else {
+            return Err(CudaError::InvalidOption {
+                name: "Hopper listing",
+                value: ops.corpus.width(),
+                reason: "needs the Hopper bounds of these rows (compute capability 9.0)",
+            });
+        };
+        let none = Sampled {
+            bounds: sample,
+            shift: 0,
+        };
+        approx90_run(q, f, metric, ops, bq, sample, none, shift)?;
+        Ok(bq)
+    }
+
+    /// The listing bound kernel: every row whose upper bound reaches the
+    /// K-th lower bound of the sample's selection in `sel` (rows of k + 1),
+    /// into `e`; `flag` becomes nonzero when a query lists more than
+    /// `e.cap` rows or its sample's selection did not finish.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn emit90(
+        &self,
+        q: Queue<'_>,
+        metric: Metric,
+        ops: &Operands<'_>,
+        bq: BoundQueries,
+        sel: DevSlice<'_, DevNeighbor>,
+        k: u32,
+        e: &Emitted<'_>,
+        flag: DevSlice<'_, u32>,
+    ) -> Result<(), CudaError> {
+        ops.check(true, true)?;
+        e.check(ops.nq)?;
+        sel.need("sample results", ops.nq as usize * (k as usize + 1))?;
+        flag.need("filter flag", 1)?;
+        let Some(f) = self.emit90 else {
+            return Err(CudaError::InvalidOption {
+                name: "Hopper listing",
+                value: ops.corpus.width(),
+                reason: "needs the Hopper bounds (compute capability 9.0)",
+            });
+        };
+        let (d, nq) = (ops.d, ops.nq);
+        let (qmap, cmap, n) = maps90(ops, bq.ptr, 0)?;
+        kernel_args!(
+            args = [
+                qmap,
+                cmap,
+                rnorm = ops.rnorm.ptr(),
+                n,
+                d,
+                nq,
+                qnorm = ops.qnorm.ptr(),
+                qinv = bq.inv,
+                sel = sel.ptr(),
+                k,
+                lo = e.lo.ptr(),
+                rows = e.rows.ptr(),
+                count = e.count.ptr(),
+                cap = e.cap,
+                flag = flag.ptr()
+            ]
+        );
+        let launch = launch90("topk_emit90", f[metric_slot(metric)], nq, n);
+        // SAFETY: the parameter list of topk_emit90_* (two tensor maps by
+        // value, the norms, sizes, inverse scales, the sample's results, k,
+        // the listing's room and counts, the flag); the maps cover the
+        // checked queries and rows, every buffer was checked above (the
+        // kernel writes at most cap entries a query); the dynamic shared
+        // memory was allowed at load.
+        unsafe { launch.run(q, &mut args) }
+    }
+
+    /// Queues the half operands of the operands' queries into `h`
+    /// (`topk_queries16`).
+    fn queries_half(
+        &self,
+        q: Queue<'_>,
+        ops: &Operands<'_>,
         prep: cu::CUfunction,
         h: HalfQueries<'_>,
-        sampled: Sampled<'_>,
     ) -> Result<(), CudaError> {
         let (d, nq) = (ops.d, ops.nq);
         let count = nq as usize * d as usize;
@@ -244,8 +419,7 @@ impl Kernels {
         // SAFETY: the parameter list of topk_queries16; nq × d queries (the
         // operands' check) and room for as many values and nq scales
         // (checked above).
-        unsafe { convert.run(q, &mut args)? };
-        approx90_run(q, f, metric, ops, h.values.ptr(), h.inv.ptr(), sampled)
+        unsafe { convert.run(q, &mut args) }
     }
 
     /// Lists, per query, the rows whose upper bound reaches the K-th lower
@@ -290,6 +464,57 @@ impl Kernels {
             FILTER_THREADS,
         );
         // SAFETY: the parameter list of topk_filter_*; buffers checked above.
+        unsafe { launch.run(q, &mut args) }
+    }
+
+    /// [`Self::filter`] over the rows the Hopper listing put into `e`
+    /// (their lower bounds against the K-th of them that the selection over
+    /// `e.lo` wrote into `out`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn filter_emitted(
+        &self,
+        q: Queue<'_>,
+        metric: Metric,
+        ops: &Operands<'_>,
+        out: DevSlice<'_, DevNeighbor>,
+        k: u32,
+        e: &Emitted<'_>,
+        lists: &Listed<'_>,
+    ) -> Result<(), CudaError> {
+        ops.rnorm.need("row norms", ops.n as usize)?;
+        ops.qnorm.need("query norms", ops.nq as usize)?;
+        e.check(ops.nq)?;
+        lists.check(ops.nq)?;
+        out.need("results", ops.nq as usize * (k as usize + 1))?;
+        let (cap, d, nq) = (e.cap, ops.d, ops.nq);
+        let per_query = cap
+            .div_ceil(FILTER_THREADS * FILTER_UNROLL)
+            .clamp(1, (FILTER_BLOCKS_PER_SM * self.sm_count / nq.max(1)).max(1));
+        kernel_args!(
+            args = [
+                lo = e.lo.ptr(),
+                rnorm = ops.rnorm.ptr(),
+                cap,
+                d,
+                qnorm = ops.qnorm.ptr(),
+                out = out.ptr(),
+                k,
+                rows = e.rows.ptr(),
+                count = e.count.ptr(),
+                list = lists.list.ptr(),
+                listed = lists.count.ptr(),
+                flag = lists.flag.ptr()
+            ]
+        );
+        let launch = Launch::new(
+            "topk_filter_emitted",
+            self.filter_emitted[metric_slot(metric)],
+            (per_query, nq),
+            FILTER_THREADS,
+        );
+        // SAFETY: the parameter list of topk_filter_emitted_*; buffers
+        // checked above; the listed rows the kernel reads norms of are rows
+        // the listing kernel wrote, all below n.
         unsafe { launch.run(q, &mut args) }
     }
 

@@ -34,10 +34,10 @@ use crate::driver::{check, DPtr, DevSlice, Rows};
 use crate::error::CudaError;
 
 pub(crate) use copy::{
-    d2d, d2d_2d, d2d_sync, d2h, h2d, h2d_staged, h2d_sync, h2d_upload, zero32, zero_async,
-    zero_sync, STAGED_MIN_BYTES,
+    d2d, d2d_2d, d2d_sync, d2h, fill_neg_inf, h2d, h2d_staged, h2d_sync, h2d_upload, zero32,
+    zero_async, zero_sync, STAGED_MIN_BYTES,
 };
-pub(crate) use filter::{HalfQueries, Sampled};
+pub(crate) use filter::{Emitted, HalfQueries, Sampled};
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use prune::{PruneArgs, SetListsArgs, PRUNE_MAX_CANDS, PRUNE_MAX_CAP};
 pub(crate) use rows::FROM_B;
@@ -151,10 +151,14 @@ pub(crate) struct Kernels {
     /// The same bounds from Hopper's warpgroup products
     /// (`kernels/filter90.cu`), where the device runs them.
     approx90: Option<[cu::CUfunction; 3]>,
+    /// The Hopper bounds that list rows as they multiply (`topk_emit90_*`).
+    emit90: Option<[cu::CUfunction; 3]>,
     /// The half operands of the queries of those bounds (`topk_queries16`),
     /// where the rows are a half type.
     queries16: Option<cu::CUfunction>,
     filter: [cu::CUfunction; 3],
+    /// The listing over the rows `topk_emit90_*` listed.
+    filter_emitted: [cu::CUfunction; 3],
     rescore: [cu::CUfunction; 3],
     select_listed: cu::CUfunction,
     norms: cu::CUfunction,
@@ -544,19 +548,20 @@ impl Kernels {
         let gather = function(select, "topk_gather")?;
         let approx = family!(filter, "topk_approx");
         let select_listed = function(filter, "topk_select_listed")?;
-        let (approx90, queries16) = match filter90 {
+        let (approx90, emit90, queries16) = match filter90 {
             Some(m) => {
                 let f = family!(m, "topk_approx90");
-                for &k in &f {
+                let e = family!(m, "topk_emit90");
+                for &k in f.iter().chain(&e) {
                     allow_shared(k, filter::APPROX90_SMEM)?;
                 }
                 let q16 = match dtype {
                     Dtype::F32 => None,
                     _ => Some(function(m, "topk_queries16")?),
                 };
-                (Some(f), q16)
+                (Some(f), Some(e), q16)
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         for (f, dynamic) in [
             (select_small, select::small_smem(select::STASH_ROWS)),
@@ -579,8 +584,10 @@ impl Kernels {
             ids: family!(ids, "topk_score_ids"),
             approx,
             approx90,
+            emit90,
             queries16,
             filter: family!(filter, "topk_filter"),
+            filter_emitted: family!(filter, "topk_filter_emitted"),
             rescore: family!(filter, "topk_rescore"),
             select_listed,
             norms: function(norms, "topk_norms")?,

@@ -47,6 +47,7 @@ fn every_kernel_the_host_loads_is_an_entry_of_its_ptx() {
     let batch = [metrics("topk_scoreb"), metrics("topk_scoreq32")].concat();
     let batch = [batch, metrics("topk_scoreq16")].concat();
     let filter = [metrics("topk_approx"), metrics("topk_filter")].concat();
+    let filter = [filter, metrics("topk_filter_emitted")].concat();
     let filter = [
         filter,
         metrics("topk_rescore"),
@@ -56,7 +57,8 @@ fn every_kernel_the_host_loads_is_an_entry_of_its_ptx() {
     let select: Vec<String> = ["topk_select_small", "topk_hist", "topk_gather"]
         .map(String::from)
         .to_vec();
-    let filter90_half = [metrics("topk_approx90"), vec!["topk_queries16".into()]].concat();
+    let filter90 = [metrics("topk_approx90"), metrics("topk_emit90")].concat();
+    let filter90_half = [filter90.clone(), vec!["topk_queries16".into()]].concat();
     let norms = ["topk_norms", "topk_row_norms", "topk_fetch_query"]
         .map(String::from)
         .to_vec();
@@ -67,7 +69,7 @@ fn every_kernel_the_host_loads_is_an_entry_of_its_ptx() {
         ("score_ids", ptx::SCORE_IDS_PTX, metrics("topk_score_ids")),
         ("select", ptx::SELECT_PTX, select),
         ("filter", ptx::FILTER_PTX, filter),
-        ("filter90", ptx::FILTER90_PTX, metrics("topk_approx90")),
+        ("filter90", ptx::FILTER90_PTX, filter90),
         (
             "filter90.f16",
             ptx::ptx_of("filter90.f16").unwrap_or_default(),
