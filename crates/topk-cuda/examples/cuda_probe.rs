@@ -5,7 +5,7 @@
 //! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
 //! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]
-//! [--filter-sample S] [--filter-emit E] [--dtype f32|f16|bf16]`
+//! [--filter-sample S] [--filter-emit E] [--filter-emit-rows R] [--dtype f32|f16|bf16]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
@@ -17,7 +17,8 @@
 //! `Tuning::mapped_results`, `--copy-queries`
 //! `Tuning::mapped_queries`; `--filter-sample S` sets
 //! `Tuning::filter_sample` (1: off), `--filter-emit E`
-//! `Tuning::filter_emit` (0: off); `--dtype` stores the rows as that type on the
+//! `Tuning::filter_emit` (0: off), `--filter-emit-rows R`
+//! `Tuning::filter_emit_rows`; `--dtype` stores the rows as that type on the
 //! device, the reference and the floor taken over the stored rows). Rows are
 //! seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
@@ -131,9 +132,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let filter_sample: usize =
         flag_value(&args, "--filter-sample").unwrap_or(opts.tuning.filter_sample);
     let filter_emit: usize = flag_value(&args, "--filter-emit").unwrap_or(opts.tuning.filter_emit);
+    let filter_emit_rows: usize =
+        flag_value(&args, "--filter-emit-rows").unwrap_or(opts.tuning.filter_emit_rows);
     let t = &mut opts.tuning;
     t.filter_sample = filter_sample;
     t.filter_emit = filter_emit;
+    t.filter_emit_rows = filter_emit_rows;
     t.filter_rows = filter_rows;
     t.filter_queries = filter_queries;
     t.batch_scratch = batch_scratch;
@@ -288,7 +292,8 @@ fn time_batch(
         "batch_scratch": gpu.config().tuning.batch_scratch,
         "wgmma_bounds": gpu.config().tuning.wgmma_bounds,
         "filter_sample": gpu.config().tuning.filter_sample,
-        "filter_emit": gpu.config().tuning.filter_emit, "filter_listed": gpu.filter_listed(),
+        "filter_emit": gpu.config().tuning.filter_emit,
+        "filter_emit_rows": gpu.config().tuning.filter_emit_rows, "filter_listed": gpu.filter_listed(),
         "qps": q as f64 * 1e3 / bm}),
     )
 }

@@ -121,6 +121,9 @@ pub struct Tuning {
     /// the canonical path. Where no such s exists, or below 16, the chunk
     /// takes `filter_sample`'s path.
     pub filter_emit: usize,
+    /// Fewest rows at which a chunk takes the Hopper listing
+    /// (`filter_emit`); smaller corpora take `filter_sample`'s path.
+    pub filter_emit_rows: usize,
     /// Threads of each query's block in a graph walk (one of
     /// [`WALK_TEAMS`]; at least the graph's largest degree), or 0 for the
     /// engine's choice by batch size. The answers do not depend on
@@ -178,6 +181,7 @@ impl Default for Tuning {
             wgmma_bounds: true,
             filter_sample: 8,
             filter_emit: 64,
+            filter_emit_rows: DEFAULT_FILTER_EMIT_ROWS,
             walk_threads: 0,
             walk_seen: SeenSet::Auto,
         }
@@ -197,6 +201,12 @@ pub const DEFAULT_BATCH_SCRATCH: usize = 1 << 30;
 pub const DEFAULT_FILTER_ROWS: usize = 30_000;
 /// See [`DEFAULT_FILTER_ROWS`].
 pub const DEFAULT_FILTER_QUERIES: usize = 64;
+
+/// Default of `Tuning::filter_emit_rows`: measured on an H200 (Q = 256,
+/// K = 100, D = 384-1024), the Hopper listing is 19-23 % faster than the
+/// sampled path at 1M rows, even at 500k and 10-33 % slower at 50k-100k
+/// (`bench/gpu/NOTES.md`, "The Hopper listing").
+pub const DEFAULT_FILTER_EMIT_ROWS: usize = 500_000;
 
 /// Default of `Tuning::fuse_rows`: where one block reading every score
 /// twice still costs less than a second launch.
@@ -301,6 +311,7 @@ impl CudaConfig {
                 t.graphs = false;
                 t.filter_rows = 0;
                 t.filter_queries = 0;
+                t.filter_emit_rows = 0;
             }
         }
         c

@@ -138,6 +138,7 @@ impl Engine {
         };
         let plan = match allow {
             Some(_) => None,
+            None if self.n < self.config.tuning.filter_emit_rows => None,
             None => emit_plan(
                 self.config.tuning.filter_emit,
                 k,
