@@ -28,13 +28,23 @@
 // exact; each query is scaled by a power of two s (max_i |s q_i| in
 // [2^13, 2^14), s at most 2^127) and rounded to the rows' type to nearest
 // even by topk_queries16, so |s q_i - h_i| <= 2^-11 |s q_i| (f16) or
-// 2^-9 |s q_i| (bf16), plus half a subnormal step (2^-25 for f16, whose
+// 2^-8 |s q_i| (bf16), plus half a subnormal step (2^-25 for f16, whose
 // effect after the 1/s below is at most 2^-38 |q| per unit of |x_i|). A
 // product of two halves is exact in fp32, so the products are within
-// 2^-9 |q| |x| of the exact ones, as for TF32, and the same width holds.
+// 2^-11 |q| |x| (f16) or 2^-8 |q| |x| (bf16) of the exact ones, which the
+// width's 2^-8 covers (for bf16 with no margin: the rest of the width,
+// D 2^-22, covers the accumulation twice over and the other roundings).
 // The accumulation is scaled back by 1/s exactly (a power of two; a result
 // below 2^-126 loses at most 2^-150, inside the width's absolute part; one
 // past 2^128 comes from a pair that is always listed).
+//
+// The f16 copy of f32 rows (topk_rows16, Tuning::shadow_bounds): each row
+// scaled by its own power of two t (max_i |t x_i| in [2^13, 2^14)) and
+// rounded to f16, multiplied by the queries of the f16 case: every value
+// of both sides within 2^-11 of itself (plus subnormal steps worth at most
+// 2^-37 |x| or |q|), so the products are within about 2^-10 |q| |x|,
+// inside the TF32 term, and the same width holds. w9_unscale applies 1/t,
+// then 1/s.
 #include "bounds.cuh"
 
 // f32 columns of a stage (128 bytes); a half type's stage holds twice as
@@ -193,6 +203,23 @@ __device__ __forceinline__ void w9_stage_products(float (&acc)[64], unsigned st,
     w9_fence_acc(acc);
 }
 
+// A half product `a` scaled back to the pair's dot product: times 1 / s of
+// the row (`rinv[row]`, where the rows are the 16-bit copy of f32 rows,
+// nullptr where they are stored as halves) and then of the query (`qinv`).
+// Both are powers of two. The row's lies in [2^-73, 2^37] (topk_rows16),
+// and a nonzero |a| is at least 2^-48 (every product a multiple of the
+// smallest f16 step squared) and below 2^44, so the first product is
+// exact; the second rounds only a result below 2^-126 (at most 2^-150) or
+// past 2^128 (infinite: the pair is always listed). A row outside its band
+// has rinv NaN, so its bound is -inf and it is always listed.
+__device__ __forceinline__ float w9_unscale(float a, float qinv, const float* __restrict__ rinv,
+                                            size_t row) {
+    if (rinv != nullptr) {
+        a = __fmul_rn(a, rinv[row]);
+    }
+    return __fmul_rn(a, qinv);
+}
+
 // The lower bounds of the block's products (acc of each consumer thread)
 // into scores (and the sampled ones into sub), written through shared
 // memory at `sm` (the stages, free once every product is done) so that a
@@ -209,6 +236,7 @@ __device__ __forceinline__ void w9_write(const float (&acc)[64], float* tile, co
                                          const float* __restrict__ rnorm,
                                          const float* __restrict__ qnorm,
                                          const float* __restrict__ qinv,
+                                         const float* __restrict__ rinv,
                                          float* __restrict__ scores, float* __restrict__ sub,
                                          unsigned sub_shift, unsigned rshift) {
     __syncthreads();
@@ -235,7 +263,7 @@ __device__ __forceinline__ void w9_write(const float (&acc)[64], float* tile, co
         if (q < nq && row < n) {
             float a = tile[qi * SH::LD + ri];
             if constexpr (sizeof(T) == 2) {
-                a = __fmul_rn(a, qinv[q]);
+                a = w9_unscale(a, qinv[q], rinv, row << rshift);
             }
             topk_write_lower(scores, sub, sub_shift, n, q, row,
                              topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row << rshift], d));
@@ -303,8 +331,8 @@ __device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict_
     w9_fence_acc(acc);
     topk_cp_async_wait<0>();
     float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
-    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub, sub_shift,
-                            0u);
+    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, nullptr, scores, sub,
+                            sub_shift, 0u);
 }
 
 // A tensor map of the copy engine (CUtensorMap: 128 bytes, 64-byte
@@ -373,7 +401,8 @@ template <int METRIC, class SH, class T>
 __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>& t, unsigned n,
                                         unsigned d, unsigned nq, const float* __restrict__ rnorm,
                                         const float* __restrict__ qnorm,
-                                        const float* __restrict__ qinv, const W9Emit& e) {
+                                        const float* __restrict__ qinv,
+                                        const float* __restrict__ rinv, const W9Emit& e) {
     if (threadIdx.x >= SH::THREADS) {
         return;
     }
@@ -405,7 +434,7 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
                 }
                 float a = acc[4 * j + 2 * h + cc];
                 if constexpr (sizeof(T) == 2) {
-                    a = __fmul_rn(a, inv);
+                    a = w9_unscale(a, inv, rinv, row);
                 }
                 const float rn = rnorm[row];
                 const float lo = topk_approx_lower<METRIC>(a, qn, rn, d);
@@ -438,9 +467,9 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
 template <int METRIC, class SH, class T, bool EMIT = false>
 __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float* __restrict__ rnorm,
                               unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm,
-                              const float* __restrict__ qinv, float* __restrict__ scores,
-                              float* __restrict__ sub, unsigned sub_shift, unsigned rshift,
-                              const W9Emit& e) {
+                              const float* __restrict__ qinv, const float* __restrict__ rinv,
+                              float* __restrict__ scores, float* __restrict__ sub,
+                              unsigned sub_shift, unsigned rshift, const W9Emit& e) {
     constexpr unsigned STAGES = SH::STAGES;
     constexpr unsigned BK = 128u / sizeof(T);
     constexpr unsigned CONSUMER_WARPS = SH::THREADS / TOPK_WARP;
@@ -493,12 +522,12 @@ __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float*
         w9_fence_acc(acc);
     }
     if constexpr (EMIT) {
-        w9_emit<METRIC, SH, T>(acc, t, n, d, nq, rnorm, qnorm, qinv, e);
+        w9_emit<METRIC, SH, T>(acc, t, n, d, nq, rnorm, qnorm, qinv, rinv, e);
     } else {
         // Every copy has landed (the consumers waited for each) and every
         // product is done, so the stages hold the products' tile next.
         float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
-        w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, scores, sub,
+        w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, rinv, scores, sub,
                                 sub_shift, rshift);
     }
 }
@@ -520,18 +549,22 @@ __device__ __forceinline__ TopkBf16 w9_round(float x, TopkBf16) {
     return TopkBf16{h};
 }
 
-// The half operands of nq f32 queries (nq x d, finite): query j scaled by
-// s = 2^k, k = min(13 - floor(log2 max_i |q_ji|), 127) (k = 0 for a zero
-// query), each value rounded to T into out[j * d + i], and 1 / s into
-// inv[j] (see the top). A warp per query.
-template <class T>
-__device__ void w9_queries16(const float* __restrict__ queries, unsigned nq, unsigned d,
-                             T* __restrict__ out, float* __restrict__ inv) {
+// The half operands of nq f32 vectors (nq x d, finite): vector j scaled by
+// s = 2^k, k = min(13 - floor(log2 max_i |v_ji|), 127) (k = 0 for a zero
+// vector), each value rounded to T into out[j * d + i], and 1 / s into
+// inv[j] (see the top). A warp per vector. ROWS (the 16-bit copy of f32
+// rows that the Hopper bounds multiply in their place, docs/CONTRACTS.md
+// §5): a row whose largest |value| lies outside [2^-60, 2^50) gets zeros
+// and inv NaN instead, so that w9_unscale's first product stays exact and
+// such a row is always listed.
+template <class T, bool ROWS = false>
+__device__ void w9_halves(const float* __restrict__ vectors, unsigned nv, unsigned d,
+                          T* __restrict__ out, float* __restrict__ inv) {
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     const size_t warps = (size_t)gridDim.x * (blockDim.x / TOPK_WARP);
     for (size_t j = (size_t)blockIdx.x * (blockDim.x / TOPK_WARP) + threadIdx.x / TOPK_WARP;
-         j < nq; j += warps) {
-        const float* v = queries + j * d;
+         j < nv; j += warps) {
+        const float* v = vectors + j * d;
         float m = 0.0f;
         for (unsigned i = lane; i < d; i += TOPK_WARP) {
             m = fmaxf(m, fabsf(v[i]));
@@ -540,13 +573,14 @@ __device__ void w9_queries16(const float* __restrict__ queries, unsigned nq, uns
         for (int o = TOPK_WARP / 2; o > 0; o /= 2) {
             m = fmaxf(m, __shfl_xor_sync(TOPK_FULL_MASK, m, o));
         }
+        const bool banded = !ROWS || m == 0.0f || (m >= 0x1p-60f && m < 0x1p50f);
         const int k = m > 0.0f ? min(13 - ilogbf(m), 127) : 0;
-        const float s = w9_pow2(k);
+        const float s = banded ? w9_pow2(k) : 0.0f;
         for (unsigned i = lane; i < d; i += TOPK_WARP) {
             out[j * d + i] = w9_round(__fmul_rn(v[i], s), T{});
         }
         if (lane == 0) {
-            inv[j] = w9_pow2(-k);
+            inv[j] = banded ? w9_pow2(-k) : __int_as_float(0x7fc00000u);
         }
     }
 }
@@ -571,21 +605,24 @@ using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
                              const __grid_constant__ W9Map cmap,                            \
                              const float* __restrict__ rnorm, unsigned n, unsigned d,       \
                              unsigned nq, const float* __restrict__ qnorm,                  \
-                             const float* __restrict__ qinv, float* __restrict__ scores,    \
-                             float* __restrict__ sub, unsigned sub_shift, unsigned rshift) { \
+                             const float* __restrict__ qinv, const float* __restrict__ rinv, \
+                             float* __restrict__ scores, float* __restrict__ sub,           \
+                             unsigned sub_shift, unsigned rshift) {                         \
         w9_scores_tma<METRIC, W9Engine, topk_row_t>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, \
-                                                   scores, sub, sub_shift, rshift, W9Emit{}); \
+                                                   rinv, scores, sub, sub_shift, rshift,    \
+                                                   W9Emit{});                               \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(W9Engine::TMA_THREADS, 1)                  \
         topk_emit90_##NAME(const __grid_constant__ W9Map qmap,                              \
                            const __grid_constant__ W9Map cmap, const float* __restrict__ rnorm, \
                            unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm, \
-                           const float* __restrict__ qinv, const TopkNeighbor* __restrict__ sel, \
+                           const float* __restrict__ qinv, const float* __restrict__ rinv, \
+                           const TopkNeighbor* __restrict__ sel,                              \
                            unsigned k, float* __restrict__ elo, unsigned* __restrict__ erow,   \
                            unsigned* __restrict__ ecount, unsigned cap,                       \
                            unsigned* __restrict__ flag) {                                     \
         w9_scores_tma<METRIC, W9Engine, topk_row_t, true>(                                    \
-            qmap, cmap, rnorm, n, d, nq, qnorm, qinv, nullptr, nullptr, 0u, 0u,               \
+            qmap, cmap, rnorm, n, d, nq, qnorm, qinv, rinv, nullptr, nullptr, 0u, 0u,         \
             W9Emit{sel, k, elo, erow, ecount, cap, flag});                                    \
     }
 
@@ -593,7 +630,16 @@ using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
 extern "C" __global__ void __launch_bounds__(W9_QUERY_THREADS)
     topk_queries16(const float* __restrict__ queries, unsigned nq, unsigned d,
                    topk_row_t* __restrict__ out, float* __restrict__ inv) {
-    w9_queries16(queries, nq, d, out, inv);
+    w9_halves(queries, nq, d, out, inv);
+}
+#endif
+#if TOPK_ROW_DTYPE == 1
+// The f16 copy of n f32 rows (w9_halves with ROWS) that an f32 corpus's
+// Hopper bounds multiply instead of TF32 products of the rows.
+extern "C" __global__ void __launch_bounds__(W9_QUERY_THREADS)
+    topk_rows16(const float* __restrict__ rows, unsigned n, unsigned d,
+                topk_row_t* __restrict__ out, float* __restrict__ inv) {
+    w9_halves<topk_row_t, true>(rows, n, d, out, inv);
 }
 #endif
 

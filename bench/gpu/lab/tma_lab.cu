@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(SH::TMA_THREADS, 1)
             const float* __restrict__ rnorm, unsigned n, unsigned d, unsigned nq,
             const float* __restrict__ qnorm, const float* __restrict__ qinv,
             float* __restrict__ scores) {
-    w9_scores_tma<TOPK_DOT, SH, T>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, scores, nullptr, 0,
-                                   0, W9Emit{});
+    w9_scores_tma<TOPK_DOT, SH, T>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, nullptr, scores,
+                                   nullptr, 0, 0, W9Emit{});
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {

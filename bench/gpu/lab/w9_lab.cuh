@@ -7,7 +7,7 @@
 template <class T>
 __global__ void lab_queries16(const float* __restrict__ q, unsigned nq, unsigned d,
                               T* __restrict__ out, float* __restrict__ inv) {
-    w9_queries16(q, nq, d, out, inv);
+    w9_halves(q, nq, d, out, inv);
 }
 
 // Rows rounded to T (nearest even), and the stored values widened back.

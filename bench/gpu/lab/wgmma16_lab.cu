@@ -1,6 +1,6 @@
 // The filtered batch's lower bounds over half-width rows from wgmma
 // (kernels/filter90.cu, f16 x f16 and bf16 x bf16 products of the stored
-// rows and each query scaled and rounded by w9_queries16) against the f32
+// rows and each query scaled and rounded by w9_halves) against the f32
 // rows' TF32 wgmma bounds and the half rows' mma.sync ones: where each
 // bound puts the exact score inside its interval, and their times side by
 // side.

@@ -5,7 +5,8 @@
 //! [--fuse-rows R] [--single-launch-rows S] [--no-graphs] [--copy-results]
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
 //! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]
-//! [--filter-sample S] [--filter-emit E] [--filter-emit-rows R] [--dtype f32|f16|bf16]`
+//! [--filter-sample S] [--filter-emit E] [--filter-emit-rows R] [--no-shadow]
+//! [--dtype f32|f16|bf16]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
@@ -18,7 +19,8 @@
 //! `Tuning::mapped_queries`; `--filter-sample S` sets
 //! `Tuning::filter_sample` (1: off), `--filter-emit E`
 //! `Tuning::filter_emit` (0: off), `--filter-emit-rows R`
-//! `Tuning::filter_emit_rows`; `--dtype` stores the rows as that type on the
+//! `Tuning::filter_emit_rows`, `--no-shadow` clears `Tuning::shadow_bounds`;
+//! `--dtype` stores the rows as that type on the
 //! device, the reference and the floor taken over the stored rows). Rows are
 //! seeded Gaussian,
 //! L2-normalised, dot metric. Every configuration is first checked against
@@ -120,6 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flag_value(&args, "--single-launch-rows").unwrap_or(topk_cuda::DEFAULT_SINGLE_LAUNCH_ROWS);
     let graphs = !args.iter().any(|a| a == "--no-graphs");
     let wgmma_bounds = !args.iter().any(|a| a == "--no-wgmma");
+    let shadow_bounds = !args.iter().any(|a| a == "--no-shadow");
     let mapped_results = !args.iter().any(|a| a == "--copy-results");
     let mapped_queries = !args.iter().any(|a| a == "--copy-queries");
     let filter_rows: usize =
@@ -145,6 +148,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     t.single_launch_rows = single_launch_rows;
     t.graphs = graphs;
     t.wgmma_bounds = wgmma_bounds;
+    t.shadow_bounds = shadow_bounds;
     t.mapped_results = mapped_results;
     t.mapped_queries = mapped_queries;
     let info = device_info(0)?;
@@ -294,6 +298,7 @@ fn time_batch(
         "filter_sample": gpu.config().tuning.filter_sample,
         "filter_emit": gpu.config().tuning.filter_emit,
         "filter_emit_rows": gpu.config().tuning.filter_emit_rows, "filter_listed": gpu.filter_listed(),
+        "shadow_bounds": gpu.shadow_bounds(), "filter_shadowed": gpu.filter_shadowed(),
         "qps": q as f64 * 1e3 / bm}),
     )
 }

@@ -124,6 +124,18 @@ pub struct Tuning {
     /// Fewest rows at which a chunk takes the Hopper listing
     /// (`filter_emit`); smaller corpora take `filter_sample`'s path.
     pub filter_emit_rows: usize,
+    /// On Hopper (with `wgmma_bounds`), an engine of f32 rows with
+    /// D % 8 == 0 where filtered batches run also keeps an f16 copy of its
+    /// rows, each row scaled by a power of two (2 bytes a value and 4 a row
+    /// more on the device), and its Hopper bounds multiply that copy by the
+    /// queries rounded the same way instead of the f32 rows as TF32: half
+    /// the bytes read at twice the tensor rate, with bounds that still hold
+    /// every canonical score (docs/CONTRACTS.md §5), so the answers are the
+    /// same bit for bit. The copy is made at construction (and again after
+    /// rows change, by the next filtered chunk); where it does not fit
+    /// beside the corpus and the batch scratch, the engine keeps the TF32
+    /// bounds. `false` keeps the TF32 bounds.
+    pub shadow_bounds: bool,
     /// Threads of each query's block in a graph walk (one of
     /// [`WALK_TEAMS`]; at least the graph's largest degree), or 0 for the
     /// engine's choice by batch size. The answers do not depend on
@@ -182,6 +194,7 @@ impl Default for Tuning {
             filter_sample: 8,
             filter_emit: 64,
             filter_emit_rows: DEFAULT_FILTER_EMIT_ROWS,
+            shadow_bounds: true,
             walk_threads: 0,
             walk_seen: SeenSet::Auto,
         }

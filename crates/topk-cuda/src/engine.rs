@@ -40,6 +40,40 @@ const SCRATCH_FALLBACKS: [usize; 2] = [256 << 20, 0];
 /// (`Tuning::filter_sample`): the slots hold a quarter of the rows' bounds.
 pub(crate) const MIN_SAMPLE: usize = 4;
 
+/// The f16 copy of an engine's f32 rows that its Hopper bounds multiply
+/// (`Tuning::shadow_bounds`, docs/CONTRACTS.md §5): each row scaled by a
+/// power of two and rounded, and each row's inverse scale.
+pub(crate) struct Shadow {
+    rows: RowBuf,
+    rinv: DeviceBuffer<f32>,
+    /// Whether the copy matches the rows in use. Rows that change mark it
+    /// stale (they take `&mut` of the engine, so no search is in flight);
+    /// the next filtered chunk makes it again under this lock and waits
+    /// for it, so no search reads a copy being written.
+    fresh: Mutex<bool>,
+}
+
+impl Shadow {
+    /// Device bytes of the copy of `capacity` rows of `d` values.
+    pub(crate) fn bytes(capacity: usize, d: usize) -> usize {
+        capacity * (2 * d + 4)
+    }
+
+    /// Room for the copy of `capacity` rows of `d` values, stale.
+    pub(crate) fn alloc(capacity: usize, d: usize) -> Result<Self, CudaError> {
+        Ok(Shadow {
+            rows: RowBuf::alloc("f16 copy of the rows", Dtype::F16, capacity * d)?,
+            rinv: alloc::<f32>("row scales of the f16 copy", capacity)?,
+            fresh: Mutex::new(false),
+        })
+    }
+
+    /// Marks the copy stale: rows changed.
+    pub(crate) fn stale(&mut self) {
+        *self.fresh.get_mut().unwrap_or_else(|p| p.into_inner()) = false;
+    }
+}
+
 /// The engine: everything [`crate::CudaRetriever`] owns on the device.
 pub(crate) struct Engine {
     /// Rows in use (the resident corpus's stored rows, removed ones included).
@@ -66,6 +100,9 @@ pub(crate) struct Engine {
     pub(crate) rnorm: DeviceBuffer<f32>,
     /// Whether `rnorm` holds the rows' norms (cosine, or filtered batches).
     pub(crate) norms: bool,
+    /// The f16 copy of f32 rows for the Hopper bounds, where the engine
+    /// keeps one (`Tuning::shadow_bounds`).
+    pub(crate) shadow: Option<Shadow>,
     pub(crate) slots: Vec<Mutex<Slot>>,
     /// Rows of the resident corpus's list and allow-set scratch per slot
     /// (0 for a fixed corpus).
@@ -77,6 +114,8 @@ pub(crate) struct Engine {
     pub(crate) reruns: AtomicUsize,
     /// Filtered batch chunks whose rows the Hopper bound kernel listed.
     pub(crate) listed: AtomicUsize,
+    /// Filtered batch chunks bounded from the f16 copy of f32 rows.
+    pub(crate) shadowed: AtomicUsize,
     // Declared after the buffers that live in them: fields drop in order.
     _modules: Modules,
     ctx: Arc<Ctx>,
@@ -218,6 +257,7 @@ impl Engine {
     ) -> SlotShape {
         let tuning = &config.tuning;
         let sizes = Sizes::new(capacity, config.max_batch, tuning.batch_scratch);
+        let shadow = Self::shadow_wanted(d, dtype, config);
         let filter_list = if Planner::filter_fits(capacity, d, config) {
             sizes.chunk * CAND_CAP
         } else {
@@ -237,7 +277,76 @@ impl Engine {
             } else {
                 0
             },
+            shadow,
         }
+    }
+
+    /// Whether an engine of `d` values a row stored as `dtype` asks for the
+    /// f16 copy of its rows: f32 rows, D % 8 == 0 (the f16 products' step),
+    /// `shadow_bounds` and `wgmma_bounds` on. It keeps one where, besides,
+    /// the device runs the f16 Hopper bounds, filtered batches can run, and
+    /// the copy fits.
+    pub(crate) fn shadow_wanted(d: usize, dtype: Dtype, config: &CudaConfig) -> bool {
+        let t = &config.tuning;
+        dtype == Dtype::F32 && d % 8 == 0 && t.shadow_bounds && t.wgmma_bounds
+    }
+
+    /// Room for the f16 copy of `capacity` rows where this engine keeps
+    /// one: `None` where it does not, or where the copy's memory is not
+    /// there (the TF32 bounds serve; nothing else changes).
+    pub(crate) fn shadow_for(&self, capacity: usize) -> Result<Option<Shadow>, CudaError> {
+        if !(Self::shadow_wanted(self.d, self.dtype(), &self.config)
+            && self.kernels.shadows()
+            && Planner::filter_fits(capacity, self.d, &self.config))
+        {
+            return Ok(None);
+        }
+        match Shadow::alloc(capacity, self.d) {
+            Ok(s) => Ok(Some(s)),
+            Err(e @ CudaError::OutOfMemory { .. }) => {
+                tracing::warn!("topk-cuda: no f16 copy of the rows, TF32 bounds: {e}");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The f16 copy of the rows in use for a filtered chunk on `slot`,
+    /// made first (and waited for) where rows changed since it was last
+    /// made; `None` where the engine keeps none.
+    pub(crate) fn shadow_rows(
+        &self,
+        slot: &Slot,
+    ) -> Result<Option<launch::ShadowRows<'_>>, CudaError> {
+        let Some(sh) = &self.shadow else {
+            return Ok(None);
+        };
+        let d = self.d;
+        let copy = launch::ShadowRows {
+            rows: sh
+                .rows
+                .view()
+                .range("f16 copy of the rows", 0, self.n * d)?,
+            rinv: DevSlice::of(&sh.rinv).range("row scales of the f16 copy", 0, self.n)?,
+        };
+        let mut fresh = sh.fresh.lock().unwrap_or_else(|p| p.into_inner());
+        if !*fresh {
+            if self.n > 0 {
+                let rows = self.corpus.view().range("corpus", 0, self.n * d)?;
+                self.kernels.rows16(
+                    Queue::Stream(slot.stream.as_inner()),
+                    rows,
+                    self.n as u32,
+                    d as u32,
+                    copy,
+                )?;
+                slot.stream
+                    .synchronize()
+                    .op("cuStreamSynchronize (f16 copy of the rows)")?;
+            }
+            *fresh = true;
+        }
+        Ok(Some(copy))
     }
 
     /// The slots of `shape`, one per stream.
@@ -270,6 +379,22 @@ impl Engine {
         let dtype = rows.dtype();
         let fixed = capacity * d * dtype.bytes() + capacity * 4;
         let available = driver::free_memory()?;
+        // The f16 copy of the rows only where it fits beside the configured
+        // scratch: a full chunk reads the rows once for more queries than
+        // the copy saves.
+        if Self::shadow_wanted(d, dtype, &config) && info.compute_capability == (9, 0) {
+            let with_copy = fixed + Shadow::bytes(capacity, d);
+            let fits =
+                Self::fitting_scratch(capacity, d, dtype, &config, lists, with_copy, available)
+                    .is_some_and(|(scratch, _)| scratch == config.tuning.batch_scratch);
+            if !fits {
+                tracing::info!(
+                    available,
+                    "topk-cuda: no room for the f16 copy of the rows; TF32 bounds"
+                );
+                config.tuning.shadow_bounds = false;
+            }
+        }
         let Some((scratch, shape)) =
             Self::fitting_scratch(capacity, d, dtype, &config, lists, fixed, available)
         else {
@@ -291,7 +416,12 @@ impl Engine {
         }
         let tuning = &config.tuning;
         let (sizes, filter_list) = (shape.sizes, shape.filter_list);
-        let modules = Modules::load(info.compute_capability, tuning.wgmma_bounds, dtype)?;
+        let modules = Modules::load(
+            info.compute_capability,
+            tuning.wgmma_bounds,
+            dtype,
+            Self::shadow_wanted(d, dtype, &config),
+        )?;
         let kernels = Kernels::load(&modules, info.multiprocessors)?;
         let modules_s = started.elapsed().as_secs_f64();
         let score_plan = kernels.prepare_score(metric, d)?;
@@ -324,19 +454,8 @@ impl Engine {
                 .synchronize()
                 .op("cuStreamSynchronize (row norms)")?;
         }
-        tracing::info!(
-            n,
-            d,
-            %metric,
-            streams = config.streams,
-            ?sizes,
-            modules_s,
-            upload_s,
-            secs = started.elapsed().as_secs_f64(),
-            "topk-cuda engine ready"
-        );
         let planner = Planner::new(n, d, &config, search_grid.is_some());
-        Ok(Engine {
+        let mut engine = Engine {
             n,
             capacity,
             d,
@@ -352,6 +471,7 @@ impl Engine {
             corpus,
             rnorm,
             norms,
+            shadow: None,
             slots,
             lists,
             map_results,
@@ -359,9 +479,28 @@ impl Engine {
             next: AtomicUsize::new(0),
             reruns: AtomicUsize::new(0),
             listed: AtomicUsize::new(0),
+            shadowed: AtomicUsize::new(0),
             _modules: modules,
             ctx,
-        })
+        };
+        engine.shadow = engine.shadow_for(capacity)?;
+        if engine.shadow.is_some() && n > 0 {
+            let slot = engine.slot()?;
+            engine.shadow_rows(&slot)?;
+        }
+        tracing::info!(
+            n,
+            d,
+            %metric,
+            shadow = engine.shadow.is_some(),
+            streams = engine.config.streams,
+            ?sizes,
+            modules_s,
+            upload_s,
+            secs = started.elapsed().as_secs_f64(),
+            "topk-cuda engine ready"
+        );
+        Ok(engine)
     }
 
     /// How the corpus stores its values.
@@ -383,6 +522,12 @@ impl Engine {
     }
     pub(crate) fn filter_listed(&self) -> usize {
         self.listed.load(Ordering::Relaxed)
+    }
+    pub(crate) fn filter_shadowed(&self) -> usize {
+        self.shadowed.load(Ordering::Relaxed)
+    }
+    pub(crate) fn shadow_bounds(&self) -> bool {
+        self.shadow.is_some()
     }
     pub(crate) fn config(&self) -> &CudaConfig {
         &self.config

@@ -135,7 +135,11 @@ impl Engine {
         let half = HalfQueries {
             values: slot.q16.view(),
             inv: DevSlice::of(&slot.q16_inv),
+            shadow: self.shadow_rows(slot)?,
         };
+        if half.shadow.is_some() {
+            self.shadowed.fetch_add(1, Ordering::Relaxed);
+        }
         let plan = match allow {
             Some(_) => None,
             None if self.n < self.config.tuning.filter_emit_rows => None,

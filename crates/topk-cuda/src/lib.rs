@@ -264,6 +264,19 @@ impl CudaRetriever {
         self.engine.filter_listed()
     }
 
+    /// Chunks of filtered batches whose bounds came from the f16 copy of
+    /// the f32 rows (`Tuning::shadow_bounds`), since construction.
+    pub fn filter_shadowed(&self) -> usize {
+        self.engine.filter_shadowed()
+    }
+
+    /// Whether the engine keeps an f16 copy of its f32 rows for the Hopper
+    /// bounds (`Tuning::shadow_bounds`: on Hopper, where filtered batches
+    /// run, D % 8 == 0 and the copy fits).
+    pub fn shadow_bounds(&self) -> bool {
+        self.engine.shadow_bounds()
+    }
+
     /// The device the corpus lives on.
     pub fn info(&self) -> &DeviceInfo {
         self.engine.info()

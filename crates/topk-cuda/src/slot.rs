@@ -113,17 +113,34 @@ pub(crate) struct SlotShape {
     pub(crate) dtype: Dtype,
     /// Sampled lower bounds a filtered chunk's query holds (0: none).
     pub(crate) sampled: usize,
+    /// Whether f32 rows may have their Hopper bounds from an f16 copy
+    /// (`Tuning::shadow_bounds`), whose queries are f16 too.
+    pub(crate) shadow: bool,
 }
 
 impl SlotShape {
     /// Queries whose half operands a slot holds: a filtered chunk's where
-    /// the rows are a half type, none otherwise.
+    /// the rows are a half type or have an f16 copy, none otherwise.
     fn half_queries(&self) -> usize {
-        if self.dtype == Dtype::F32 || self.filter_list == 0 {
+        if (self.dtype == Dtype::F32 && !self.shadow) || self.filter_list == 0 {
             0
         } else {
             self.sizes.chunk
         }
+    }
+
+    /// The type of those half operands: the rows', or f16 for the copy of
+    /// f32 rows.
+    fn half_dtype(&self) -> Dtype {
+        match self.dtype {
+            Dtype::F32 => Dtype::F16,
+            half => half,
+        }
+    }
+
+    /// Bytes of a half query value.
+    fn half_bytes(&self) -> usize {
+        self.half_dtype().bytes()
     }
 
     /// Device bytes one slot needs, for the up-front memory check.
@@ -143,7 +160,7 @@ impl SlotShape {
             + (self.sizes.turn_chunks() + staged) * 4
             + self.lists * 12
             + compact_rows(self.lists, d) * (d * self.dtype.bytes() + 4)
-            + self.half_queries() * (d * self.dtype.bytes() + 4)
+            + self.half_queries() * (d * self.half_bytes() + 4)
             + chunk * self.sampled * 4
             + chunk * self.lists.div_ceil(64) * 8
     }
@@ -192,6 +209,7 @@ impl Slot {
             lists,
             dtype,
             sampled,
+            shadow: _,
         } = *shape;
         let Sizes { staged, chunk } = sizes;
         let allow_words = chunk * lists.div_ceil(64);
@@ -213,7 +231,7 @@ impl Slot {
             fcount: alloc("filter counts", counts)?,
             fcount_host: pinned(counts)?,
             fsample: alloc("sampled lower bounds", chunk * sampled)?,
-            q16: RowBuf::alloc("half queries", dtype, shape.half_queries() * d)?,
+            q16: RowBuf::alloc("half queries", shape.half_dtype(), shape.half_queries() * d)?,
             q16_inv: alloc("half query scales", shape.half_queries())?,
             q_host: pinned(staged * d)?,
             out_host: pinned(staged * (max_k + 1))?,

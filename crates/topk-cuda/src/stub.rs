@@ -63,6 +63,12 @@ impl Engine {
     pub(crate) fn filter_listed(&self) -> usize {
         match *self {}
     }
+    pub(crate) fn filter_shadowed(&self) -> usize {
+        match *self {}
+    }
+    pub(crate) fn shadow_bounds(&self) -> bool {
+        match *self {}
+    }
     pub(crate) fn info(&self) -> &DeviceInfo {
         match *self {}
     }

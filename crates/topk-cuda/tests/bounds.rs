@@ -8,6 +8,12 @@
 //! query scaled and rounded to the same type), must give the oracle's bytes
 //! over the same store.
 //!
+//! f32 rows on Hopper have their bounds from an f16 copy of the rows, each
+//! row scaled by a power of two (`Tuning::shadow_bounds`): the property test
+//! turns it on and off, and a corpus of rows of every magnitude (rows whose
+//! largest value lies outside the copy's band, subnormal values, rows mixing
+//! values 2^28 apart) holds it to the oracle.
+//!
 //! Device cases skip with a printed reason where there is no device, and
 //! fail instead under `TOPK_REQUIRE_GPU=1`. `TOPK_GPU_CASES` sets the number
 //! of property cases (default 24).
@@ -88,11 +94,13 @@ fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
     filtered_as(wgmma, small_chunks, true)
 }
 
-/// What a checked batch did: chunks run again on the canonical path, and
-/// chunks whose rows the Hopper bound kernel listed.
+/// What a checked batch did: chunks run again on the canonical path,
+/// chunks whose rows the Hopper bound kernel listed, and chunks bounded
+/// from the f16 copy of f32 rows.
 struct Counts {
     reruns: usize,
     listed: usize,
+    shadowed: usize,
 }
 
 /// Every query of the batch against the oracle over the same store (`data`
@@ -143,6 +151,7 @@ fn check_counts(
     Ok(Counts {
         reruns: gpu.filter_reruns(),
         listed: gpu.filter_listed(),
+        shadowed: gpu.filter_shadowed(),
     })
 }
 
@@ -168,20 +177,27 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
         1usize..200,
         prop::sample::select(vec![1usize, 10, 100, 200, 1000, 1024]),
         0usize..3,
-        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        ),
         prop::sample::select(vec![Dtype::F32, Dtype::F16, Dtype::Bf16]),
     );
     runner
         .run(&strategy, |(seed, n, d, e, dup, nq, k, m, flags, dtype)| {
-            let (wgmma, small, sample, list) = flags;
+            let (wgmma, small, sample, list, shadow) = flags;
             let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
             let data = near_ties(seed, n, d, e, dup);
             let qs = queries(seed, nq, d, &data);
             let ctx = format!(
                 "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} {dtype} wgmma {wgmma} \
-                 small {small} sample {sample} list {list}"
+                 small {small} sample {sample} list {list} shadow {shadow}"
             );
-            let config = filtered_with(wgmma, small, sample, list);
+            let mut config = filtered_with(wgmma, small, sample, list);
+            config.tuning.shadow_bounds = shadow;
             check(&data, d, dtype, metric, config, &qs, k, &ctx)
                 .map(|_| ())
                 .map_err(TestCaseError::fail)
@@ -340,5 +356,83 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         )
         .expect("near ties");
         assert!(got.reruns > 0, "{ctx}: an overflowing list must run again");
+    }
+}
+
+/// `data` (rows of `d` values) with row r scaled by 2^e_r: mostly within
+/// the f16 copy's band (largest value in [2^-60, 2^50)), every 997th row
+/// below it (down to subnormal values), and every 13th row with its odd
+/// columns 2^-28 of the others (values the copy holds as f16 subnormals).
+fn every_magnitude(data: &mut [f32], d: usize, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let below = [-61, -75, -100, -135];
+    for (r, row) in data.chunks_exact_mut(d).enumerate() {
+        let e = if r % 997 == 5 {
+            below[(r / 997) % below.len()]
+        } else {
+            rng.random_range(-59..44)
+        };
+        let scale = 2f64.powi(e);
+        for (c, v) in row.iter_mut().enumerate() {
+            let mixed = if r % 13 == 0 && c % 2 == 1 {
+                2f64.powi(-28)
+            } else {
+                1.0
+            };
+            *v = (*v as f64 * scale * mixed) as f32;
+        }
+    }
+}
+
+#[test]
+fn f32_rows_of_every_magnitude_have_f16_bounds_that_hold_every_score() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let hopper = hopper();
+    if !hopper {
+        println!("no Hopper bounds on this device: the f16 copy is not made, other paths run");
+    }
+    let (n, d) = (40_000, 64);
+    // Spread rows (their bounds separate the top K) and near ties (long
+    // lists), each row scaled by its own power of two: cosine does not see
+    // the scales, dot and l2 do.
+    for (spread, e) in [(true, -2), (false, 6)] {
+        let mut data = near_ties(31 + e as u64, n, d, e, 0);
+        every_magnitude(&mut data, d, 32);
+        let mut qs = queries(33, 130, d, &data);
+        for (i, q) in qs.chunks_exact_mut(d).enumerate() {
+            let s = [1.0f32, 2f32.powi(-50), 2f32.powi(30)][i % 3];
+            q.iter_mut().for_each(|v| *v *= s);
+        }
+        for (metric, k, list) in [
+            (Metric::Cosine, 100, true),
+            (Metric::Dot, 10, true),
+            (Metric::L2, 100, true),
+            (Metric::Cosine, 10, false),
+        ] {
+            let ctx = format!("spread {spread} {metric} k {k} list {list}");
+            let config = filtered_with(true, false, true, list);
+            let got = check_counts(&data, d, Dtype::F32, metric, config, &qs, k, &ctx)
+                .expect("every magnitude");
+            if hopper {
+                assert!(
+                    got.shadowed > 0,
+                    "{ctx}: no chunk bounded from the f16 copy"
+                );
+                if spread {
+                    assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
+                }
+            } else {
+                assert_eq!(got.shadowed, 0, "{ctx}: an f16 copy without Hopper bounds");
+            }
+            // The TF32 bounds of the same rows: the same bytes (both are
+            // the oracle's).
+            let mut tf32 = filtered_with(true, false, true, list);
+            tf32.tuning.shadow_bounds = false;
+            let got = check_counts(&data, d, Dtype::F32, metric, tf32, &qs, k, &ctx)
+                .expect("TF32 bounds");
+            assert_eq!(got.shadowed, 0, "{ctx}: f16 copy with shadow_bounds off");
+        }
     }
 }

@@ -57,16 +57,16 @@ fn check_aligned(ops: &Operands<'_>) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// The tensor maps of a Hopper bound kernel: the `nq` queries at
-/// `queries` (of the rows' width) and every 2^`rshift`-th row of the
-/// operands' corpus, with the count of those rows.
+/// The tensor maps of a Hopper bound kernel: the `nq` queries and every
+/// 2^`rshift`-th row that `bq` multiplies (the operands' corpus, or its
+/// f16 copy), with the count of those rows.
 fn maps90(
     ops: &Operands<'_>,
-    queries: DPtr,
+    bq: BoundQueries,
     rshift: u32,
 ) -> Result<(TensorMap, TensorMap, u32), CudaError> {
     let (n, d, nq) = (ops.n as usize, ops.d as usize, ops.nq as usize);
-    let width = ops.corpus.width();
+    let (queries, width) = (bq.ptr, bq.width);
     let rows = n.div_ceil(1 << rshift);
     let qmap = TensorMap::tiled(
         "queries of the Hopper bounds",
@@ -78,7 +78,7 @@ fn maps90(
     )?;
     let cmap = TensorMap::tiled_every(
         "rows of the Hopper bounds",
-        ops.corpus.ptr(),
+        bq.rows,
         rows,
         d,
         width,
@@ -110,7 +110,7 @@ fn approx90_run(
     rshift: u32,
 ) -> Result<(), CudaError> {
     let (d, nq) = (ops.d, ops.nq);
-    let (qmap, cmap, n) = maps90(ops, bq.ptr, rshift)?;
+    let (qmap, cmap, n) = maps90(ops, bq, rshift)?;
     scores.need("lower bounds", nq as usize * n as usize)?;
     kernel_args!(
         args = [
@@ -122,6 +122,7 @@ fn approx90_run(
             nq,
             qnorm = ops.qnorm.ptr(),
             qinv = bq.inv,
+            rinv = bq.rinv,
             scores = scores.ptr(),
             sub = sampled.bounds.ptr(),
             shift = sampled.shift,
@@ -130,20 +131,36 @@ fn approx90_run(
     );
     let launch = launch90("topk_approx90", f[metric_slot(metric)], nq, n);
     // SAFETY: the parameter list of topk_approx90_* (two tensor maps by
-    // value, then the norms, sizes, inverse scales, bounds, the norms'
-    // stride); the maps cover exactly the queries and rows the caller
-    // checked (every 2^rshift-th row below n, whose norms rnorm holds), the
+    // value, then the norms, sizes, the queries' and rows' inverse scales,
+    // bounds, the norms' stride); the maps cover exactly the queries and
+    // rows the caller checked (every 2^rshift-th row below n, whose norms
+    // rnorm holds, and whose scales rinv holds where it is not null), the
     // bound buffers were checked above and by the caller; the dynamic shared
     // memory was allowed at load.
     unsafe { launch.run(q, &mut args) }
 }
 
-/// The queries a Hopper bound kernel multiplies: the f32 queries (`inv`
-/// 0), or their half operands and inverse scales.
+/// The operands a Hopper bound kernel multiplies: the f32 queries (`inv`
+/// 0), or their half operands and inverse scales; and the rows (`width`
+/// bytes a value): the stored rows (`rinv` 0), or the f16 copy of f32 rows
+/// with each row's inverse scale (`shadow`).
 #[derive(Clone, Copy)]
 pub(crate) struct BoundQueries {
     ptr: DPtr,
     inv: DPtr,
+    rows: DPtr,
+    width: usize,
+    rinv: DPtr,
+    shadow: bool,
+}
+
+/// The f16 copy of an engine's f32 rows (`Tuning::shadow_bounds`): `rows`,
+/// each row scaled by a power of two and rounded (`topk_rows16`), and each
+/// row's inverse scale (`rinv`, NaN for a row always listed).
+#[derive(Clone, Copy)]
+pub(crate) struct ShadowRows<'a> {
+    pub(crate) rows: Rows<'a>,
+    pub(crate) rinv: DevSlice<'a, f32>,
 }
 
 /// Where the Hopper listing puts a chunk's rows: room for `cap` of them a
@@ -174,6 +191,9 @@ impl Emitted<'_> {
 pub(crate) struct HalfQueries<'a> {
     pub(crate) values: Rows<'a>,
     pub(crate) inv: DevSlice<'a, f32>,
+    /// The f16 copy of f32 rows that the bounds multiply instead of them,
+    /// where the engine keeps one (and it is up to date).
+    pub(crate) shadow: Option<ShadowRows<'a>>,
 }
 
 /// Where a filtered chunk's bound kernel also writes the lower bounds of
@@ -260,23 +280,44 @@ impl Kernels {
         let Some(f) = self.approx90 else {
             return Ok(None);
         };
-        match (ops.corpus.width(), self.queries16) {
-            (4, _) => Ok(Some((
-                f,
-                BoundQueries {
-                    ptr: ops.queries.ptr(),
-                    inv: 0,
-                },
-            ))),
-            (2, Some(prep)) if ops.d % 8 == 0 => {
-                self.queries_half(q, ops, prep, h)?;
+        let stored = |ptr: DPtr, inv: DPtr| BoundQueries {
+            ptr,
+            inv,
+            rows: ops.corpus.ptr(),
+            width: ops.corpus.width(),
+            rinv: 0,
+            shadow: false,
+        };
+        match (ops.corpus.width(), self.queries16, self.shadow90, h.shadow) {
+            (4, _, Some(sh), Some(copy)) if ops.d % 8 == 0 => {
+                let values = ops.n as usize * ops.d as usize;
+                copy.rows.need("f16 copy of the rows", values)?;
+                copy.rinv
+                    .need("row scales of the f16 copy", ops.n as usize)?;
+                if copy.rows.width() != 2 || copy.rows.ptr() % 16 != 0 {
+                    return Err(CudaError::InvalidOption {
+                        name: "f16 copy of the rows",
+                        value: copy.rows.width(),
+                        reason: "must be 2-byte values, 16-byte aligned",
+                    });
+                }
+                self.queries_half(q, ops, sh.queries16, h)?;
                 Ok(Some((
-                    f,
+                    sh.approx90,
                     BoundQueries {
                         ptr: h.values.ptr(),
                         inv: h.inv.ptr(),
+                        rows: copy.rows.ptr(),
+                        width: 2,
+                        rinv: copy.rinv.ptr(),
+                        shadow: true,
                     },
                 )))
+            }
+            (4, ..) => Ok(Some((f, stored(ops.queries.ptr(), 0)))),
+            (2, Some(prep), ..) if ops.d % 8 == 0 => {
+                self.queries_half(q, ops, prep, h)?;
+                Ok(Some((f, stored(h.values.ptr(), h.inv.ptr()))))
             }
             _ => Ok(None),
         }
@@ -335,7 +376,12 @@ impl Kernels {
         e.check(ops.nq)?;
         sel.need("sample results", ops.nq as usize * (k as usize + 1))?;
         flag.need("filter flag", 1)?;
-        let Some(f) = self.emit90 else {
+        let f = match (bq.shadow, self.shadow90) {
+            (true, Some(sh)) => Some(sh.emit90),
+            (true, None) => None,
+            (false, _) => self.emit90,
+        };
+        let Some(f) = f else {
             return Err(CudaError::InvalidOption {
                 name: "Hopper listing",
                 value: ops.corpus.width(),
@@ -343,7 +389,7 @@ impl Kernels {
             });
         };
         let (d, nq) = (ops.d, ops.nq);
-        let (qmap, cmap, n) = maps90(ops, bq.ptr, 0)?;
+        let (qmap, cmap, n) = maps90(ops, bq, 0)?;
         kernel_args!(
             args = [
                 qmap,
@@ -354,6 +400,7 @@ impl Kernels {
                 nq,
                 qnorm = ops.qnorm.ptr(),
                 qinv = bq.inv,
+                rinv = bq.rinv,
                 sel = sel.ptr(),
                 k,
                 lo = e.lo.ptr(),
@@ -365,7 +412,8 @@ impl Kernels {
         );
         let launch = launch90("topk_emit90", f[metric_slot(metric)], nq, n);
         // SAFETY: the parameter list of topk_emit90_* (two tensor maps by
-        // value, the norms, sizes, inverse scales, the sample's results, k,
+        // value, the norms, sizes, the queries' and rows' inverse scales
+        // (rinv null, or checked for n rows with the copy), the sample's results, k,
         // the listing's room and counts, the flag); the maps cover the
         // checked queries and rows, every buffer was checked above (the
         // kernel writes at most cap entries a query); the dynamic shared
@@ -386,11 +434,11 @@ impl Kernels {
         let count = nq as usize * d as usize;
         h.values.need("half queries", count)?;
         h.inv.need("query scales", nq as usize)?;
-        if h.values.width() != ops.corpus.width() {
+        if h.values.width() != 2 {
             return Err(CudaError::CountMismatch {
                 what: "bytes per half query value",
                 got: h.values.width(),
-                expected: ops.corpus.width(),
+                expected: 2,
             });
         }
         if h.values.ptr() % 16 != 0 {
@@ -419,6 +467,57 @@ impl Kernels {
         // SAFETY: the parameter list of topk_queries16; nq × d queries (the
         // operands' check) and room for as many values and nq scales
         // (checked above).
+        unsafe { convert.run(q, &mut args) }
+    }
+
+    /// Whether f32 rows can have their Hopper bounds from an f16 copy (the
+    /// f16 build of the bounds is loaded).
+    pub(crate) fn shadows(&self) -> bool {
+        self.shadow90.is_some()
+    }
+
+    /// Queues the f16 copy of `n` f32 rows of `d` values (`topk_rows16`)
+    /// into `out`: each row scaled by a power of two and rounded, and its
+    /// inverse scale.
+    pub(crate) fn rows16(
+        &self,
+        q: Queue<'_>,
+        rows: Rows<'_>,
+        n: u32,
+        d: u32,
+        out: ShadowRows<'_>,
+    ) -> Result<(), CudaError> {
+        let Some(sh) = self.shadow90 else {
+            return Err(CudaError::InvalidOption {
+                name: "f16 copy of the rows",
+                value: rows.width(),
+                reason: "needs the f16 Hopper bounds (compute capability 9.0)",
+            });
+        };
+        let values = n as usize * d as usize;
+        let rows = rows.as_f32("rows of the f16 copy")?;
+        rows.need("rows of the f16 copy", values)?;
+        out.rows.need("f16 copy of the rows", values)?;
+        out.rinv.need("row scales of the f16 copy", n as usize)?;
+        if out.rows.width() != 2 {
+            return Err(CudaError::CountMismatch {
+                what: "bytes per value of the f16 copy",
+                got: out.rows.width(),
+                expected: 2,
+            });
+        }
+        let (copy, scales) = (out.rows.ptr(), out.rinv.ptr());
+        kernel_args!(args = [rows = rows.ptr(), n, d, copy, scales]);
+        let warps = QUERIES16_THREADS / 32;
+        let convert = Launch::new(
+            "topk_rows16",
+            sh.rows16,
+            (n.div_ceil(warps).clamp(1, 65_535), 1),
+            QUERIES16_THREADS,
+        );
+        // SAFETY: the parameter list of topk_rows16; n × d f32 rows, room
+        // for as many 2-byte values and n scales (checked above); the
+        // kernel's warps stride over the rows past its grid.
         unsafe { convert.run(q, &mut args) }
     }
 

@@ -37,7 +37,7 @@ pub(crate) use copy::{
     d2d, d2d_2d, d2d_sync, d2h, fill_neg_inf, h2d, h2d_staged, h2d_sync, h2d_upload, zero32,
     zero_async, zero_sync, STAGED_MIN_BYTES,
 };
-pub(crate) use filter::{Emitted, HalfQueries, Sampled};
+pub(crate) use filter::{Emitted, HalfQueries, Sampled, ShadowRows};
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use prune::{PruneArgs, SetListsArgs, PRUNE_MAX_CANDS, PRUNE_MAX_CAP};
 pub(crate) use rows::FROM_B;
@@ -129,6 +129,16 @@ macro_rules! kernel_args {
 }
 pub(crate) use kernel_args;
 
+/// The f16 build of the Hopper bounds that an engine of f32 rows runs over
+/// its f16 copy of them (`Tuning::shadow_bounds`, docs/CONTRACTS.md §5).
+#[derive(Clone, Copy)]
+pub(crate) struct Shadow90 {
+    approx90: [cu::CUfunction; 3],
+    emit90: [cu::CUfunction; 3],
+    queries16: cu::CUfunction,
+    rows16: cu::CUfunction,
+}
+
 /// Function handles of the loaded modules.
 pub(crate) struct Kernels {
     /// Single query, D % 4 == 0 (16-byte copies).
@@ -156,6 +166,9 @@ pub(crate) struct Kernels {
     /// The half operands of the queries of those bounds (`topk_queries16`),
     /// where the rows are a half type.
     queries16: Option<cu::CUfunction>,
+    /// The f16 build's Hopper bounds, for the f16 copy of f32 rows
+    /// (`Tuning::shadow_bounds`), where it is loaded.
+    shadow90: Option<Shadow90>,
     filter: [cu::CUfunction; 3],
     /// The listing over the rows `topk_emit90_*` listed.
     filter_emitted: [cu::CUfunction; 3],
@@ -468,6 +481,9 @@ pub(crate) struct Modules {
     /// Loaded only on a device of compute capability 9.0 (its PTX is
     /// built for `sm_90a`).
     filter90: Option<Module>,
+    /// The f16 build of `filter90`, for the f16 copy of f32 rows; loaded
+    /// only beside an f32 `filter90` when the engine keeps that copy.
+    shadow90: Option<Module>,
     rows: Module,
     walk: Module,
     /// The storage type of the row families loaded.
@@ -490,10 +506,11 @@ impl Modules {
         compute_capability: (i32, i32),
         wgmma: bool,
         dtype: Dtype,
+        shadow: bool,
     ) -> Result<Self, CudaError> {
         use crate::ptx;
         // The row families in the build for the corpus's storage type.
-        let rows_of = |family: &'static str| -> Result<Module, CudaError> {
+        let build_of = |family: &'static str, dtype: Dtype| -> Result<Module, CudaError> {
             let name = ptx::build_name(family, dtype.as_str());
             let text = ptx::ptx_of(&name).ok_or(CudaError::ModuleLoad {
                 module: family,
@@ -501,6 +518,7 @@ impl Modules {
             })?;
             load_module(family, text)
         };
+        let rows_of = |family: &'static str| build_of(family, dtype);
         // The Hopper bounds are an option: a driver that cannot compile
         // their PTX leaves the engine on mma.sync, with a warning. Their
         // build for the storage type multiplies f32 rows as TF32, half rows
@@ -514,9 +532,21 @@ impl Modules {
         } else {
             None
         };
+        // The f16 build beside the f32 one, for the rows' f16 copy; without
+        // it the f32 rows keep their TF32 bounds.
+        let shadow90 = if shadow && dtype == Dtype::F32 && filter90.is_some() {
+            build_of("filter90", Dtype::F16)
+                .inspect_err(|e| {
+                    tracing::warn!("topk-cuda: f16 bounds of f32 rows not loaded: {e}")
+                })
+                .ok()
+        } else {
+            None
+        };
         Ok(Modules {
             dtype,
             filter90,
+            shadow90,
             norms: rows_of("norms")?,
             single: rows_of("score_single")?,
             batch: rows_of("score_batch")?,
@@ -540,6 +570,7 @@ impl Kernels {
             select,
             filter,
             filter90,
+            shadow90,
             rows,
             walk,
             dtype,
@@ -562,6 +593,22 @@ impl Kernels {
                 (Some(f), Some(e), q16)
             }
             None => (None, None, None),
+        };
+        let shadow90 = match shadow90 {
+            Some(m) => {
+                let approx90 = family!(m, "topk_approx90");
+                let emit90 = family!(m, "topk_emit90");
+                for &k in approx90.iter().chain(&emit90) {
+                    allow_shared(k, filter::APPROX90_SMEM)?;
+                }
+                Some(Shadow90 {
+                    approx90,
+                    emit90,
+                    queries16: function(m, "topk_queries16")?,
+                    rows16: function(m, "topk_rows16")?,
+                })
+            }
+            None => None,
         };
         for (f, dynamic) in [
             (select_small, select::small_smem(select::STASH_ROWS)),
@@ -586,6 +633,7 @@ impl Kernels {
             approx90,
             emit90,
             queries16,
+            shadow90,
             filter: family!(filter, "topk_filter"),
             filter_emitted: family!(filter, "topk_filter_emitted"),
             rescore: family!(filter, "topk_rescore"),

@@ -73,7 +73,7 @@ fn every_kernel_the_host_loads_is_an_entry_of_its_ptx() {
         (
             "filter90.f16",
             ptx::ptx_of("filter90.f16").unwrap_or_default(),
-            filter90_half.clone(),
+            [filter90_half.clone(), vec!["topk_rows16".into()]].concat(),
         ),
         (
             "filter90.bf16",

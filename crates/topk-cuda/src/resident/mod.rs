@@ -580,6 +580,8 @@ pub(crate) struct Growth {
     norms: bool,
     slots: Vec<std::sync::Mutex<Slot>>,
     sizes: crate::slot::Sizes,
+    /// Room for the f16 copy of the rows, where the engine keeps one.
+    shadow: Option<crate::engine::Shadow>,
 }
 
 impl Engine {
@@ -587,6 +589,9 @@ impl Engine {
     /// slots' query graphs (captured with the old rows and buffers) dropped.
     pub(crate) fn set_rows(&mut self, n: usize) {
         self.n = n;
+        if let Some(shadow) = &mut self.shadow {
+            shadow.stale();
+        }
         self.planner = Planner::new(n, self.dim(), &self.config, self.search_grid.is_some());
         for slot in &mut self.slots {
             let slot = slot.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -610,12 +615,14 @@ impl Engine {
             self.map_results,
             self.map_queries,
         )?;
+        let shadow = self.shadow_for(capacity)?;
         Ok(Some(Growth {
             capacity,
             rnorm,
             norms,
             slots,
             sizes: shape.sizes,
+            shadow,
         }))
     }
 
@@ -633,5 +640,7 @@ impl Engine {
         self.norms = g.norms;
         self.slots = g.slots;
         self.sizes = g.sizes;
+        // Stale until the next filtered chunk makes it.
+        self.shadow = g.shadow;
     }
 }
