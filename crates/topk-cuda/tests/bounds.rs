@@ -400,13 +400,22 @@ fn f32_rows_of_every_magnitude_have_f16_bounds_that_hold_every_score() {
     for (spread, e) in [(true, -2), (false, 6)] {
         let mut data = near_ties(31 + e as u64, n, d, e, 0);
         every_magnitude(&mut data, d, 32);
-        // Queries scaled too, but not so far down that cosine's absolute
-        // term (2^-100 over the norms' product) lists every row below
-        // 2^-45 and the lists overflow (exact still, but run again).
+        // Queries (random, or rows of the corpus: every third) brought to
+        // a largest value in [1, 2), then scaled by 1, 2^-20 or 2^30; not
+        // further down, where cosine's absolute term (2^-100 over the
+        // norms' product) lists every row for a query and the lists
+        // overflow (exact still, but run again).
         let mut qs = queries(33, 130, d, &data);
         for (i, q) in qs.chunks_exact_mut(d).enumerate() {
-            let s = [1.0f32, 2f32.powi(-20), 2f32.powi(30)][i % 3];
-            q.iter_mut().for_each(|v| *v *= s);
+            let m = q.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
+            let unit = if m > 0.0 {
+                2f64.powi(-m.log2().floor() as i32)
+            } else {
+                1.0
+            };
+            let s = [1.0, 2f64.powi(-20), 2f64.powi(30)][(i / 3) % 3];
+            q.iter_mut()
+                .for_each(|v| *v = (*v as f64 * unit * s) as f32);
         }
         for (metric, k, list) in [
             (Metric::Cosine, 100, true),
