@@ -136,6 +136,8 @@ pub struct Tuning {
     /// beside the corpus and the batch scratch, the engine keeps the TF32
     /// bounds. `false` keeps the TF32 bounds.
     pub shadow_bounds: bool,
+    /// Fewest values a row (D) for which `shadow_bounds` makes the copy.
+    pub shadow_min_dim: usize,
     /// Threads of each query's block in a graph walk (one of
     /// [`WALK_TEAMS`]; at least the graph's largest degree), or 0 for the
     /// engine's choice by batch size. The answers do not depend on
@@ -195,6 +197,7 @@ impl Default for Tuning {
             filter_emit: 64,
             filter_emit_rows: DEFAULT_FILTER_EMIT_ROWS,
             shadow_bounds: true,
+            shadow_min_dim: DEFAULT_SHADOW_MIN_DIM,
             walk_threads: 0,
             walk_seen: SeenSet::Auto,
         }
@@ -220,6 +223,13 @@ pub const DEFAULT_FILTER_QUERIES: usize = 64;
 /// sampled path at 1M rows, even at 500k and 10-33 % slower at 50k-100k
 /// (`bench/gpu/NOTES.md`, "The Hopper listing").
 pub const DEFAULT_FILTER_EMIT_ROWS: usize = 500_000;
+
+/// Default of `Tuning::shadow_min_dim`: measured on an H100 (Q = 256,
+/// K = 100, one call), the f16 copy's bounds are level with the TF32 ones
+/// at D = 384 (50k-1M rows, within 5 % either way) and 9-14 % faster at
+/// D = 768 and 1024 at 1M rows (`bench/gpu/NOTES.md`, "The f16 copy of
+/// f32 rows"), so only D >= 768 spends the copy's memory.
+pub const DEFAULT_SHADOW_MIN_DIM: usize = 768;
 
 /// Default of `Tuning::fuse_rows`: where one block reading every score
 /// twice still costs less than a second launch.

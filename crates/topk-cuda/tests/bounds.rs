@@ -72,6 +72,8 @@ fn queries(seed: u64, nq: usize, d: usize, corpus: &[f32]) -> Vec<f32> {
 fn filtered_with(wgmma: bool, small_chunks: bool, sample: bool, list: bool) -> CudaConfig {
     let mut c = CudaConfig::for_path(PlanPath::FilteredBatch);
     c.tuning.wgmma_bounds = wgmma;
+    // The f16 copy of f32 rows at every D the copy takes (D % 8 == 0).
+    c.tuning.shadow_min_dim = 0;
     if !sample {
         c.tuning.filter_sample = 1;
     }
