@@ -204,6 +204,62 @@ pub(crate) struct Sampled<'a> {
     pub(crate) shift: u32,
 }
 
+/// Queues `f`, a `w9_halves` kernel (`topk_queries16`, `topk_rows16`; a
+/// warp a vector), over `count` f32 vectors of `d` values at `src`: each
+/// vector scaled by a power of two and rounded into `out` (2-byte values,
+/// 16-byte aligned for the copy engine that reads them), its inverse scale
+/// into `inv`. `names` is the kernel's name and what `out` holds.
+fn halves(
+    q: Queue<'_>,
+    names: (&'static str, &'static str),
+    f: cu::CUfunction,
+    src: DevSlice<'_, f32>,
+    (count, d): (u32, u32),
+    out: Rows<'_>,
+    inv: DevSlice<'_, f32>,
+) -> Result<(), CudaError> {
+    let (op, what) = names;
+    let values = count as usize * d as usize;
+    src.need(what, values)?;
+    out.need(what, values)?;
+    inv.need("inverse scales of half values", count as usize)?;
+    if out.width() != 2 {
+        return Err(CudaError::CountMismatch {
+            what: "bytes per half value",
+            got: out.width(),
+            expected: 2,
+        });
+    }
+    if out.ptr() % 16 != 0 {
+        return Err(CudaError::InvalidOption {
+            name: what,
+            value: out.ptr() as usize,
+            reason: "the copy engine needs a 16-byte aligned buffer",
+        });
+    }
+    kernel_args!(
+        args = [
+            vectors = src.ptr(),
+            count,
+            d,
+            values = out.ptr(),
+            scales = inv.ptr()
+        ]
+    );
+    let warps = QUERIES16_THREADS / 32;
+    let convert = Launch::new(
+        op,
+        f,
+        (count.div_ceil(warps).clamp(1, 65_535), 1),
+        QUERIES16_THREADS,
+    );
+    // SAFETY: the parameter list of topk_queries16 / topk_rows16 (vectors,
+    // count, d, values, scales); count × d f32 values at src, room for as
+    // many 2-byte values and count scales (checked above); the kernel's
+    // warps stride over the vectors past its grid.
+    unsafe { convert.run(q, &mut args) }
+}
+
 impl Kernels {
     /// Lower bounds of the canonical scores of the queries against the
     /// corpus, from tensor cores, into `ops.scores` (every norm read).
@@ -430,44 +486,15 @@ impl Kernels {
         prep: cu::CUfunction,
         h: HalfQueries<'_>,
     ) -> Result<(), CudaError> {
-        let (d, nq) = (ops.d, ops.nq);
-        let count = nq as usize * d as usize;
-        h.values.need("half queries", count)?;
-        h.inv.need("query scales", nq as usize)?;
-        if h.values.width() != 2 {
-            return Err(CudaError::CountMismatch {
-                what: "bytes per half query value",
-                got: h.values.width(),
-                expected: 2,
-            });
-        }
-        if h.values.ptr() % 16 != 0 {
-            return Err(CudaError::InvalidOption {
-                name: "half queries of a filtered batch",
-                value: h.values.ptr() as usize,
-                reason: "the copy engine needs a 16-byte aligned buffer",
-            });
-        }
-        kernel_args!(
-            args = [
-                queries = ops.queries.ptr(),
-                nq,
-                d,
-                out = h.values.ptr(),
-                inv = h.inv.ptr()
-            ]
-        );
-        let warps = QUERIES16_THREADS / 32;
-        let convert = Launch::new(
-            "topk_queries16",
+        halves(
+            q,
+            ("topk_queries16", "half queries"),
             prep,
-            (nq.div_ceil(warps).max(1), 1),
-            QUERIES16_THREADS,
-        );
-        // SAFETY: the parameter list of topk_queries16; nq × d queries (the
-        // operands' check) and room for as many values and nq scales
-        // (checked above).
-        unsafe { convert.run(q, &mut args) }
+            ops.queries,
+            (ops.nq, ops.d),
+            h.values,
+            h.inv,
+        )
     }
 
     /// Whether f32 rows can have their Hopper bounds from an f16 copy (the
@@ -494,31 +521,16 @@ impl Kernels {
                 reason: "needs the f16 Hopper bounds (compute capability 9.0)",
             });
         };
-        let values = n as usize * d as usize;
         let rows = rows.as_f32("rows of the f16 copy")?;
-        rows.need("rows of the f16 copy", values)?;
-        out.rows.need("f16 copy of the rows", values)?;
-        out.rinv.need("row scales of the f16 copy", n as usize)?;
-        if out.rows.width() != 2 {
-            return Err(CudaError::CountMismatch {
-                what: "bytes per value of the f16 copy",
-                got: out.rows.width(),
-                expected: 2,
-            });
-        }
-        let (copy, scales) = (out.rows.ptr(), out.rinv.ptr());
-        kernel_args!(args = [rows = rows.ptr(), n, d, copy, scales]);
-        let warps = QUERIES16_THREADS / 32;
-        let convert = Launch::new(
-            "topk_rows16",
+        halves(
+            q,
+            ("topk_rows16", "f16 copy of the rows"),
             sh.rows16,
-            (n.div_ceil(warps).clamp(1, 65_535), 1),
-            QUERIES16_THREADS,
-        );
-        // SAFETY: the parameter list of topk_rows16; n × d f32 rows, room
-        // for as many 2-byte values and n scales (checked above); the
-        // kernel's warps stride over the rows past its grid.
-        unsafe { convert.run(q, &mut args) }
+            rows,
+            (n, d),
+            out.rows,
+            out.rinv,
+        )
     }
 
     /// Lists, per query, the rows whose upper bound reaches the K-th lower
