@@ -81,7 +81,7 @@ pub struct Tuning {
     /// mapped with unified addressing; otherwise the copy stays).
     pub mapped_queries: bool,
     /// Batch chunks of at least `filter_queries` queries over corpora of at
-    /// least `filter_rows` rows (D % 4 == 0, K <= 1,024 and `max_k`) are
+    /// least `filter_rows` rows (D % 4 == 0, K <= 2,048 and `max_k`) are
     /// filtered: TF32 tensor cores bound every score, and only the rows
     /// whose bound reaches the K-th best lower bound (at most 4,096 per
     /// query) are scored canonically (`kernels/filter.cu`). The answer is
@@ -303,7 +303,7 @@ impl CudaConfig {
     /// | `FusedGather`, `HistGather` | grid-wide selection for every N, results and queries copied rather than mapped, batches canonical (which of the two runs is D's choice: `HistGather` past 16,384 columns) |
     /// | `HostSelect` | `max_k = 1`: every K >= 2 selected on the host |
     /// | `CanonicalBatch` | batches never filtered, single queries grid-wide |
-    /// | `FilteredBatch` | every batch chunk filtered where D % 4 == 0 and K <= 1,024, single queries one-block without graphs |
+    /// | `FilteredBatch` | every batch chunk filtered where D % 4 == 0 and K <= 2,048, single queries one-block without graphs |
     #[doc(hidden)]
     pub fn for_path(path: PlanPath) -> CudaConfig {
         let mut c = CudaConfig::default();

@@ -29,9 +29,9 @@ use crate::config::CudaConfig;
 /// beside their tiles; a larger D runs through the batch kernel.
 pub(crate) const SINGLE_MAX_DIM: usize = 16 * 1024;
 
-/// Largest K of the filtered batch path: the rows a query lists besides its
-/// best K must usually fit the 4,096 it may list.
-pub(crate) const FILTER_MAX_K: usize = 1024;
+/// Largest K of the filtered batch path: half the 4,096 rows a query may
+/// list (`CAND_CAP`), so that the rows listed besides its best K usually fit.
+pub(crate) const FILTER_MAX_K: usize = 2048;
 
 /// The way a search was served. Every path returns the same bytes; they
 /// differ in launches and time.
@@ -365,10 +365,9 @@ mod tests {
         assert_eq!(p.chunk(100, queries).steps, Steps::Filtered);
         assert_eq!(path(&p, 100, queries - 1), PlanPath::CanonicalBatch);
         assert_eq!(path(&p, FILTER_MAX_K, queries), PlanPath::FilteredBatch);
-        assert_eq!(
-            path(&p, FILTER_MAX_K + 1, queries),
-            PlanPath::CanonicalBatch
-        );
+        // FILTER_MAX_K is the device's largest K: past it the host selects.
+        assert_eq!(FILTER_MAX_K, crate::config::MAX_DEVICE_K);
+        assert_eq!(path(&p, FILTER_MAX_K + 1, queries), PlanPath::HostSelect);
         // Too few rows, or D not a multiple of 4.
         assert_eq!(
             path(&planner(rows - 1, 384, &c, true), 100, queries),

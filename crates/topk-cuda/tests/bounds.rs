@@ -96,10 +96,11 @@ fn filtered(wgmma: bool, small_chunks: bool) -> CudaConfig {
     filtered_as(wgmma, small_chunks, true)
 }
 
-/// What a checked batch did: chunks run again on the canonical path,
-/// chunks whose rows the Hopper bound kernel listed, and chunks bounded
-/// from the f16 copy of f32 rows.
+/// What a checked batch did: queries served by filtered chunks, chunks
+/// run again on the canonical path, chunks whose rows the Hopper bound
+/// kernel listed, and chunks bounded from the f16 copy of f32 rows.
 struct Counts {
+    filtered: u64,
     reruns: usize,
     listed: usize,
     shadowed: usize,
@@ -151,6 +152,7 @@ fn check_counts(
         }
     }
     Ok(Counts {
+        filtered: gpu.path_counts().get(PlanPath::FilteredBatch),
         reruns: gpu.filter_reruns(),
         listed: gpu.filter_listed(),
         shadowed: gpu.filter_shadowed(),
@@ -177,7 +179,7 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
         4i32..24,
         prop::sample::select(vec![0usize, 2, 7]),
         1usize..200,
-        prop::sample::select(vec![1usize, 10, 100, 200, 1000, 1024]),
+        prop::sample::select(vec![1usize, 10, 100, 200, 1000, 1500, 2048]),
         0usize..3,
         (
             any::<bool>(),
@@ -226,6 +228,22 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
             let reruns =
                 check(&data, d, Dtype::F32, Metric::Dot, config(), &qs, 100, &ctx).expect("spread");
             assert_eq!(reruns, 0, "{ctx}: chunks ran again");
+            // K = 2,048, the filtered path's largest: the best K and the
+            // rows near the K-th fit the 4,096 a query lists.
+            let ctx2 = format!("{ctx} k 2048");
+            let got = check_counts(
+                &data,
+                d,
+                Dtype::F32,
+                Metric::Dot,
+                config(),
+                &qs,
+                2048,
+                &ctx2,
+            )
+            .expect("spread k 2048");
+            assert_eq!(got.filtered, 130, "{ctx2}: every query filtered");
+            assert_eq!(got.reruns, 0, "{ctx2}: chunks ran again");
             // The same rows stored as halves: their bounds separate too.
             for dtype in [Dtype::F16, Dtype::Bf16] {
                 let ctx = format!("{ctx} {dtype}");
