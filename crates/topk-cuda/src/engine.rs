@@ -283,9 +283,9 @@ impl Engine {
 
     /// Whether an engine of `d` values a row stored as `dtype` asks for the
     /// f16 copy of its rows: f32 rows, D % 8 == 0 (the f16 products' step),
-    /// D at least `shadow_min_dim`, `shadow_bounds` and `wgmma_bounds` on. It keeps one where, besides,
-    /// the device runs the f16 Hopper bounds, filtered batches can run, and
-    /// the copy fits.
+    /// D at least `shadow_min_dim`, `shadow_bounds` and `wgmma_bounds` on.
+    /// It keeps one where, besides, the device runs the f16 Hopper bounds,
+    /// filtered batches can run, and the copy fits.
     pub(crate) fn shadow_wanted(d: usize, dtype: Dtype, config: &CudaConfig) -> bool {
         let t = &config.tuning;
         dtype == Dtype::F32
