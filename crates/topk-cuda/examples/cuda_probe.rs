@@ -6,9 +6,9 @@
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
 //! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]
 //! [--filter-sample S] [--filter-emit E] [--filter-emit-rows R] [--no-shadow]
-//! [--dtype f32|f16|bf16]`
+//! [--dtype f32|f16|bf16] [--batch-k K]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
-//! `--batches` times batches of those sizes (K = 100, B trials, default 10)
+//! `--batches` times batches of those sizes (K = 100 or `--batch-k`, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
 //! leaves out the single-query and round-trip lines; R, S, F, FQ and BYTES
 //! set `Tuning::fuse_rows`, `single_launch_rows`, `filter_rows`,
@@ -175,6 +175,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ks = flag_list(&args, "--ks").unwrap_or_else(|| vec![8, 32, 100, 1000]);
     let batches = flag_list(&args, "--batches");
     let batch_trials = flag_value(&args, "--batch-trials").unwrap_or(10).max(1);
+    let batch_k = flag_value(&args, "--batch-k").unwrap_or(100).max(1);
     let single = !args.iter().any(|a| a == "--no-single");
     let dtype: Dtype = match args.iter().position(|a| a == "--dtype") {
         Some(i) => args.get(i + 1).map_or("", String::as_str).parse()?,
@@ -239,7 +240,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             for q in qs {
                 let trials = if batches.is_some() { batch_trials } else { 3 };
-                println!("{}", time_batch(&gpu, &corpus, d, q, trials)?);
+                println!("{}", time_batch(&gpu, &corpus, d, q, batch_k, trials)?);
             }
             if single && n <= 100_000 {
                 let cpu = topk_cpu_oracle(&corpus, d);
@@ -263,33 +264,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Host-clock times of `trials` batches of `q` queries (K = 100) after one
+/// Host-clock times of `trials` batches of `q` queries (top `k`) after one
 /// untimed batch, whose first and last answers are checked bit for bit.
 fn time_batch(
     gpu: &CudaRetriever,
     corpus: &[f32],
     d: usize,
     q: usize,
+    k: usize,
     trials: usize,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let n = corpus.len() / d;
     let queries = gaussian_rows(q, d, 9);
-    let first = gpu.search_batch_rowmajor(&queries, 100)?;
-    let ok = same_bits(&first[0], &reference(corpus, d, &queries[..d], 100))
+    let first = gpu.search_batch_rowmajor(&queries, k)?;
+    let ok = same_bits(&first[0], &reference(corpus, d, &queries[..d], k))
         && same_bits(
             &first[q - 1],
-            &reference(corpus, d, &queries[(q - 1) * d..], 100),
+            &reference(corpus, d, &queries[(q - 1) * d..], k),
         );
     let mut tb = Vec::with_capacity(trials);
     for _ in 0..trials {
         let t = Instant::now();
-        let r = gpu.search_batch_rowmajor(&queries, 100)?;
+        let r = gpu.search_batch_rowmajor(&queries, k)?;
         tb.push(t.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(r);
     }
     let (bm, bmin, bmax) = stats(tb);
     Ok(
-        serde_json::json!({"kind": "batch", "dtype": gpu.dtype().as_str(), "n": n, "d": d, "k": 100, "q": q,
+        serde_json::json!({"kind": "batch", "dtype": gpu.dtype().as_str(), "n": n, "d": d, "k": k, "q": q,
         "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok,
         "filter_rows": gpu.config().tuning.filter_rows,
         "filter_queries": gpu.config().tuning.filter_queries, "filter_reruns": gpu.filter_reruns(),

@@ -452,7 +452,11 @@ fn f32_rows_of_every_magnitude_have_f16_bounds_that_hold_every_score() {
                     got.shadowed > 0,
                     "{ctx}: no chunk bounded from the f16 copy"
                 );
-                if spread {
+                // L2 ranks a query's nearest rows; rows far shorter than
+                // the query all lie within the bound's width of |q|^2 (a tie
+                // the bounds cannot separate), so its lists may overflow
+                // and the chunk run again, exact still.
+                if spread && metric != Metric::L2 {
                     assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
                 }
             } else {
