@@ -63,11 +63,19 @@
 //! at the K-th score included) has an upper bound of at least `T`. Rows with
 //! `hi ≥ T` are kept as candidates (a `T` that only grows prunes them on the
 //! way), scored canonically with the SIMD kernels and selected with the §3
-//! comparator: the oracle's bytes. A query whose candidates outgrow a cap
+//! comparator: the oracle's bytes. The corpus is split into pieces that run
+//! in parallel, each with its own K lower bounds; any piece's `T` is a lower
+//! bound of the K-th best score, so the pieces share the largest (one
+//! atomic per query, read and raised once per query and block): a piece
+//! that starts late prunes with the `T` of those before it instead of
+//! offering its first rows until it holds K of its own. The answer does not
+//! depend on which `T` pruned a row, only on the rows that reach the final
+//! one, so the result is the same whatever the timing. A query whose candidates outgrow a cap
 //! (near-tie corpora: thousands of equal rows) is searched again on the
 //! exact path; correctness never depends on the bound being tight.
 
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering as Atomic};
 
 use rayon::prelude::*;
 use topk_core::order::{ordered_bits, score_from_ordered_bits};
@@ -283,13 +291,25 @@ impl QueryState {
             .min(cap.saturating_add(1))
     }
 
+    /// Raises `t` to the threshold `bits` (as [`ordered_bits`]) where that
+    /// is higher: another piece's K-th lower bound, or this piece's own.
+    #[inline]
+    fn raise(&mut self, bits: u32) {
+        if bits > ordered_bits(self.t) {
+            self.t = score_from_ordered_bits(bits);
+        }
+    }
+
     #[inline]
     fn offer(&mut self, row: u32, lo: f32, hi: f32) {
         let key = ordered_bits(lo);
-        if self.lows.threshold().is_none_or(|t| key > t) {
+        // `t` is at least this piece's K-th lower bound, so a key above `t`
+        // is above that too; a key at or below `t` cannot raise `t`, and the
+        // K largest keys decide `t` only where all of them are above it.
+        if key > ordered_bits(self.t) {
             self.lows.push_key(key);
             if let Some(t) = self.lows.threshold() {
-                self.t = score_from_ordered_bits(t);
+                self.raise(t);
             }
         }
         self.cands.push((row, hi));
@@ -313,6 +333,7 @@ impl QueryState {
     /// Folds in the state of the same query over other rows.
     fn merge(mut self, mut other: QueryState) -> QueryState {
         self.overflow |= other.overflow;
+        self.raise(ordered_bits(other.t));
         if self.overflow {
             self.cands = Vec::new();
             return self;
@@ -324,7 +345,7 @@ impl QueryState {
             self.lows.push_key(key);
         }
         if let Some(t) = self.lows.threshold() {
-            self.t = score_from_ordered_bits(t);
+            self.raise(t);
         }
         if other.cands.len() > self.cands.len() {
             std::mem::swap(&mut self.cands, &mut other.cands);
@@ -373,6 +394,10 @@ impl CpuRetriever {
                 Metric::Cosine => (c * queries.norm[j], batch.norm(j)),
             })
             .collect();
+        // The largest `T` any piece has reached, per query.
+        let shared: Vec<AtomicU32> = (0..batch.len())
+            .map(|_| AtomicU32::new(ordered_bits(f32::NEG_INFINITY)))
+            .collect();
         let states = self.install(|| {
             let n = self.len();
             let blocks = n.div_ceil(BLOCK_ROWS);
@@ -387,7 +412,7 @@ impl CpuRetriever {
                 .with_min_len(min_len)
                 .fold(fresh, |mut piece, b| {
                     let range = b * BLOCK_ROWS..((b + 1) * BLOCK_ROWS).min(n);
-                    self.bound_block(batch, &params, rows, c, range, &mut piece);
+                    self.bound_block(batch, &params, &shared, rows, c, range, &mut piece);
                     piece
                 })
                 .map(|p| p.states)
@@ -437,11 +462,14 @@ impl CpuRetriever {
     }
 
     /// Bounds every pair of (rows `range`, batch query) and offers the rows
-    /// that can still reach each query's top K.
+    /// that can still reach each query's top K (`shared`: the queries'
+    /// largest `T` over every piece).
+    #[allow(clippy::too_many_arguments)]
     fn bound_block(
         &self,
         batch: &Batch<'_>,
         params: &[(f32, f32)],
+        shared: &[AtomicU32],
         rows: &BoundNorms,
         c: f32,
         range: std::ops::Range<usize>,
@@ -460,6 +488,7 @@ impl CpuRetriever {
             let (buf, states) = (&piece.buf, &mut piece.states[q0..q1]);
             let row0 = range.start;
             let params = &params[q0..q1];
+            let shared = &shared[q0..q1];
             match self.metric() {
                 Metric::Dot => scan(
                     &DotBounds {
@@ -469,6 +498,7 @@ impl CpuRetriever {
                     nr,
                     row0,
                     params,
+                    shared,
                     states,
                 ),
                 Metric::L2 => scan(
@@ -480,6 +510,7 @@ impl CpuRetriever {
                     nr,
                     row0,
                     params,
+                    shared,
                     states,
                 ),
                 Metric::Cosine => scan(
@@ -491,6 +522,7 @@ impl CpuRetriever {
                     nr,
                     row0,
                     params,
+                    shared,
                     states,
                 ),
             }
@@ -508,19 +540,29 @@ fn reaches(hi: f32, t: f32) -> bool {
 }
 
 /// Offers the rows of one GEMM block (`buf[j * nr + i]` for query `j`, block
-/// row `i`, corpus row `row0 + i`) whose upper bound reaches each query's `t`.
+/// row `i`, corpus row `row0 + i`) whose upper bound reaches each query's `t`,
+/// which starts from the largest any piece has published in `shared` and is
+/// published there after the block.
 fn scan<B: Bounds>(
     bounds: &B,
     buf: &[f32],
     nr: usize,
     row0: usize,
     params: &[(f32, f32)],
+    shared: &[AtomicU32],
     states: &mut [QueryState],
 ) {
-    for ((srow, &(a, b)), st) in buf.chunks_exact(nr).zip(params).zip(states.iter_mut()) {
+    for (((srow, &(a, b)), st), top) in buf
+        .chunks_exact(nr)
+        .zip(params)
+        .zip(states.iter_mut())
+        .zip(shared)
+    {
         if st.overflow {
             continue;
         }
+        // Relaxed: any value read is some piece's valid `T`.
+        st.raise(top.load(Atomic::Relaxed));
         for (ci, sc) in srow.chunks(CHUNK).enumerate() {
             let base = ci * CHUNK;
             let t = st.t;
@@ -546,6 +588,7 @@ fn scan<B: Bounds>(
                 break;
             }
         }
+        top.fetch_max(ordered_bits(st.t), Atomic::Relaxed);
     }
 }
 

@@ -208,3 +208,32 @@ fn a_small_cap_forces_the_fallback() {
         assert_eq!(bitwise_diff(g, w), None);
     }
 }
+
+/// The pieces share their thresholds, so which rows a piece offers depends
+/// on timing; the answer must not. Rows of small integers (ties at the K-th
+/// score) with duplicates, 80 row blocks, through pools of 1 to 8 threads:
+/// the oracle's bytes every time.
+#[test]
+fn shared_thresholds_leave_the_answer_independent_of_the_pool() {
+    let (n, d, q, k) = (40_000, 24, 40, 100);
+    let kinds = [Kind::SmallInt, Kind::Uniform, Kind::Duplicate];
+    let data = corpora::corpus(71, n, d, &kinds);
+    let queries = corpora::queries(72, q, d, &kinds, &data);
+    for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+        let want = oracle(&data, d, metric, &queries, k);
+        for threads in [1, 2, 3, 8] {
+            let cpu = CpuRetriever::from_rowmajor(data.clone(), d, metric)
+                .unwrap()
+                .with_threads(threads)
+                .unwrap();
+            for round in 0..2 {
+                let (got, _) = certified(&cpu, &queries, k, default_cap(k));
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    if let Some(diff) = bitwise_diff(g, w) {
+                        panic!("{metric} threads {threads} round {round} query {i}: {diff}");
+                    }
+                }
+            }
+        }
+    }
+}
