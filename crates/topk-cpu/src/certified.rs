@@ -68,9 +68,9 @@
 //! bound of the K-th best score, so the pieces share the largest (one
 //! atomic per query, read and raised once per query and block): a piece
 //! that starts late prunes with the `T` of those before it instead of
-//! offering its first rows until it holds K of its own. The answer does not
-//! depend on which `T` pruned a row, only on the rows that reach the final
-//! one, so the result is the same whatever the timing. A query whose candidates outgrow a cap
+//! offering its first rows until it holds K of its own. Which rows are
+//! scored canonically then depends on timing, the answer does not: every
+//! row of the exact answer reaches any such `T`. A query whose candidates outgrow a cap
 //! (near-tie corpora: thousands of equal rows) is searched again on the
 //! exact path; correctness never depends on the bound being tight.
 
