@@ -181,6 +181,12 @@ impl BoundNorms {
 /// The bounds of one metric: per query parameters `(a, b)` and per row the
 /// slices of one row block.
 trait Bounds: Sync {
+    /// An upper bound of `hi` over every row of the block whose approximate
+    /// dot is at most `smax`, from the block's extreme norms; `None` where
+    /// the metric has none (each row is then tested). With rounding
+    /// monotone, `hi` of any such row is at most this value; `smax` is
+    /// finite (the overflow rule keeps every product and sum finite).
+    fn block_hi(&self, a: f32, b: f32, smax: f32) -> Option<f32>;
     /// The upper bound of block row `i` for approximate dot `s`.
     fn hi(&self, a: f32, b: f32, s: f32, i: usize) -> f32;
     /// Both bounds of block row `i`.
@@ -190,9 +196,24 @@ trait Bounds: Sync {
 /// dot: `a = C_D·qb`.
 struct DotBounds<'a> {
     xb: &'a [f32],
+    /// The largest of `xb`.
+    xb_max: f32,
+}
+
+impl<'a> DotBounds<'a> {
+    fn new(xb: &'a [f32]) -> Self {
+        let xb_max = xb.iter().fold(0.0_f32, |m, &v| m.max(v));
+        DotBounds { xb, xb_max }
+    }
 }
 
 impl Bounds for DotBounds<'_> {
+    #[inline(always)]
+    fn block_hi(&self, a: f32, _b: f32, smax: f32) -> Option<f32> {
+        // fl(s + fl(fl(a·xb) + ABS)) grows with s and xb.
+        Some(smax + (a * self.xb_max + ABS))
+    }
+
     #[inline(always)]
     fn hi(&self, a: f32, _b: f32, s: f32, i: usize) -> f32 {
         s + (a * self.xb[i] + ABS)
@@ -209,9 +230,34 @@ impl Bounds for DotBounds<'_> {
 struct L2Bounds<'a> {
     xx: &'a [f32],
     c: f32,
+    /// The smallest and largest of `xx`.
+    xx_min: f32,
+    xx_max: f32,
+}
+
+impl<'a> L2Bounds<'a> {
+    fn new(xx: &'a [f32], c: f32) -> Self {
+        let (xx_min, xx_max) = xx.iter().fold((f32::INFINITY, 0.0_f32), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+        L2Bounds {
+            xx,
+            c,
+            xx_min,
+            xx_max,
+        }
+    }
 }
 
 impl Bounds for L2Bounds<'_> {
+    #[inline(always)]
+    fn block_hi(&self, a: f32, _b: f32, smax: f32) -> Option<f32> {
+        // fl(fl(2s − e) + fl(c·e + ABS)) with e = fl(a + xx): the first term
+        // grows with s and falls with e, the second grows with e.
+        let v = 2.0 * smax - (a + self.xx_min);
+        Some(v + (self.c * (a + self.xx_max) + ABS))
+    }
+
     #[inline(always)]
     fn hi(&self, a: f32, b: f32, s: f32, i: usize) -> f32 {
         self.lo_hi(a, b, s, i).1
@@ -233,6 +279,12 @@ struct CosineBounds<'a> {
 }
 
 impl Bounds for CosineBounds<'_> {
+    #[inline(always)]
+    fn block_hi(&self, _a: f32, _b: f32, _smax: f32) -> Option<f32> {
+        // The division's sign makes the extreme row depend on `s`.
+        None
+    }
+
     #[inline(always)]
     fn hi(&self, a: f32, b: f32, s: f32, i: usize) -> f32 {
         let den = b * self.rn[i];
@@ -491,9 +543,7 @@ impl CpuRetriever {
             let shared = &shared[q0..q1];
             match self.metric() {
                 Metric::Dot => scan(
-                    &DotBounds {
-                        xb: &rows.norm[range.clone()],
-                    },
+                    &DotBounds::new(&rows.norm[range.clone()]),
                     buf,
                     nr,
                     row0,
@@ -502,10 +552,7 @@ impl CpuRetriever {
                     states,
                 ),
                 Metric::L2 => scan(
-                    &L2Bounds {
-                        xx: &rows.sq[range.clone()],
-                        c,
-                    },
+                    &L2Bounds::new(&rows.sq[range.clone()], c),
                     buf,
                     nr,
                     row0,
@@ -566,11 +613,15 @@ fn scan<B: Bounds>(
         for (ci, sc) in srow.chunks(CHUNK).enumerate() {
             let base = ci * CHUNK;
             let t = st.t;
-            // One branch per chunk.
-            let mut any = false;
-            for (o, &s) in sc.iter().enumerate() {
-                any |= reaches(bounds.hi(a, b, s, base + o), t);
-            }
+            // One branch per chunk: the block's bound at the chunk's largest
+            // approximate dot where the metric has one, else every row's.
+            let smax = sc.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let any = match bounds.block_hi(a, b, smax) {
+                Some(hi) => reaches(hi, t),
+                None => sc.iter().enumerate().fold(false, |any, (o, &s)| {
+                    any | reaches(bounds.hi(a, b, s, base + o), t)
+                }),
+            };
             if !any {
                 continue;
             }
