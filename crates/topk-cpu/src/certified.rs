@@ -70,9 +70,15 @@
 //! that starts late prunes with the `T` of those before it instead of
 //! offering its first rows until it holds K of its own. Which rows are
 //! scored canonically then depends on timing, the answer does not: every
-//! row of the exact answer reaches any such `T`. A query whose candidates outgrow a cap
-//! (near-tie corpora: thousands of equal rows) is searched again on the
-//! exact path; correctness never depends on the bound being tight.
+//! row of the exact answer reaches any such `T`. A query whose candidates
+//! outgrow a cap (near-tie corpora: thousands of equal rows) is searched
+//! again on the exact path; correctness never depends on the bound being
+//! tight.
+//!
+//! Most rows never reach the per-row bounds: a row block's bound at a given
+//! approximate dot (its extreme norms, [`Bounds::block_hi`]) turns `T` into
+//! a cut on `s̃`, and one vector compare per 64 rows keeps those above it
+//! (docs/CONTRACTS.md §2.1, "The cut").
 
 use std::cmp::Ordering;
 use std::sync::atomic::{AtomicU32, Ordering as Atomic};
@@ -83,6 +89,7 @@ use topk_core::{Metric, Retriever, TopKBy};
 
 use crate::batch::Batch;
 use crate::kernels::gemm::gemm_nt;
+use crate::kernels::Kernels;
 use crate::retriever::CpuRetriever;
 use crate::select::Selector;
 
@@ -97,8 +104,8 @@ const ABS: f32 = f32::from_bits(27 << 23); // 2^-100: biased exponent 127 - 100
 const BLOCK_ROWS: usize = 512;
 /// Queries per GEMM call.
 const QUERY_BLOCK: usize = 512;
-/// Rows whose upper bounds are tested before one branch.
-const CHUNK: usize = 16;
+/// Rows tested against a cut by one vector compare (the bits of a `u64`).
+const GROUP: usize = 64;
 /// Candidates a query may keep beyond `2K` before it falls back.
 const CAP_EXTRA: usize = 4096;
 
@@ -182,15 +189,43 @@ impl BoundNorms {
 /// slices of one row block.
 trait Bounds: Sync {
     /// An upper bound of `hi` over every row of the block whose approximate
-    /// dot is at most `smax`, from the block's extreme norms; `None` where
-    /// the metric has none (each row is then tested). With rounding
-    /// monotone, `hi` of any such row is at most this value; `smax` is
-    /// finite (the overflow rule keeps every product and sum finite).
-    fn block_hi(&self, a: f32, b: f32, smax: f32) -> Option<f32>;
-    /// The upper bound of block row `i` for approximate dot `s`.
-    fn hi(&self, a: f32, b: f32, s: f32, i: usize) -> f32;
-    /// Both bounds of block row `i`.
+    /// dot is at most `s`, from the block's extreme norms, valid against the
+    /// threshold `t` (> `-inf`): a value below `t` proves no such row reaches
+    /// `t`. It is non-decreasing in `s` (rounding is monotone). `None` where
+    /// the metric has no such bound at this `t` (each row is then tested).
+    fn block_hi(&self, a: f32, b: f32, t: f32, s: f32) -> Option<f32>;
+    /// About the largest `s` whose [`Bounds::block_hi`] is below `t`; the
+    /// cut is found from here and checked (see [`cut`]).
+    fn cut_estimate(&self, a: f32, b: f32, t: f32) -> f32;
+    /// Both bounds of block row `i` for approximate dot `s`.
     fn lo_hi(&self, a: f32, b: f32, s: f32, i: usize) -> (f32, f32);
+}
+
+/// A cut for threshold `t`: every row of the block whose approximate dot is
+/// at most the cut has an upper bound below `t`, because the block's bound at
+/// the cut, checked here, is below `t` and the bound is non-decreasing.
+/// `None` where no cut is known (every row is then tested): `t` is `-inf`,
+/// the metric has no block bound at this `t`, or no candidate checks out.
+fn cut<B: Bounds>(bounds: &B, a: f32, b: f32, t: f32) -> Option<f32> {
+    if t.is_nan() || t == f32::NEG_INFINITY {
+        return None;
+    }
+    let floor = ordered_bits(f32::NEG_INFINITY);
+    let mut c = bounds.cut_estimate(a, b, t);
+    let mut step = 1_u32;
+    // The estimate is within a few units in the last place; the steps down
+    // double, so a cut is found in a few checks or none in 32.
+    for _ in 0..32 {
+        if c.is_nan() {
+            return None;
+        }
+        if !reaches(bounds.block_hi(a, b, t, c)?, t) {
+            return Some(c);
+        }
+        c = score_from_ordered_bits(ordered_bits(c).saturating_sub(step).max(floor));
+        step = step.saturating_mul(2);
+    }
+    None
 }
 
 /// dot: `a = C_D·qb`.
@@ -209,14 +244,14 @@ impl<'a> DotBounds<'a> {
 
 impl Bounds for DotBounds<'_> {
     #[inline(always)]
-    fn block_hi(&self, a: f32, _b: f32, smax: f32) -> Option<f32> {
+    fn block_hi(&self, a: f32, _b: f32, _t: f32, s: f32) -> Option<f32> {
         // fl(s + fl(fl(a·xb) + ABS)) grows with s and xb.
-        Some(smax + (a * self.xb_max + ABS))
+        Some(s + (a * self.xb_max + ABS))
     }
 
     #[inline(always)]
-    fn hi(&self, a: f32, _b: f32, s: f32, i: usize) -> f32 {
-        s + (a * self.xb[i] + ABS)
+    fn cut_estimate(&self, a: f32, _b: f32, t: f32) -> f32 {
+        t - (a * self.xb_max + ABS)
     }
 
     #[inline(always)]
@@ -251,16 +286,16 @@ impl<'a> L2Bounds<'a> {
 
 impl Bounds for L2Bounds<'_> {
     #[inline(always)]
-    fn block_hi(&self, a: f32, _b: f32, smax: f32) -> Option<f32> {
+    fn block_hi(&self, a: f32, _b: f32, _t: f32, s: f32) -> Option<f32> {
         // fl(fl(2s − e) + fl(c·e + ABS)) with e = fl(a + xx): the first term
         // grows with s and falls with e, the second grows with e.
-        let v = 2.0 * smax - (a + self.xx_min);
+        let v = 2.0 * s - (a + self.xx_min);
         Some(v + (self.c * (a + self.xx_max) + ABS))
     }
 
     #[inline(always)]
-    fn hi(&self, a: f32, b: f32, s: f32, i: usize) -> f32 {
-        self.lo_hi(a, b, s, i).1
+    fn cut_estimate(&self, a: f32, _b: f32, t: f32) -> f32 {
+        (t - (self.c * (a + self.xx_max) + ABS) + (a + self.xx_min)) * 0.5
     }
 
     #[inline(always)]
@@ -276,24 +311,46 @@ impl Bounds for L2Bounds<'_> {
 struct CosineBounds<'a> {
     xb: &'a [f32],
     rn: &'a [f32],
+    /// The largest of `xb`.
+    xb_max: f32,
+    /// The smallest positive of `rn` (`+inf` when none is).
+    rn_min: f32,
+}
+
+impl<'a> CosineBounds<'a> {
+    fn new(xb: &'a [f32], rn: &'a [f32]) -> Self {
+        let xb_max = xb.iter().fold(0.0_f32, |m, &v| m.max(v));
+        let rn_min = rn
+            .iter()
+            .filter(|&&v| v > 0.0)
+            .fold(f32::INFINITY, |m, &v| m.min(v));
+        CosineBounds {
+            xb,
+            rn,
+            xb_max,
+            rn_min,
+        }
+    }
 }
 
 impl Bounds for CosineBounds<'_> {
     #[inline(always)]
-    fn block_hi(&self, _a: f32, _b: f32, _smax: f32) -> Option<f32> {
-        // The division's sign makes the extreme row depend on `s`.
-        None
+    fn block_hi(&self, a: f32, b: f32, t: f32, s: f32) -> Option<f32> {
+        // Against t > 0 only. A row with den = 0 scores -inf. Otherwise its
+        // hi = fl(n / den) with n = fl(s + w) ≤ N = fl(s + fl(a·xb_max + ABS)):
+        // where n ≤ 0, hi ≤ 0 < t; where n > 0, hi ≤ fl(N / den_min) with
+        // den_min = fl(b·rn_min) > 0, the division falling with den and
+        // rising with n. Both cases are below t once fl(N / den_min) is.
+        let den_min = b * self.rn_min;
+        if t.is_nan() || t <= 0.0 || den_min.is_nan() || den_min <= 0.0 || den_min.is_infinite() {
+            return None;
+        }
+        Some((s + (a * self.xb_max + ABS)) / den_min)
     }
 
     #[inline(always)]
-    fn hi(&self, a: f32, b: f32, s: f32, i: usize) -> f32 {
-        let den = b * self.rn[i];
-        let hi = (s + (a * self.xb[i] + ABS)) / den;
-        if den == 0.0 {
-            f32::NEG_INFINITY
-        } else {
-            hi
-        }
+    fn cut_estimate(&self, a: f32, b: f32, t: f32) -> f32 {
+        t * (b * self.rn_min) - (a * self.xb_max + ABS)
     }
 
     #[inline(always)]
@@ -543,6 +600,7 @@ impl CpuRetriever {
             let shared = &shared[q0..q1];
             match self.metric() {
                 Metric::Dot => scan(
+                    self.kernels,
                     &DotBounds::new(&rows.norm[range.clone()]),
                     buf,
                     nr,
@@ -552,6 +610,7 @@ impl CpuRetriever {
                     states,
                 ),
                 Metric::L2 => scan(
+                    self.kernels,
                     &L2Bounds::new(&rows.sq[range.clone()], c),
                     buf,
                     nr,
@@ -561,10 +620,8 @@ impl CpuRetriever {
                     states,
                 ),
                 Metric::Cosine => scan(
-                    &CosineBounds {
-                        xb: &rows.norm[range.clone()],
-                        rn: self.corpus.norms(range.clone()),
-                    },
+                    self.kernels,
+                    &CosineBounds::new(&rows.norm[range.clone()], self.corpus.norms(range.clone())),
                     buf,
                     nr,
                     row0,
@@ -590,7 +647,14 @@ fn reaches(hi: f32, t: f32) -> bool {
 /// row `i`, corpus row `row0 + i`) whose upper bound reaches each query's `t`,
 /// which starts from the largest any piece has published in `shared` and is
 /// published there after the block.
+///
+/// Rows go 64 at a time: one vector compare against the [`cut`] of the
+/// current `t` leaves only the rows whose approximate dot is above it, and
+/// those are bounded one by one (a cut of an older, lower `t` only lets more
+/// rows through to that test).
+#[allow(clippy::too_many_arguments)]
 fn scan<B: Bounds>(
+    kernels: Kernels,
     bounds: &B,
     buf: &[f32],
     nr: usize,
@@ -610,33 +674,29 @@ fn scan<B: Bounds>(
         }
         // Relaxed: any value read is some piece's valid `T`.
         st.raise(top.load(Atomic::Relaxed));
-        for (ci, sc) in srow.chunks(CHUNK).enumerate() {
-            let base = ci * CHUNK;
-            let t = st.t;
-            // One branch per chunk: the block's bound at the chunk's largest
-            // approximate dot where the metric has one, else every row's.
-            let smax = sc.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let any = match bounds.block_hi(a, b, smax) {
-                Some(hi) => reaches(hi, t),
-                None => sc.iter().enumerate().fold(false, |any, (o, &s)| {
-                    any | reaches(bounds.hi(a, b, s, base + o), t)
-                }),
-            };
-            if !any {
-                continue;
+        let mut cut_t = st.t;
+        let mut cut_at = cut(bounds, a, b, cut_t);
+        'groups: for (gi, group) in srow.chunks(GROUP).enumerate() {
+            if ordered_bits(st.t) != ordered_bits(cut_t) {
+                cut_t = st.t;
+                cut_at = cut(bounds, a, b, cut_t);
             }
-            for (o, &s) in sc.iter().enumerate() {
-                let (lo, hi) = bounds.lo_hi(a, b, s, base + o);
+            let mut mask = match cut_at {
+                Some(c) => kernels.above(group, c),
+                None => u64::MAX >> (64 - group.len()),
+            };
+            while mask != 0 {
+                let o = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let i = gi * GROUP + o;
+                let (lo, hi) = bounds.lo_hi(a, b, group[o], i);
                 if reaches(hi, st.t) {
                     // Row indices fit u32: validated at ingest (§4).
-                    st.offer((row0 + base + o) as u32, lo, hi);
+                    st.offer((row0 + i) as u32, lo, hi);
                     if st.overflow {
-                        break;
+                        break 'groups;
                     }
                 }
-            }
-            if st.overflow {
-                break;
             }
         }
         top.fetch_max(ordered_bits(st.t), Atomic::Relaxed);

@@ -4,7 +4,9 @@ use proptest::prelude::*;
 use topk_core::{Metric, Neighbor, Retriever};
 use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
 
-use super::{default_cap, Stats, MIN_QUERIES};
+use super::{
+    cut, default_cap, reaches, Bounds, CosineBounds, DotBounds, L2Bounds, Stats, MIN_QUERIES,
+};
 use crate::{CpuRetriever, Kernels, Oracle};
 
 /// The certified path's answers for every query (forced, whatever the shape).
@@ -142,6 +144,104 @@ proptest! {
         }
         let queries = corpora::queries(seed, q, d, &[Kind::Uniform], &data);
         check(&data, d, metric, &queries, k, Kernels::best())?;
+    }
+}
+
+/// Checks a block's cut for threshold `t`: no row whose approximate dot is
+/// at most the cut has an upper bound reaching `t`.
+fn check_cut<B: Bounds>(
+    bounds: &B,
+    a: f32,
+    b: f32,
+    t: f32,
+    s: &[f32],
+) -> Result<Option<f32>, TestCaseError> {
+    let c = cut(bounds, a, b, t);
+    if let Some(c) = c {
+        for (i, &v) in s.iter().enumerate() {
+            let (_, hi) = bounds.lo_hi(a, b, v, i);
+            if v <= c {
+                prop_assert!(
+                    !reaches(hi, t),
+                    "row {i}: s {v} at most the cut {c}, yet hi {hi} reaches t {t}"
+                );
+            }
+        }
+    }
+    Ok(c)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The cut of every metric on random blocks, with the threshold at a
+    /// row's own upper bound (the tightest tie) or anywhere between the
+    /// rows' bounds, and approximate dots at and around the cut.
+    #[test]
+    fn a_cut_leaves_out_only_rows_below_t(
+        seed: u64,
+        rows in 1usize..80,
+        dim in 1usize..2000,
+        scale in -40i32..40,
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let mut rng = corpora::Rng::new(seed);
+        let f = 2_f32.powi(scale);
+        let c = super::width_factor(dim);
+        let norm: Vec<f32> = (0..rows).map(|_| (rng.unit().abs() + 0.01) * f).collect();
+        let sq: Vec<f32> = norm.iter().map(|v| v * v).collect();
+        let rn: Vec<f32> = norm
+            .iter()
+            .map(|&v| if rng.below(10) == 0 { 0.0 } else { v })
+            .collect();
+        let qb = (rng.unit().abs() + 0.01) * f;
+        let mut s: Vec<f32> = (0..rows).map(|_| rng.unit() * qb * f).collect();
+        let dot = DotBounds::new(&norm);
+        let l2 = L2Bounds::new(&sq, c);
+        let cos = CosineBounds::new(&norm, &rn);
+        let (a_dot, a_l2, b_cos) = (c * qb, qb * qb, qb);
+        let i = pick.index(rows);
+        for round in 0..3 {
+            let t_dot = match round {
+                0 => dot.lo_hi(a_dot, 0.0, s[i], i).1,
+                _ => s[i] * (1.0 + rng.unit() * 1e-3),
+            };
+            let found = check_cut(&dot, a_dot, 0.0, t_dot, &s)?;
+            prop_assert!(found.is_some(), "dot: no cut for t {}", t_dot);
+            if let Some(cut) = found {
+                // Rows at and around the cut.
+                s[i] = cut;
+                check_cut(&dot, a_dot, 0.0, t_dot, &s)?;
+                s[i] = cut.next_up();
+            }
+            let t_l2 = match round {
+                0 => l2.lo_hi(a_l2, 0.0, s[i], i).1,
+                _ => 2.0 * s[i] - a_l2 - sq[i] * (1.0 + rng.unit()),
+            };
+            let found = check_cut(&l2, a_l2, 0.0, t_l2, &s)?;
+            prop_assert!(found.is_some(), "l2: no cut for t {}", t_l2);
+            if let Some(cut) = found {
+                s[i] = cut;
+                check_cut(&l2, a_l2, 0.0, t_l2, &s)?;
+            }
+            let t_cos = match round {
+                0 => cos.lo_hi(a_dot, b_cos, s[i], i).1,
+                _ => rng.unit().abs(),
+            };
+            let found = check_cut(&cos, a_dot, b_cos, t_cos, &s)?;
+            let has_rows = rn.iter().any(|&v| v > 0.0);
+            prop_assert!(
+                found.is_some() || t_cos <= 0.0 || !has_rows,
+                "cosine: no cut for t {}",
+                t_cos
+            );
+            if let Some(cut) = found {
+                s[i] = cut;
+                check_cut(&cos, a_dot, b_cos, t_cos, &s)?;
+            }
+        }
+        // No cut below -inf: every row is then tested.
+        prop_assert_eq!(cut(&dot, a_dot, 0.0, f32::NEG_INFINITY), None);
     }
 }
 

@@ -310,3 +310,27 @@ pub(super) unsafe fn tile(sq: bool, rows: &[&[f32]], qs: &[&[f32]], out: &mut Ti
         }
     }
 }
+
+/// [`super::Kernels::above`] eight values a compare.
+///
+/// # Safety
+/// The CPU runs AVX2; `values.len() <= 64`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn above(values: &[f32], cut: f32) -> u64 {
+    let c = _mm256_set1_ps(cut);
+    let chunks = values.chunks_exact(W);
+    let tail = chunks.remainder();
+    let mut mask = 0_u64;
+    for (i, v) in chunks.enumerate() {
+        // SAFETY: `v` holds exactly W f32; loadu has no alignment need.
+        let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
+        // Not-less-or-equal, unordered: a NaN is set, like the scalar test.
+        let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLE_UQ>(v, c)) as u32;
+        mask |= u64::from(m) << (i * W);
+    }
+    if tail.is_empty() {
+        mask
+    } else {
+        mask | super::above_scalar(tail, cut) << (values.len() - tail.len())
+    }
+}

@@ -310,6 +310,33 @@ impl Kernels {
         }
     }
 
+    /// Bit `i` of the result is set where `values[i]` is not at most `cut`
+    /// (`!(v <= cut)`, so a NaN is set too), for up to 64 values; the
+    /// certified scan's test of a row against its block's bound.
+    ///
+    /// # Panics
+    /// When `values` holds more than 64 values.
+    #[inline]
+    pub(crate) fn above(self, values: &[f32], cut: f32) -> u64 {
+        assert!(
+            values.len() <= 64,
+            "above: {} values, at most 64",
+            values.len()
+        );
+        match self.path {
+            Path::Scalar => above_scalar(values, cut),
+            // SAFETY: the path is available (see `score_rows`); the assert
+            // above bounds the length `avx2::above` reads.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => unsafe { avx2::above(values, cut) },
+            // SAFETY: as above, for AVX-512F.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 => unsafe { avx512::above(values, cut) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Path::Avx2 | Path::Avx512 => unreachable!("x86 paths are never available here"),
+        }
+    }
+
     /// One canonical dot (or squared distance when `sq`) of equal-length slices.
     #[inline]
     fn pair(self, sq: bool, q: &[f32], r: &[f32]) -> f32 {
@@ -378,6 +405,15 @@ pub fn score_row(
     row_norm: f32,
 ) -> f32 {
     Kernels::best().score_row(metric, query, query_norm, row, row_norm)
+}
+
+/// [`Kernels::above`] one value at a time; also the vector paths' tail.
+#[inline]
+pub(crate) fn above_scalar(values: &[f32], cut: f32) -> u64 {
+    values
+        .iter()
+        .enumerate()
+        .fold(0, |m, (i, &v)| m | (u64::from(v.is_nan() || v > cut) << i))
 }
 
 #[cfg(test)]

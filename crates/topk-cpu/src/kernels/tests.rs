@@ -86,6 +86,32 @@ fn check_pair(k: Kernels, a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
+    /// The cut test of every path against the scalar one, on every length
+    /// up to 64, with NaN, infinities, signed zeros and values at the cut.
+    #[test]
+    fn above_matches_the_scalar_test(seed: u64, len in 0usize..=64, pick in 0usize..64) {
+        let mut rng = Rng::new(seed);
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0];
+        let values: Vec<f32> = (0..len)
+            .map(|_| match rng.below(4) {
+                0 => specials[rng.below(specials.len())],
+                _ => rng.unit(),
+            })
+            .collect();
+        let cut = match values.get(pick) {
+            Some(&v) if !v.is_nan() => v,
+            _ => rng.unit(),
+        };
+        let want = above_scalar(&values, cut);
+        for (i, &v) in values.iter().enumerate() {
+            prop_assert_eq!(want >> i & 1 == 1, v.is_nan() || v > cut, "value {} against cut {}", v, cut);
+        }
+        prop_assert_eq!(want >> len.min(63) >> (len / 64), 0);
+        for k in Kernels::all_available() {
+            prop_assert_eq!(k.above(&values, cut), want, "path {}", k.path());
+        }
+    }
+
     #[test]
     fn pairs_match_the_reference(seed: u64, d in dims(), mask: u8) {
         let kinds = palette(mask);
