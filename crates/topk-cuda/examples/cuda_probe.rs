@@ -19,7 +19,8 @@
 //! `Tuning::mapped_queries`; `--filter-sample S` sets
 //! `Tuning::filter_sample` (1: off), `--filter-emit E`
 //! `Tuning::filter_emit` (0: off), `--filter-emit-rows R`
-//! `Tuning::filter_emit_rows`, `--no-shadow` clears `Tuning::shadow_bounds`;
+//! `Tuning::filter_emit_rows`, `--filter-max-k K` `Tuning::filter_max_k`,
+//! `--no-shadow` clears `Tuning::shadow_bounds`;
 //! `--dtype` stores the rows as that type on the
 //! device, the reference and the floor taken over the stored rows). Rows are
 //! seeded Gaussian,
@@ -137,7 +138,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let filter_emit: usize = flag_value(&args, "--filter-emit").unwrap_or(opts.tuning.filter_emit);
     let filter_emit_rows: usize =
         flag_value(&args, "--filter-emit-rows").unwrap_or(opts.tuning.filter_emit_rows);
+    let filter_max_k: usize =
+        flag_value(&args, "--filter-max-k").unwrap_or(opts.tuning.filter_max_k);
     let t = &mut opts.tuning;
+    t.filter_max_k = filter_max_k;
     t.filter_sample = filter_sample;
     t.filter_emit = filter_emit;
     t.filter_emit_rows = filter_emit_rows;
@@ -295,6 +299,7 @@ fn time_batch(
         "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok,
         "filter_rows": gpu.config().tuning.filter_rows,
         "filter_queries": gpu.config().tuning.filter_queries, "filter_reruns": gpu.filter_reruns(),
+        "filter_max_k": gpu.config().tuning.filter_max_k,
         "batch_scratch": gpu.config().tuning.batch_scratch,
         "wgmma_bounds": gpu.config().tuning.wgmma_bounds,
         "filter_sample": gpu.config().tuning.filter_sample,

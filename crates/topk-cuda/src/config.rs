@@ -81,7 +81,7 @@ pub struct Tuning {
     /// mapped with unified addressing; otherwise the copy stays).
     pub mapped_queries: bool,
     /// Batch chunks of at least `filter_queries` queries over corpora of at
-    /// least `filter_rows` rows (D % 4 == 0, K <= 2,048 and `max_k`) are
+    /// least `filter_rows` rows (D % 4 == 0, K <= `filter_max_k` and `max_k`) are
     /// filtered: TF32 tensor cores bound every score, and only the rows
     /// whose bound reaches the K-th best lower bound (at most 4,096 per
     /// query) are scored canonically (`kernels/filter.cu`). The answer is
@@ -92,6 +92,12 @@ pub struct Tuning {
     pub filter_rows: usize,
     /// See `filter_rows`.
     pub filter_queries: usize,
+    /// Largest K of a filtered chunk (at most 2,048, half the 4,096 rows a
+    /// query may list); larger K take the canonical path. Near this limit
+    /// the rows whose bound reaches the K-th lower bound outgrow the list on
+    /// ordinary data and the chunk runs twice, so the default stops at
+    /// [`DEFAULT_FILTER_MAX_K`].
+    pub filter_max_k: usize,
     /// On a device of compute capability 9.0 (Hopper), the filtered path's
     /// lower bounds come from warpgroup tensor-core products (`wgmma`,
     /// `kernels/filter90.cu`) instead of `mma.sync`: the same bounds, the
@@ -192,6 +198,7 @@ impl Default for Tuning {
             mapped_queries: true,
             filter_rows: DEFAULT_FILTER_ROWS,
             filter_queries: DEFAULT_FILTER_QUERIES,
+            filter_max_k: DEFAULT_FILTER_MAX_K,
             wgmma_bounds: true,
             filter_sample: 8,
             filter_emit: 64,
@@ -217,6 +224,14 @@ pub const DEFAULT_BATCH_SCRATCH: usize = 1 << 30;
 pub const DEFAULT_FILTER_ROWS: usize = 30_000;
 /// See [`DEFAULT_FILTER_ROWS`].
 pub const DEFAULT_FILTER_QUERIES: usize = 64;
+
+/// Default of `Tuning::filter_max_k`. Measured on an H200 at 1M × 1024
+/// (Gaussian rows, Q = 256): at K = 1,000 the filtered chunks list every
+/// query's rows within the 4,096 and take 5.04 ms against 18.20 ms
+/// canonical; at K = 2,048 every chunk overflows its lists and runs again,
+/// 22.78 ms against 18.53 ms canonical (`bench/gpu/NOTES.md`, "K past
+/// 1,024").
+pub const DEFAULT_FILTER_MAX_K: usize = 1024;
 
 /// Default of `Tuning::filter_emit_rows`: measured on an H200 (Q = 256,
 /// K = 100, D = 384-1024), the Hopper listing is 19-23 % faster than the
@@ -303,7 +318,7 @@ impl CudaConfig {
     /// | `FusedGather`, `HistGather` | grid-wide selection for every N, results and queries copied rather than mapped, batches canonical (which of the two runs is D's choice: `HistGather` past 16,384 columns) |
     /// | `HostSelect` | `max_k = 1`: every K >= 2 selected on the host |
     /// | `CanonicalBatch` | batches never filtered, single queries grid-wide |
-    /// | `FilteredBatch` | every batch chunk filtered where D % 4 == 0 and K <= 2,048, single queries one-block without graphs |
+    /// | `FilteredBatch` | every batch chunk filtered where D % 4 == 0 and K <= 2,048 (`filter_max_k` raised to it), single queries one-block without graphs |
     #[doc(hidden)]
     pub fn for_path(path: PlanPath) -> CudaConfig {
         let mut c = CudaConfig::default();
@@ -334,6 +349,7 @@ impl CudaConfig {
                 t.graphs = false;
                 t.filter_rows = 0;
                 t.filter_queries = 0;
+                t.filter_max_k = crate::plan::FILTER_MAX_K;
                 t.filter_emit_rows = 0;
             }
         }

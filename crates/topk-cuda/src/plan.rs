@@ -29,8 +29,9 @@ use crate::config::CudaConfig;
 /// beside their tiles; a larger D runs through the batch kernel.
 pub(crate) const SINGLE_MAX_DIM: usize = 16 * 1024;
 
-/// Largest K of the filtered batch path: half the 4,096 rows a query may
-/// list (`CAND_CAP`), so that the rows listed besides its best K usually fit.
+/// Largest K the filtered batch path can take: half the 4,096 rows a query
+/// may list (`CAND_CAP`), so that rows listed besides its best K can fit
+/// (`Tuning::filter_max_k` sets the largest it does take).
 pub(crate) const FILTER_MAX_K: usize = 2048;
 
 /// The way a search was served. Every path returns the same bytes; they
@@ -199,6 +200,9 @@ pub(crate) struct Planner {
     /// The filter rule applies to this corpus (enough rows, D % 4 == 0).
     filter_fits: bool,
     filter_queries: usize,
+    /// Largest K of a filtered chunk: `Tuning::filter_max_k`, at most
+    /// [`FILTER_MAX_K`] and `max_k`.
+    filter_max_k: usize,
 }
 
 impl Planner {
@@ -216,6 +220,7 @@ impl Planner {
             one_launch,
             filter_fits: Self::filter_fits(n, d, config),
             filter_queries: t.filter_queries,
+            filter_max_k: t.filter_max_k.min(FILTER_MAX_K).min(config.max_k),
         }
     }
 
@@ -266,7 +271,7 @@ impl Planner {
 
     /// Whether a batch chunk of `cq` queries with this K is filtered.
     pub(crate) fn filtered(&self, k: usize, cq: usize) -> bool {
-        self.filter_fits && k <= self.max_k.min(FILTER_MAX_K) && cq >= self.filter_queries
+        self.filter_fits && k <= self.filter_max_k && cq >= self.filter_queries
     }
 
     /// The launches of a batch chunk of `cq` queries with this K.
@@ -364,10 +369,25 @@ mod tests {
         assert_eq!(path(&p, 100, queries), PlanPath::FilteredBatch);
         assert_eq!(p.chunk(100, queries).steps, Steps::Filtered);
         assert_eq!(path(&p, 100, queries - 1), PlanPath::CanonicalBatch);
+        // The default filters up to filter_max_k; larger K run canonically
+        // on the device up to max_k.
+        let most = c.tuning.filter_max_k;
+        assert_eq!(most, crate::config::DEFAULT_FILTER_MAX_K);
+        assert_eq!(path(&p, most, queries), PlanPath::FilteredBatch);
+        assert_eq!(path(&p, most + 1, queries), PlanPath::CanonicalBatch);
+        assert_eq!(path(&p, FILTER_MAX_K, queries), PlanPath::CanonicalBatch);
+        // Raised, filter_max_k reaches FILTER_MAX_K, the device's largest K
+        // (past it the host selects), and no further.
+        let mut wide = c.clone();
+        wide.tuning.filter_max_k = usize::MAX;
+        let p = planner(rows, 384, &wide, true);
         assert_eq!(path(&p, FILTER_MAX_K, queries), PlanPath::FilteredBatch);
-        // FILTER_MAX_K is the device's largest K: past it the host selects.
         assert_eq!(FILTER_MAX_K, crate::config::MAX_DEVICE_K);
         assert_eq!(path(&p, FILTER_MAX_K + 1, queries), PlanPath::HostSelect);
+        // The forced path raises it.
+        let forced = CudaConfig::for_path(PlanPath::FilteredBatch);
+        let p = planner(10, 384, &forced, true);
+        assert_eq!(path(&p, FILTER_MAX_K, 1), PlanPath::FilteredBatch);
         // Too few rows, or D not a multiple of 4.
         assert_eq!(
             path(&planner(rows - 1, 384, &c, true), 100, queries),
