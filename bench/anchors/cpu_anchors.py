@@ -12,13 +12,23 @@ requirements.txt, installed into target/anchor-venv by `cargo xtask anchor-venv`
 Usage:
     python cpu_anchors.py --only numpy --data DATA_DIR --out RESULTS/anchors/numpy.jsonl
     python cpu_anchors.py --only faiss --data DATA_DIR --out RESULTS/anchors/faiss.jsonl
+    python cpu_anchors.py --pick-coretype
 numpy should run without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in its
 environment (they select a slower kernel); the xtask command does that.
+
+faiss-cpu's wheel bundles an older OpenBLAS whose CPU detection does not
+know newer CPUs: on an Intel Xeon with AVX-512 (family 6, model 207) it
+picks a generic kernel and runs batches at a quarter of its speed with the
+SkylakeX kernel. `--pick-coretype` times a faiss batch under the library's
+own choice and under each OPENBLAS_CORETYPE the CPU's flags allow, and
+prints the fastest ("auto" for the library's own); the xtask command runs
+faiss with it, so faiss is compared at its best.
 """
 
 import argparse
 import gc
 import os
+import subprocess
 import sys
 import time
 
@@ -104,17 +114,97 @@ def run_faiss(corpus_full, queries, configs, manifest, out):
                     fn = lambda i: index.search(qs, k)  # noqa: E731
                 times = timed(fn, cfg["trials"], cfg["warmup"])
                 emit(out, record(cfg, manifest, f"faiss-{threads}t", "cpu", times,
-                                 faiss=faiss.__version__, threads=threads))
+                                 faiss=faiss.__version__, threads=threads,
+                                 openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", "auto")))
         del index
         gc.collect()
 
 
+def cpu_flags():
+    """The CPU's feature flags, from /proc/cpuinfo (empty where unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def coretype_candidates(flags):
+    """OPENBLAS_CORETYPE values this CPU can run, "auto" (unset) first."""
+    out = ["auto"]
+    if {"avx2", "fma"} <= flags:
+        out.append("Haswell")
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        out.append("SkylakeX")
+    return out
+
+
+def faiss_probe():
+    """Seconds of the best of 3 faiss batches (512 queries over 20,000 random
+    rows of 384 values, K = 10, one thread): matrix products, as in the
+    campaign's batches."""
+    import faiss
+
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((20_000, 384), dtype=np.float32)
+    qs = rng.standard_normal((512, 384), dtype=np.float32)
+    faiss.omp_set_num_threads(1)
+    index = faiss.IndexFlatIP(384)
+    index.add(rows)
+    index.search(qs, 10)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        index.search(qs, 10)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def pick_coretype():
+    """The fastest OPENBLAS_CORETYPE for faiss here, each timed in a fresh
+    process (OpenBLAS reads it once, at load)."""
+    times = {}
+    for ct in coretype_candidates(cpu_flags()):
+        env = dict(os.environ)
+        env.pop("OPENBLAS_CORETYPE", None)
+        if ct != "auto":
+            env["OPENBLAS_CORETYPE"] = ct
+        res = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--faiss-probe"],
+            env=env, capture_output=True, text=True, check=False,
+        )
+        try:
+            times[ct] = float(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            print(f"coretype {ct}: probe failed: {res.stderr.strip()[-300:]}", file=sys.stderr)
+    if not times:
+        return "auto", times
+    return min(times, key=times.get), times
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["numpy", "faiss"], required=True)
-    ap.add_argument("--data", required=True, help="data folder written by topk_bench cpu-compare")
-    ap.add_argument("--out", required=True, help="JSON-lines file to write")
+    ap.add_argument("--only", choices=["numpy", "faiss"])
+    ap.add_argument("--data", help="data folder written by topk_bench cpu-compare")
+    ap.add_argument("--out", help="JSON-lines file to write")
+    ap.add_argument("--pick-coretype", action="store_true",
+                    help="print the fastest OPENBLAS_CORETYPE for faiss here (auto: unset)")
+    ap.add_argument("--faiss-probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.faiss_probe:
+        print(faiss_probe())
+        return
+    if args.pick_coretype:
+        best, times = pick_coretype()
+        for ct, t in times.items():
+            print(f"coretype {ct}: {t * 1e3:.1f} ms", file=sys.stderr)
+        print(best)
+        return
+    if not (args.only and args.data and args.out):
+        ap.error("--only, --data and --out are required (or --pick-coretype)")
 
     manifest = load_manifest(args.data)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -184,12 +184,40 @@ pub fn cpu_compare_cmd(args: &CpuCompareArgs) -> XResult<()> {
         .arg(anchors.join("numpy.jsonl"))
         .env_remove("OPENBLAS_CORETYPE")
         .env_remove("OPENBLAS_L2_SIZE"))?;
-    run(Command::new(&python)
+    // faiss's wheel bundles an OpenBLAS that may not know this CPU: run it
+    // with the fastest kernel it has here (cpu_anchors.py --pick-coretype).
+    let picked = Command::new(&python)
+        .arg(&script)
+        .arg("--pick-coretype")
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    if !picked.status.success() {
+        return Err(format!(
+            "cpu_anchors.py --pick-coretype failed ({}): {}",
+            picked.status,
+            String::from_utf8_lossy(&picked.stderr)
+        ));
+    }
+    eprint!("{}", String::from_utf8_lossy(&picked.stderr));
+    let coretype = String::from_utf8_lossy(&picked.stdout)
+        .lines()
+        .last()
+        .unwrap_or("auto")
+        .trim()
+        .to_owned();
+    let mut faiss = Command::new(&python);
+    faiss
         .arg(&script)
         .args(["--only", "faiss", "--data"])
         .arg(&data)
         .arg("--out")
-        .arg(anchors.join("faiss.jsonl")))?;
+        .arg(anchors.join("faiss.jsonl"));
+    if coretype == "auto" {
+        faiss.env_remove("OPENBLAS_CORETYPE");
+    } else {
+        faiss.env("OPENBLAS_CORETYPE", &coretype);
+    }
+    run(&mut faiss)?;
 
     let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let notes =
@@ -199,11 +227,14 @@ pub fn cpu_compare_cmd(args: &CpuCompareArgs) -> XResult<()> {
          exact (checked bit for bit against the oracle before timing); numpy and faiss use BLAS \
          summation orders and are not. The floor is N·D·4 bytes over the host read bandwidth \
          measured in the same run. numpy runs without OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE; faiss \
-         runs with 1 and 2 OpenMP threads (`faiss.omp_set_num_threads`). The contenders run \
+         runs with 1 and 2 OpenMP threads (`faiss.omp_set_num_threads`) and OPENBLAS_CORETYPE={} \
+         (the fastest for its bundled OpenBLAS here: `cpu_anchors.py --pick-coretype`, \
+         \"auto\" for the library's own choice). The contenders run \
          one after another (topk, then numpy, then faiss), so a change of load between them \
          shows up as a difference between them: compare with care.",
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         load_end.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        coretype,
     );
     run(Command::new(&bin)
         .arg("cpu-table")
