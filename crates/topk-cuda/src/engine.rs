@@ -3,7 +3,10 @@
 //! construction (docs/CONTRACTS.md §5), and the execution of a [`Plan`]
 //! on a slot. The paths themselves live beside it: `single.rs` (one query),
 //! `batch.rs` (batches in turns), `filtered.rs` (the filtered chunk),
-//! `ids.rs` (scores of listed ids), `graph.rs` (the query graph cache).
+//! `ids.rs` (scores of listed ids), `graph.rs` (the query graph cache);
+//! and its parts: `shadow.rs` (the f16 copy of f32 rows), `results.rs`
+//! (results back to the host, and the host's selection where the device
+//! did not finish).
 //!
 //! A search takes one slot (its own stream, device scratch and pinned host
 //! staging) under that slot's mutex, so concurrent searches from several
@@ -15,17 +18,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cust::memory::DeviceBuffer;
 use ndarray::ArrayView2;
-use topk_core::order::rank_key;
-use topk_core::{validate, Dtype, Metric, Neighbor, RowStore};
+use topk_core::{validate, Dtype, Metric, RowStore};
 
 use crate::device::{self, open, Ctx};
 use crate::driver::{self, alloc, device_flag, DevSlice, DeviceAttr, RowBuf};
 use crate::error::{CudaError, DriverResult};
-use crate::launch::{
-    self, FusedThreshold, Kernels, Modules, Operands, Queue, ScorePlan, CAND_CAP, STATUS_OK,
-    STATUS_OVERFLOW,
-};
+use crate::launch::{self, FusedThreshold, Kernels, Modules, Operands, Queue, ScorePlan, CAND_CAP};
 use crate::plan::{PathCounters, PathCounts, Plan, Planner, Select, Steps};
+use crate::shadow::Shadow;
 use crate::slot::{Sizes, Slot, SlotShape};
 use crate::stored::Source;
 use crate::{CudaConfig, DeviceInfo};
@@ -39,40 +39,6 @@ const SCRATCH_FALLBACKS: [usize; 2] = [256 << 20, 0];
 /// The smallest stride of a filtered chunk's sampled lower bounds
 /// (`Tuning::filter_sample`): the slots hold a quarter of the rows' bounds.
 pub(crate) const MIN_SAMPLE: usize = 4;
-
-/// The f16 copy of an engine's f32 rows that its Hopper bounds multiply
-/// (`Tuning::shadow_bounds`, docs/CONTRACTS.md §5): each row scaled by a
-/// power of two and rounded, and each row's inverse scale.
-pub(crate) struct Shadow {
-    rows: RowBuf,
-    rinv: DeviceBuffer<f32>,
-    /// Whether the copy matches the rows in use. Rows that change mark it
-    /// stale (they take `&mut` of the engine, so no search is in flight);
-    /// the next filtered chunk makes it again under this lock and waits
-    /// for it, so no search reads a copy being written.
-    fresh: Mutex<bool>,
-}
-
-impl Shadow {
-    /// Device bytes of the copy of `capacity` rows of `d` values.
-    pub(crate) fn bytes(capacity: usize, d: usize) -> usize {
-        capacity * (2 * d + 4)
-    }
-
-    /// Room for the copy of `capacity` rows of `d` values, stale.
-    pub(crate) fn alloc(capacity: usize, d: usize) -> Result<Self, CudaError> {
-        Ok(Shadow {
-            rows: RowBuf::alloc("f16 copy of the rows", Dtype::F16, capacity * d)?,
-            rinv: alloc::<f32>("row scales of the f16 copy", capacity)?,
-            fresh: Mutex::new(false),
-        })
-    }
-
-    /// Marks the copy stale: rows changed.
-    pub(crate) fn stale(&mut self) {
-        *self.fresh.get_mut().unwrap_or_else(|p| p.into_inner()) = false;
-    }
-}
 
 /// The engine: everything [`crate::CudaRetriever`] owns on the device.
 pub(crate) struct Engine {
@@ -279,78 +245,6 @@ impl Engine {
             },
             shadow,
         }
-    }
-
-    /// Whether an engine of `d` values a row stored as `dtype` asks for the
-    /// f16 copy of its rows: f32 rows, D % 8 == 0 (the f16 products' step),
-    /// D at least `shadow_min_dim`, `shadow_bounds` and `wgmma_bounds` on.
-    /// It keeps one where, besides, the device runs the f16 Hopper bounds,
-    /// filtered batches can run, and the copy fits.
-    pub(crate) fn shadow_wanted(d: usize, dtype: Dtype, config: &CudaConfig) -> bool {
-        let t = &config.tuning;
-        dtype == Dtype::F32
-            && d % 8 == 0
-            && d >= t.shadow_min_dim
-            && t.shadow_bounds
-            && t.wgmma_bounds
-    }
-
-    /// Room for the f16 copy of `capacity` rows where this engine keeps
-    /// one: `None` where it does not, or where the copy's memory is not
-    /// there (the TF32 bounds serve; nothing else changes).
-    pub(crate) fn shadow_for(&self, capacity: usize) -> Result<Option<Shadow>, CudaError> {
-        if !(Self::shadow_wanted(self.d, self.dtype(), &self.config)
-            && self.kernels.shadows()
-            && Planner::filter_fits(capacity, self.d, &self.config))
-        {
-            return Ok(None);
-        }
-        match Shadow::alloc(capacity, self.d) {
-            Ok(s) => Ok(Some(s)),
-            Err(e @ CudaError::OutOfMemory { .. }) => {
-                tracing::warn!("topk-cuda: no f16 copy of the rows, TF32 bounds: {e}");
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The f16 copy of the rows in use for a filtered chunk on `slot`,
-    /// made first (and waited for) where rows changed since it was last
-    /// made; `None` where the engine keeps none.
-    pub(crate) fn shadow_rows(
-        &self,
-        slot: &Slot,
-    ) -> Result<Option<launch::ShadowRows<'_>>, CudaError> {
-        let Some(sh) = &self.shadow else {
-            return Ok(None);
-        };
-        let d = self.d;
-        let copy = launch::ShadowRows {
-            rows: sh
-                .rows
-                .view()
-                .range("f16 copy of the rows", 0, self.n * d)?,
-            rinv: DevSlice::of(&sh.rinv).range("row scales of the f16 copy", 0, self.n)?,
-        };
-        let mut fresh = sh.fresh.lock().unwrap_or_else(|p| p.into_inner());
-        if !*fresh {
-            if self.n > 0 {
-                let rows = self.corpus.view().range("corpus", 0, self.n * d)?;
-                self.kernels.rows16(
-                    Queue::Stream(slot.stream.as_inner()),
-                    rows,
-                    self.n as u32,
-                    d as u32,
-                    copy,
-                )?;
-                slot.stream
-                    .synchronize()
-                    .op("cuStreamSynchronize (f16 copy of the rows)")?;
-            }
-            *fresh = true;
-        }
-        Ok(Some(copy))
     }
 
     /// The slots of `shape`, one per stream.
@@ -673,123 +567,6 @@ impl Engine {
             qnorm: DevSlice::of(&slot.qnorm),
             scores: DevSlice::of(&slot.scores),
         }
-    }
-
-    /// Copies the `nq × (k + 1)` result rows back and waits for the stream.
-    pub(crate) fn fetch_results(slot: &mut Slot, nq: usize, k: usize) -> Result<(), CudaError> {
-        let s = Queue::Stream(slot.stream.as_inner());
-        Self::copy_results(slot, s, nq, k)?;
-        slot.stream.synchronize().op("cuStreamSynchronize")
-    }
-
-    /// Queues on `s` the copy of the `nq × (k + 1)` result rows to the
-    /// pinned host buffer; the host reads them after synchronising the stream.
-    pub(crate) fn copy_results(
-        slot: &mut Slot,
-        s: Queue<'_>,
-        nq: usize,
-        k: usize,
-    ) -> Result<(), CudaError> {
-        if slot.mapped() {
-            // The kernels wrote the rows into out_host already.
-            return Ok(());
-        }
-        let rows = DevSlice::of(&slot.out).range("results", 0, nq * (k + 1))?;
-        launch::d2h(s, &mut slot.out_host, rows)
-    }
-
-    /// Reads query `qi`'s results into `out`, finishing it on the host from its
-    /// scores when the device path did not (k > max_k or too many ties). A
-    /// query of a batch is named by its position in the slot's staged
-    /// queries (`rescore`): its scores may have been overwritten by a later
-    /// chunk's, so it is scored again alone (the same canonical scores)
-    /// before the host selects; a single query's scores are still in row `qi`.
-    pub(crate) fn collect(
-        &self,
-        slot: &mut Slot,
-        qi: usize,
-        k: usize,
-        rescore: Option<usize>,
-        out: &mut Vec<Neighbor>,
-    ) -> Result<(), CudaError> {
-        out.clear();
-        if self.planner.device_k(k) {
-            let row = &slot.out_host.as_slice()[qi * (k + 1)..(qi + 1) * (k + 1)];
-            match row[0].index {
-                STATUS_OK => {
-                    out.extend(row[1..].iter().map(|r| Neighbor::new(r.index, r.score)));
-                    return Ok(());
-                }
-                STATUS_OVERFLOW => {
-                    tracing::debug!(
-                        k,
-                        "tied candidates over the device cap; selecting on the host"
-                    );
-                }
-                other => {
-                    return Err(CudaError::Driver {
-                        op: "topk_gather",
-                        reason: format!("unknown result status {other}"),
-                    })
-                }
-            }
-        }
-        match rescore {
-            Some(staged) => {
-                // The scoring alone, into row 0.
-                let query = slot.queries_at(self.d, staged, 1)?;
-                self.enqueue(slot, Plan::SCORES_ONLY, query, 0, 1, k)?;
-                self.select_on_host(slot, 0, k, out)
-            }
-            None => self.select_on_host(slot, qi, k, out),
-        }
-    }
-
-    /// The slower exact path: brings query `qi`'s N scores to the host and
-    /// selects there with the docs/CONTRACTS.md §3 key.
-    pub(crate) fn select_on_host(
-        &self,
-        slot: &mut Slot,
-        qi: usize,
-        k: usize,
-        out: &mut Vec<Neighbor>,
-    ) -> Result<(), CudaError> {
-        Self::select_scores_on_host(slot, qi, self.n, k, out)
-    }
-
-    /// [`Self::select_on_host`] over query `qi`'s row of `n` scores (rows of
-    /// `n` apart in the slot's scores).
-    pub(crate) fn select_scores_on_host(
-        slot: &mut Slot,
-        qi: usize,
-        n: usize,
-        k: usize,
-        out: &mut Vec<Neighbor>,
-    ) -> Result<(), CudaError> {
-        let row = DevSlice::of(&slot.scores).range("score buffer", qi * n, n)?;
-        launch::d2h(
-            Queue::Stream(slot.stream.as_inner()),
-            &mut slot.scores_host,
-            row,
-        )?;
-        slot.stream.synchronize().op("cuStreamSynchronize")?;
-        let scores = &slot.scores_host.as_slice()[..n];
-        let mut keys: Vec<u64> = scores
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| rank_key(s, i as u32))
-            .collect();
-        if k < n {
-            keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-            keys.truncate(k);
-        }
-        keys.sort_unstable_by(|a, b| b.cmp(a));
-        out.clear();
-        out.extend(keys.iter().map(|&key| {
-            let i = u32::MAX - key as u32;
-            Neighbor::new(i, scores[i as usize])
-        }));
-        Ok(())
     }
 }
 

@@ -109,6 +109,10 @@ mod prune;
 #[cfg(feature = "cuda")]
 mod resident;
 #[cfg(feature = "cuda")]
+mod results;
+#[cfg(feature = "cuda")]
+mod shadow;
+#[cfg(feature = "cuda")]
 mod single;
 #[cfg(feature = "cuda")]
 mod slot;

@@ -581,7 +581,7 @@ pub(crate) struct Growth {
     slots: Vec<std::sync::Mutex<Slot>>,
     sizes: crate::slot::Sizes,
     /// Room for the f16 copy of the rows, where the engine keeps one.
-    shadow: Option<crate::engine::Shadow>,
+    shadow: Option<crate::shadow::Shadow>,
 }
 
 impl Engine {
