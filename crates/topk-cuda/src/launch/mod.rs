@@ -16,6 +16,7 @@
 
 mod copy;
 mod filter;
+mod filter90;
 mod graph;
 mod prune;
 mod rows;
@@ -37,7 +38,8 @@ pub(crate) use copy::{
     d2d, d2d_2d, d2d_sync, d2h, fill_neg_inf, h2d, h2d_staged, h2d_sync, h2d_upload, zero32,
     zero_async, zero_sync, STAGED_MIN_BYTES,
 };
-pub(crate) use filter::{Emitted, HalfQueries, Sampled, ShadowRows};
+pub(crate) use filter::Sampled;
+pub(crate) use filter90::{Emitted, HalfQueries, ShadowRows};
 pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use prune::{PruneArgs, SetListsArgs, PRUNE_MAX_CANDS, PRUNE_MAX_CAP};
 pub(crate) use rows::FROM_B;
@@ -584,7 +586,7 @@ impl Kernels {
                 let f = family!(m, "topk_approx90");
                 let e = family!(m, "topk_emit90");
                 for &k in f.iter().chain(&e) {
-                    allow_shared(k, filter::APPROX90_SMEM)?;
+                    allow_shared(k, filter90::APPROX90_SMEM)?;
                 }
                 let q16 = match dtype {
                     Dtype::F32 => None,
@@ -599,7 +601,7 @@ impl Kernels {
                 let approx90 = family!(m, "topk_approx90");
                 let emit90 = family!(m, "topk_emit90");
                 for &k in approx90.iter().chain(&emit90) {
-                    allow_shared(k, filter::APPROX90_SMEM)?;
+                    allow_shared(k, filter90::APPROX90_SMEM)?;
                 }
                 Some(Shadow90 {
                     approx90,
