@@ -5,7 +5,8 @@
 //! `TOPK_CPU_BENCH=full` runs N ∈ {100k, 1M} × D ∈ {384, 1024} × K ∈ {8, 100}
 //! with batches of 1,000 queries. `TOPK_CPU_BENCH_PATH=scalar|avx2|avx512`
 //! forces a kernel path. Single queries run on rayon's global pool and on a
-//! one-thread pool.
+//! one-thread pool; batches run with every batch product this CPU has
+//! (`batch<Q>_f32`, `batch<Q>_int8`), side by side.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{Metric, Neighbor, Retriever};
-use topk_cpu::{CpuRetriever, Kernels, Path};
+use topk_cpu::{BatchGemm, CpuRetriever, Kernels, Path};
 
 use topk_testkit::corpora as common;
 
@@ -71,6 +72,13 @@ fn bench(c: &mut Criterion) {
             let cpu = CpuRetriever::from_rowmajor(rows(42, n, d), d, Metric::Dot)
                 .expect("valid corpus")
                 .with_kernels(kernels);
+            let products: Vec<(BatchGemm, CpuRetriever)> = BatchGemm::available()
+                .into_iter()
+                .map(|g| {
+                    let r = cpu.clone().with_batch_gemm(g).expect("available");
+                    (g, r)
+                })
+                .collect();
             let mut g = c.benchmark_group(format!("cpu/n{n}/d{d}"));
             g.sample_size(10)
                 .warm_up_time(Duration::from_millis(500))
@@ -100,16 +108,18 @@ fn bench(c: &mut Criterion) {
                 let qs = ArrayView2::from_shape((batch, d), &queries).expect("shape");
                 let mut outs = Vec::new();
                 g.throughput(Throughput::Elements(batch as u64));
-                g.bench_function(
-                    BenchmarkId::new(format!("batch{batch}"), format!("k{k}")),
-                    |b| {
-                        b.iter(|| {
-                            cpu.search_batch_into(black_box(qs), k, &mut outs)
-                                .expect("batch");
-                            black_box(&outs);
-                        })
-                    },
-                );
+                for (gemm, cpu) in &products {
+                    g.bench_function(
+                        BenchmarkId::new(format!("batch{batch}_{gemm}"), format!("k{k}")),
+                        |b| {
+                            b.iter(|| {
+                                cpu.search_batch_into(black_box(qs), k, &mut outs)
+                                    .expect("batch");
+                                black_box(&outs);
+                            })
+                        },
+                    );
+                }
             }
             g.finish();
         }

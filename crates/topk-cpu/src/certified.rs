@@ -93,8 +93,81 @@ use crate::retriever::CpuRetriever;
 use crate::select::Selector;
 
 mod bounds;
+mod quant;
 pub(crate) use bounds::BoundNorms;
-use bounds::{cut, reaches, width_factor, Bounds, CosineBounds, DotBounds, L2Bounds};
+use bounds::{
+    cut, reaches, width_factor, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds, QueryBound,
+};
+pub(crate) use quant::CorpusCodes;
+use quant::{QueryCodes, RowCodes};
+
+/// The approximate product behind a certified batch's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BatchGemm {
+    /// `faer`'s f32 matrix product; runs everywhere.
+    F32,
+    /// Queries and rows quantized to 8 bits with power-of-two scales and
+    /// multiplied exactly in integers by AVX-512 VNNI (four times the
+    /// multiply-adds of an f32 FMA), with a wider certified width. Vectors
+    /// whose largest magnitude is outside `[2^-60, 2^61)` take the f32
+    /// product instead.
+    Int8,
+}
+
+impl BatchGemm {
+    /// Every product, the everywhere one first.
+    pub const ALL: [BatchGemm; 2] = [BatchGemm::F32, BatchGemm::Int8];
+
+    /// Lowercase name ("f32", "int8").
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchGemm::F32 => "f32",
+            BatchGemm::Int8 => "int8",
+        }
+    }
+
+    /// Whether this CPU runs the product.
+    pub fn is_available(self) -> bool {
+        match self {
+            BatchGemm::F32 => true,
+            BatchGemm::Int8 => crate::kernels::int8::available(),
+        }
+    }
+
+    /// The products this CPU runs.
+    pub fn available() -> Vec<BatchGemm> {
+        BatchGemm::ALL
+            .into_iter()
+            .filter(|g| g.is_available())
+            .collect()
+    }
+
+    /// The fastest product this CPU runs.
+    pub fn best() -> BatchGemm {
+        if BatchGemm::Int8.is_available() {
+            BatchGemm::Int8
+        } else {
+            BatchGemm::F32
+        }
+    }
+}
+
+impl std::fmt::Display for BatchGemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BatchGemm {
+    type Err = crate::CpuError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BatchGemm::ALL
+            .into_iter()
+            .find(|g| g.as_str() == s)
+            .ok_or_else(|| crate::CpuError::UnknownBatchGemm { name: s.to_owned() })
+    }
+}
 
 /// Fewest queries for which a batch takes the GEMM path: below it the
 /// tiled canonical scan is as fast.
@@ -251,11 +324,23 @@ impl CpuRetriever {
         let rows = self.bound_norms();
         let queries = BoundNorms::of(batch.data(), dim);
         let c = width_factor(dim);
-        let params: Vec<(f32, f32)> = (0..batch.len())
-            .map(|j| match self.metric() {
-                Metric::Dot => (c * queries.norm[j], 0.0),
-                Metric::L2 => (queries.sq[j], 0.0),
-                Metric::Cosine => (c * queries.norm[j], batch.norm(j)),
+        let codes = match self.batch_gemm {
+            BatchGemm::Int8 => self
+                .install(|| QueryCodes::of(batch.data(), dim))
+                .map(|q| (q, self.corpus_codes())),
+            BatchGemm::F32 => None,
+        };
+        let params: Vec<QueryBound> = (0..batch.len())
+            .map(|j| {
+                let mut p = match self.metric() {
+                    Metric::Dot => QueryBound::new(c * queries.norm[j], 0.0),
+                    Metric::L2 => QueryBound::new(queries.sq[j], 0.0),
+                    Metric::Cosine => QueryBound::new(c * queries.norm[j], batch.norm(j)),
+                };
+                if let Some((codes, _)) = &codes {
+                    (p.a1, p.a2) = codes.factors[j];
+                }
+                p
             })
             .collect();
         // The largest `T` any piece has reached, per query.
@@ -276,7 +361,10 @@ impl CpuRetriever {
                 .with_min_len(min_len)
                 .fold(fresh, |mut piece, b| {
                     let range = b * BLOCK_ROWS..((b + 1) * BLOCK_ROWS).min(n);
-                    self.bound_block(batch, &params, &shared, rows, c, range, &mut piece);
+                    let codes = codes
+                        .as_ref()
+                        .and_then(|(q, rows)| Some((q, rows.block(b)?)));
+                    self.bound_block(batch, codes, &params, &shared, rows, c, range, &mut piece);
                     piece
                 })
                 .map(|p| p.states)
@@ -318,6 +406,7 @@ impl CpuRetriever {
         tracing::debug!(
             queries = batch.len(),
             k,
+            gemm = if codes.is_some() { "int8" } else { "f32" },
             rescored = stats.rescored,
             fallbacks = stats.fallbacks,
             "certified batch"
@@ -327,12 +416,14 @@ impl CpuRetriever {
 
     /// Bounds every pair of (rows `range`, batch query) and offers the rows
     /// that can still reach each query's top K (`shared`: the queries'
-    /// largest `T` over every piece).
+    /// largest `T` over every piece). With `codes` (the batch's and the
+    /// block's), the approximate dots come from the int8 product.
     #[allow(clippy::too_many_arguments)]
     fn bound_block(
         &self,
         batch: &Batch<'_>,
-        params: &[(f32, f32)],
+        codes: Option<(&QueryCodes, &RowCodes)>,
+        params: &[QueryBound],
         shared: &[AtomicU32],
         rows: &BoundNorms,
         c: f32,
@@ -341,14 +432,24 @@ impl CpuRetriever {
     ) {
         let dim = self.dim();
         let nr = range.len();
-        let block = self.corpus.rows(range.clone(), &mut piece.wide);
+        // The int8 product reads the quantized block only.
+        let block = match codes {
+            Some(_) => &[][..],
+            None => self.corpus.rows(range.clone(), &mut piece.wide),
+        };
+        let int8 = codes.map(|(_, rows)| Int8Rows::new(&rows.u1, &rows.u2));
         let mut q0 = 0;
         while q0 < batch.len() {
             let q1 = (q0 + QUERY_BLOCK).min(batch.len());
             let m = q1 - q0;
             piece.buf.resize(m * nr, 0.0);
-            let qdata = &batch.data()[q0 * dim..q1 * dim];
-            gemm_nt(qdata, block, m, nr, dim, &mut piece.buf);
+            match codes {
+                Some((queries, rows)) => rows.product(queries, q0, m, &mut piece.buf),
+                None => {
+                    let qdata = &batch.data()[q0 * dim..q1 * dim];
+                    gemm_nt(qdata, block, m, nr, dim, &mut piece.buf);
+                }
+            }
             let (buf, states) = (&piece.buf, &mut piece.states[q0..q1]);
             let row0 = range.start;
             let params = &params[q0..q1];
@@ -356,7 +457,7 @@ impl CpuRetriever {
             match self.metric() {
                 Metric::Dot => scan(
                     self.kernels,
-                    &DotBounds::new(&rows.norm[range.clone()]),
+                    &DotBounds::new(&rows.norm[range.clone()]).with_int8(int8),
                     buf,
                     nr,
                     row0,
@@ -366,7 +467,7 @@ impl CpuRetriever {
                 ),
                 Metric::L2 => scan(
                     self.kernels,
-                    &L2Bounds::new(&rows.sq[range.clone()], c),
+                    &L2Bounds::new(&rows.sq[range.clone()], c).with_int8(int8),
                     buf,
                     nr,
                     row0,
@@ -376,7 +477,8 @@ impl CpuRetriever {
                 ),
                 Metric::Cosine => scan(
                     self.kernels,
-                    &CosineBounds::new(&rows.norm[range.clone()], self.corpus.norms(range.clone())),
+                    &CosineBounds::new(&rows.norm[range.clone()], self.corpus.norms(range.clone()))
+                        .with_int8(int8),
                     buf,
                     nr,
                     row0,
@@ -406,11 +508,11 @@ fn scan<B: Bounds>(
     buf: &[f32],
     nr: usize,
     row0: usize,
-    params: &[(f32, f32)],
+    params: &[QueryBound],
     shared: &[AtomicU32],
     states: &mut [QueryState],
 ) {
-    for (((srow, &(a, b)), st), top) in buf
+    for (((srow, p), st), top) in buf
         .chunks_exact(nr)
         .zip(params)
         .zip(states.iter_mut())
@@ -422,11 +524,11 @@ fn scan<B: Bounds>(
         // Relaxed: any value read is some piece's valid `T`.
         st.raise(top.load(Atomic::Relaxed));
         let mut cut_t = st.t;
-        let mut cut_at = cut(bounds, a, b, cut_t);
+        let mut cut_at = cut(bounds, p, cut_t);
         'groups: for (gi, group) in srow.chunks(GROUP).enumerate() {
             if ordered_bits(st.t) != ordered_bits(cut_t) {
                 cut_t = st.t;
-                cut_at = cut(bounds, a, b, cut_t);
+                cut_at = cut(bounds, p, cut_t);
             }
             let mut mask = match cut_at {
                 Some(c) => kernels.above(group, c),
@@ -436,7 +538,7 @@ fn scan<B: Bounds>(
                 let o = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
                 let i = gi * GROUP + o;
-                let (lo, hi) = bounds.lo_hi(a, b, group[o], i);
+                let (lo, hi) = bounds.lo_hi(p, group[o], i);
                 if reaches(hi, st.t) {
                     // Row indices fit u32: validated at ingest (§4).
                     st.offer((row0 + i) as u32, lo, hi);

@@ -5,7 +5,8 @@ use topk_core::{Metric, Neighbor, Retriever};
 use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
 
 use super::{
-    cut, default_cap, reaches, Bounds, CosineBounds, DotBounds, L2Bounds, Stats, MIN_QUERIES,
+    cut, default_cap, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds,
+    QueryBound, Stats, MIN_QUERIES,
 };
 use crate::{CpuRetriever, Kernels, Oracle};
 
@@ -43,7 +44,8 @@ fn oracle(data: &[f32], d: usize, metric: Metric, queries: &[f32], k: usize) -> 
 }
 
 /// Checks the forced certified path and the public batch against the
-/// oracle, bit for bit; returns the certified path's statistics.
+/// oracle, bit for bit, with every batch product this CPU runs; returns the
+/// statistics of the last (the fastest).
 fn check(
     data: &[f32],
     d: usize,
@@ -53,18 +55,39 @@ fn check(
     kernels: Kernels,
 ) -> Result<Stats, TestCaseError> {
     let want = oracle(data, d, metric, queries, k);
+    let mut stats = Stats::default();
+    for gemm in BatchGemm::available() {
+        stats = check_with(data, d, metric, queries, k, kernels, gemm, &want)?;
+    }
+    Ok(stats)
+}
+
+/// [`check`] with one batch product.
+#[allow(clippy::too_many_arguments)]
+fn check_with(
+    data: &[f32],
+    d: usize,
+    metric: Metric,
+    queries: &[f32],
+    k: usize,
+    kernels: Kernels,
+    gemm: BatchGemm,
+    want: &[Vec<Neighbor>],
+) -> Result<Stats, TestCaseError> {
     let cpu = CpuRetriever::from_rowmajor(data.to_vec(), d, metric)
         .unwrap()
-        .with_kernels(kernels);
+        .with_kernels(kernels)
+        .with_batch_gemm(gemm)
+        .unwrap();
     let n = cpu.len();
     let ctx = format!(
-        "N={n} D={d} Q={} K={k} {metric} path={}",
+        "N={n} D={d} Q={} K={k} {metric} path={} gemm={gemm}",
         want.len(),
         kernels.path()
     );
     let (got, stats) = certified(&cpu, queries, k, default_cap(k));
     prop_assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if let Some(diff) = bitwise_diff(g, w) {
             return Err(TestCaseError::fail(format!(
                 "{ctx} certified query {i}: {diff}"
@@ -73,7 +96,7 @@ fn check(
     }
     let view = ArrayView2::from_shape((want.len(), d), queries).unwrap();
     let public = cpu.search_batch(view, k).unwrap();
-    for (i, (g, w)) in public.iter().zip(&want).enumerate() {
+    for (i, (g, w)) in public.iter().zip(want).enumerate() {
         if let Some(diff) = bitwise_diff(g, w) {
             return Err(TestCaseError::fail(format!(
                 "{ctx} batch query {i}: {diff}"
@@ -151,15 +174,14 @@ proptest! {
 /// at most the cut has an upper bound reaching `t`.
 fn check_cut<B: Bounds>(
     bounds: &B,
-    a: f32,
-    b: f32,
+    q: &QueryBound,
     t: f32,
     s: &[f32],
 ) -> Result<Option<f32>, TestCaseError> {
-    let c = cut(bounds, a, b, t);
+    let c = cut(bounds, q, t);
     if let Some(c) = c {
         for (i, &v) in s.iter().enumerate() {
-            let (_, hi) = bounds.lo_hi(a, b, v, i);
+            let (_, hi) = bounds.lo_hi(q, v, i);
             if v <= c {
                 prop_assert!(
                     !reaches(hi, t),
@@ -176,7 +198,8 @@ proptest! {
 
     /// The cut of every metric on random blocks, with the threshold at a
     /// row's own upper bound (the tightest tie) or anywhere between the
-    /// rows' bounds, and approximate dots at and around the cut.
+    /// rows' bounds, and approximate dots at and around the cut; with and
+    /// without the int8 product's error terms.
     #[test]
     fn a_cut_leaves_out_only_rows_below_t(
         seed: u64,
@@ -184,6 +207,7 @@ proptest! {
         dim in 1usize..2000,
         scale in -40i32..40,
         pick in any::<prop::sample::Index>(),
+        int8 in any::<bool>(),
     ) {
         let mut rng = corpora::Rng::new(seed);
         let f = 2_f32.powi(scale);
@@ -196,39 +220,49 @@ proptest! {
             .collect();
         let qb = (rng.unit().abs() + 0.01) * f;
         let mut s: Vec<f32> = (0..rows).map(|_| rng.unit() * qb * f).collect();
-        let dot = DotBounds::new(&norm);
-        let l2 = L2Bounds::new(&sq, c);
-        let cos = CosineBounds::new(&norm, &rn);
-        let (a_dot, a_l2, b_cos) = (c * qb, qb * qb, qb);
+        // Int8 terms of the size the quantization gives: u ~ ‖x‖/64.
+        let u1: Vec<f32> = norm.iter().map(|&v| v * rng.unit().abs() / 64.0).collect();
+        let u2: Vec<f32> = norm.iter().map(|&v| v * (rng.unit().abs() + 0.5) / 64.0).collect();
+        let terms = int8.then(|| Int8Rows::new(&u1, &u2));
+        let dot = DotBounds::new(&norm).with_int8(terms);
+        let l2 = L2Bounds::new(&sq, c).with_int8(terms);
+        let cos = CosineBounds::new(&norm, &rn).with_int8(terms);
+        let (a1, a2) = if int8 {
+            (qb * rng.unit().abs(), qb * rng.unit().abs() / 128.0)
+        } else {
+            (0.0, 0.0)
+        };
+        let with = |a: f32, b: f32| QueryBound { a, b, a1, a2 };
+        let (q_dot, q_l2, q_cos) = (with(c * qb, 0.0), with(qb * qb, 0.0), with(c * qb, qb));
         let i = pick.index(rows);
         for round in 0..3 {
             let t_dot = match round {
-                0 => dot.lo_hi(a_dot, 0.0, s[i], i).1,
+                0 => dot.lo_hi(&q_dot, s[i], i).1,
                 _ => s[i] * (1.0 + rng.unit() * 1e-3),
             };
-            let found = check_cut(&dot, a_dot, 0.0, t_dot, &s)?;
+            let found = check_cut(&dot, &q_dot, t_dot, &s)?;
             prop_assert!(found.is_some(), "dot: no cut for t {}", t_dot);
             if let Some(cut) = found {
                 // Rows at and around the cut.
                 s[i] = cut;
-                check_cut(&dot, a_dot, 0.0, t_dot, &s)?;
+                check_cut(&dot, &q_dot, t_dot, &s)?;
                 s[i] = cut.next_up();
             }
             let t_l2 = match round {
-                0 => l2.lo_hi(a_l2, 0.0, s[i], i).1,
-                _ => 2.0 * s[i] - a_l2 - sq[i] * (1.0 + rng.unit()),
+                0 => l2.lo_hi(&q_l2, s[i], i).1,
+                _ => 2.0 * s[i] - q_l2.a - sq[i] * (1.0 + rng.unit()),
             };
-            let found = check_cut(&l2, a_l2, 0.0, t_l2, &s)?;
+            let found = check_cut(&l2, &q_l2, t_l2, &s)?;
             prop_assert!(found.is_some(), "l2: no cut for t {}", t_l2);
             if let Some(cut) = found {
                 s[i] = cut;
-                check_cut(&l2, a_l2, 0.0, t_l2, &s)?;
+                check_cut(&l2, &q_l2, t_l2, &s)?;
             }
             let t_cos = match round {
-                0 => cos.lo_hi(a_dot, b_cos, s[i], i).1,
+                0 => cos.lo_hi(&q_cos, s[i], i).1,
                 _ => rng.unit().abs(),
             };
-            let found = check_cut(&cos, a_dot, b_cos, t_cos, &s)?;
+            let found = check_cut(&cos, &q_cos, t_cos, &s)?;
             let has_rows = rn.iter().any(|&v| v > 0.0);
             prop_assert!(
                 found.is_some() || t_cos <= 0.0 || !has_rows,
@@ -237,11 +271,11 @@ proptest! {
             );
             if let Some(cut) = found {
                 s[i] = cut;
-                check_cut(&cos, a_dot, b_cos, t_cos, &s)?;
+                check_cut(&cos, &q_cos, t_cos, &s)?;
             }
         }
         // No cut below -inf: every row is then tested.
-        prop_assert_eq!(cut(&dot, a_dot, 0.0, f32::NEG_INFINITY), None);
+        prop_assert_eq!(cut(&dot, &q_dot, f32::NEG_INFINITY), None);
     }
 }
 

@@ -17,6 +17,21 @@ pub enum CpuError {
         available: String,
     },
 
+    /// A batch product was forced that this CPU cannot run.
+    #[error("batch product {gemm} is not available on this CPU (available: {available})")]
+    BatchGemmUnavailable {
+        /// The product asked for.
+        gemm: crate::BatchGemm,
+        /// The products this CPU runs, comma separated.
+        available: String,
+    },
+    /// A batch product name that is not one of "f32", "int8".
+    #[error("unknown batch product {name:?}: use \"f32\" or \"int8\"")]
+    UnknownBatchGemm {
+        /// The name given.
+        name: String,
+    },
+
     // ---- threads ----------------------------------------------------------
     /// A thread count outside `1..`.
     #[error("invalid thread count {threads}: use at least 1")]

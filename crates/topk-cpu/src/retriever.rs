@@ -8,7 +8,7 @@ use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{validate, Dtype, Metric, Neighbor, Result, Retriever, RowStore};
 
-use crate::certified::BoundNorms;
+use crate::certified::{BatchGemm, BoundNorms, CorpusCodes};
 use crate::corpus::Corpus;
 use crate::error::CpuError;
 use crate::kernels::Kernels;
@@ -26,10 +26,15 @@ const TASK_VALUES: usize = 1 << 18;
 pub struct CpuRetriever {
     pub(crate) corpus: Corpus,
     pub(crate) kernels: Kernels,
+    /// The approximate product of certified batches.
+    pub(crate) batch_gemm: BatchGemm,
     pool: Option<Arc<rayon::ThreadPool>>,
     /// Upward row norms for the certified batch path, computed by the first
     /// batch that takes it.
     bound_norms: OnceLock<BoundNorms>,
+    /// The corpus quantized for the int8 batch product, by the first batch
+    /// that takes it.
+    corpus_codes: OnceLock<CorpusCodes>,
 }
 
 fn norms_with(kernels: Kernels) -> impl Fn(&[f32], usize) -> Vec<f32> {
@@ -83,8 +88,10 @@ impl CpuRetriever {
         CpuRetriever {
             corpus,
             kernels,
+            batch_gemm: BatchGemm::best(),
             pool: None,
             bound_norms: OnceLock::new(),
+            corpus_codes: OnceLock::new(),
         }
     }
 
@@ -93,6 +100,27 @@ impl CpuRetriever {
     pub fn with_kernels(mut self, kernels: Kernels) -> CpuRetriever {
         self.kernels = kernels;
         self
+    }
+
+    /// Uses the given approximate product for certified batches instead of
+    /// the fastest one, or [`CpuError::BatchGemmUnavailable`] when this CPU
+    /// cannot run it. Results are the same bytes with every product.
+    pub fn with_batch_gemm(mut self, gemm: BatchGemm) -> Result<CpuRetriever> {
+        if !gemm.is_available() {
+            let available = BatchGemm::available()
+                .iter()
+                .map(|g| g.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(CpuError::BatchGemmUnavailable { gemm, available }.into());
+        }
+        self.batch_gemm = gemm;
+        Ok(self)
+    }
+
+    /// The approximate product of certified batches.
+    pub fn batch_gemm(&self) -> BatchGemm {
+        self.batch_gemm
     }
 
     /// Runs searches on a dedicated pool of `threads` threads instead of
@@ -143,6 +171,12 @@ impl CpuRetriever {
                 all
             })
         })
+    }
+
+    /// The corpus quantized for the int8 batch product (computed once).
+    pub(crate) fn corpus_codes(&self) -> &CorpusCodes {
+        self.corpus_codes
+            .get_or_init(|| self.install(|| CorpusCodes::of(&self.corpus)))
     }
 
     /// Runs `f` on this retriever's pool.

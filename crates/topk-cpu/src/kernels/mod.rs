@@ -31,6 +31,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub(crate) mod gemm;
+pub(crate) mod int8;
 mod widen;
 
 pub use widen::rows_f32;

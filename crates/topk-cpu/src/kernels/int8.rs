@@ -1,0 +1,434 @@
+//! The integer product of the certified batch path's int8 bounds
+//! ([`crate::certified`], docs/CONTRACTS.md §2.1): queries quantized to `i8`,
+//! rows to `u8` (the `i8` code plus 128), their dot products summed exactly
+//! in `i32` by AVX-512 VNNI (`vpdpbusd`: 64 byte products per instruction,
+//! four times the multiply-adds of an f32 FMA), and each sum turned into an
+//! approximate dot `fl(P)·2^-kq·2^-kx` in `f32`.
+//!
+//! Integer sums are exact in any order, so the product has no rounding to
+//! bound but the conversion; the quantization error is bounded by the
+//! caller from the codes' norms.
+//!
+//! # Layouts
+//!
+//! - Queries: `m` rows of `dp` codes (`dp`: `D` rounded up to a multiple of
+//!   4, the padding zero), the row count padded to a multiple of
+//!   [`TILE_QUERIES`] with zero rows.
+//! - Rows: groups of [`GROUP_ROWS`] rows; within a group, for each step of 4
+//!   dimensions, 4 panels of 16 rows of 4 bytes (256 bytes a step). Rows past
+//!   the block's end hold the code 128 (a zero).
+//!
+//! Nothing here is canonical: the scores only decide which rows get a
+//! canonical score.
+
+/// Queries of one register tile.
+pub(crate) const TILE_QUERIES: usize = 6;
+/// Rows of one packed group (4 panels of 16).
+pub(crate) const GROUP_ROWS: usize = 64;
+/// Bytes of one 4-dimension step of a packed group.
+const STEP_BYTES: usize = GROUP_ROWS * 4;
+
+/// Whether this CPU runs the VNNI product.
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `dim` rounded up to a whole number of 4-byte steps.
+pub(crate) fn padded_dim(dim: usize) -> usize {
+    dim.div_ceil(4) * 4
+}
+
+/// Bytes of the packed rows of a block of `n` rows.
+pub(crate) fn packed_len(n: usize, dp: usize) -> usize {
+    n.div_ceil(GROUP_ROWS) * GROUP_ROWS * dp
+}
+
+/// Writes the `u8` codes (`code + 128`) of block row `row` into the packed
+/// layout `out` (of [`packed_len`] bytes); `codes` holds `dp` values.
+pub(crate) fn pack_row(out: &mut [u8], row: usize, dp: usize, codes: &[i8]) {
+    let group = row / GROUP_ROWS;
+    let lane = row % GROUP_ROWS; // panel * 16 + row within the panel
+    let base = group * GROUP_ROWS * dp + lane * 4;
+    for (s, c) in codes.chunks_exact(4).enumerate() {
+        let at = base + s * STEP_BYTES;
+        for (o, &v) in out[at..at + 4].iter_mut().zip(c) {
+            *o = (v as u8) ^ 0x80; // v + 128 as u8
+        }
+    }
+}
+
+/// Exponent range of a vector's largest magnitude that the quantization
+/// takes (`2^-60 ≤ max |x_d| < 2^61`): every scale and its inverse is then a
+/// normal `f32`. Vectors outside it (or with subnormal values only) are
+/// bounded by the f32 product instead.
+const MAX_EXP: i32 = 60;
+/// `1.5 · 2^23`: adding and subtracting it rounds an `f32` of magnitude
+/// below `2^22` to the nearest integer, ties to even.
+const ROUND: f32 = 12_582_912.0;
+
+/// A vector's quantization: codes `a_d = round(x_d · 2^k)` in `[-127, 127]`
+/// and the exact errors `e_d = x_d · 2^k − a_d`, `|e_d| ≤ 1/2`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Quantized {
+    /// The scale's exponent: the codes are `x · 2^k`, rounded.
+    pub(crate) k: i32,
+    /// `Σ a_d²`, exact.
+    pub(crate) code_sq: f64,
+    /// An upper bound of `Σ e_d²`.
+    pub(crate) err_sq: f64,
+}
+
+/// `2^k` as an `f32`, for `|k| ≤ 126`.
+pub(crate) fn pow2(k: i32) -> f32 {
+    debug_assert!(k.abs() <= 126);
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+/// Quantizes `x` into `codes` (its first `x.len()` values; the rest are
+/// zeroed) with the largest power-of-two scale that keeps every code within
+/// `[-127, 127]`; `None` when the largest magnitude is outside the range
+/// the bounds are derived for (see `MAX_EXP`). Input values are finite.
+pub(crate) fn quantize(x: &[f32], codes: &mut [i8]) -> Option<Quantized> {
+    assert!(
+        codes.len() >= x.len(),
+        "quantize: {} codes for {} values",
+        codes.len(),
+        x.len()
+    );
+    codes[x.len()..].fill(0);
+    let max = x.iter().fold(0.0_f32, |m, &v| m.max(v.abs()));
+    if max == 0.0 {
+        codes[..x.len()].fill(0);
+        return Some(Quantized {
+            k: 0,
+            code_sq: 0.0,
+            err_sq: 0.0,
+        });
+    }
+    let biased = (max.to_bits() >> 23) as i32;
+    let e = biased - 127;
+    if biased == 0 || !(-MAX_EXP..=MAX_EXP).contains(&e) {
+        return None;
+    }
+    // max · 2^(6 − e) lies in [64, 128); one step down where it passes 127.
+    let mut k = 6 - e;
+    if max * pow2(k) > 127.0 {
+        k -= 1;
+    }
+    let scale = pow2(k);
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: AVX-512F and BW are available (checked just above).
+        return Some(unsafe { vnni::quantize(x, scale, k, &mut codes[..x.len()]) });
+    }
+    Some(quantize_with(x, scale, k, &mut codes[..x.len()]))
+}
+
+/// The quantization loop: 16 lanes of integer and `f32` sums, so that the
+/// compiler can keep them in vectors.
+#[inline(always)]
+fn quantize_with(x: &[f32], scale: f32, k: i32, codes: &mut [i8]) -> Quantized {
+    let mut csq = [0_i32; 16];
+    let mut esq = [0.0_f32; 16];
+    for (xc, cc) in x.chunks(16).zip(codes.chunks_mut(16)) {
+        for (l, (&v, c)) in xc.iter().zip(cc.iter_mut()).enumerate() {
+            // Exact: a power-of-two scale, |p| ≤ 127 (a subnormal p, from
+            // |x_d| < 2^-60, is off by at most 2^-149; see below).
+            let p = v * scale;
+            let r = (p + ROUND) - ROUND;
+            let a = r as i32;
+            *c = a as i8;
+            // Exact: p − r shares p's grid and is at most 1/2.
+            let err = p - r;
+            csq[l] += a * a;
+            esq[l] += err * err;
+        }
+    }
+    // Codes: at most 127² · 2^12 per lane (D ≤ 2^16), exact in i32.
+    let code_sq = csq.iter().map(|&v| f64::from(v)).sum();
+    // Errors: each square rounded once and summed in f32 over at most
+    // D/16 + 16 ≤ 2^12 + 16 roundings: relative error below 2^-11, covered
+    // by 2^-8; 2^-270 more covers the subnormal products' 2^-149 per value.
+    let e: f64 = esq.iter().map(|&v| f64::from(v)).sum();
+    let err_sq = e * (1.0 + 1.0 / 256.0) + f64::from(x.len() as u32) * 2f64.powi(-270);
+    Quantized { k, code_sq, err_sq }
+}
+
+/// The shapes of one product, checked before the unsafe kernel reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    /// Queries (before padding).
+    pub(crate) m: usize,
+    /// Block rows.
+    pub(crate) n: usize,
+    /// Codes per vector (a multiple of 4).
+    pub(crate) dp: usize,
+}
+
+/// `out[j * n + i] = fl(P_ji) · qscale[j] · xscale[i]` with `P_ji =
+/// Σ_d q_jd · x_id` in exact integer arithmetic, where `rows` holds the
+/// packed `x + 128` and `qsum[j] = Σ_d q_jd` removes the offset.
+///
+/// # Panics
+/// When a slice does not match `shape`, or the CPU lacks VNNI.
+pub(crate) fn product(
+    shape: Shape,
+    queries: &[i8],
+    qsum: &[i32],
+    qscale: &[f32],
+    rows: &[u8],
+    xscale: &[f32],
+    out: &mut [f32],
+) {
+    let Shape { m, n, dp } = shape;
+    let mp = m.div_ceil(TILE_QUERIES) * TILE_QUERIES;
+    assert!(
+        dp % 4 == 0
+            && queries.len() == mp * dp
+            && qsum.len() >= m
+            && qscale.len() >= m
+            && rows.len() == packed_len(n, dp)
+            && xscale.len() >= n
+            && out.len() == m * n,
+        "int8 product: shape {shape:?} against lengths {}, {}, {}, {}, {}, {}",
+        queries.len(),
+        qsum.len(),
+        qscale.len(),
+        rows.len(),
+        xscale.len(),
+        out.len()
+    );
+    assert!(available(), "int8 product: this CPU lacks AVX-512 VNNI");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: VNNI, AVX-512F and BW are available (asserted above), and the
+    // assert before it checks every length the kernel reads or writes.
+    unsafe {
+        vnni::product(shape, queries, qsum, qscale, rows, xscale, out);
+    }
+}
+
+/// The same product in plain Rust, for tests.
+#[cfg(test)]
+pub(crate) fn product_scalar(
+    shape: Shape,
+    queries: &[i8],
+    qsum: &[i32],
+    qscale: &[f32],
+    rows: &[u8],
+    xscale: &[f32],
+    out: &mut [f32],
+) {
+    let Shape { m, n, dp } = shape;
+    for j in 0..m {
+        for i in 0..n {
+            let (group, lane) = (i / GROUP_ROWS, i % GROUP_ROWS);
+            let mut acc: i32 = 0;
+            for d in 0..dp {
+                let at = group * GROUP_ROWS * dp + (d / 4) * STEP_BYTES + lane * 4 + d % 4;
+                acc = acc.wrapping_add(i32::from(queries[j * dp + d]) * i32::from(rows[at]));
+            }
+            let p = acc.wrapping_sub(qsum[j].wrapping_mul(128));
+            out[j * n + i] = p as f32 * qscale[j] * xscale[i];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::{Shape, GROUP_ROWS, STEP_BYTES, TILE_QUERIES};
+
+    /// See [`super::product`].
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VNNI must be available and the slices must match
+    /// `shape` as [`super::product`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn product(
+        shape: Shape,
+        queries: &[i8],
+        qsum: &[i32],
+        qscale: &[f32],
+        rows: &[u8],
+        xscale: &[f32],
+        out: &mut [f32],
+    ) {
+        let Shape { m, n, dp } = shape;
+        let steps = dp / 4;
+        let groups = n.div_ceil(GROUP_ROWS);
+        for g in 0..groups {
+            let panel = rows[g * GROUP_ROWS * dp..(g + 1) * GROUP_ROWS * dp].as_ptr();
+            let row0 = g * GROUP_ROWS;
+            let live = (n - row0).min(GROUP_ROWS);
+            // Row scales of the group, zero past the block's end.
+            let mut xs = [0.0_f32; GROUP_ROWS];
+            xs[..live].copy_from_slice(&xscale[row0..row0 + live]);
+            let mut j0 = 0;
+            while j0 < m {
+                let q = queries[j0 * dp..(j0 + TILE_QUERIES) * dp].as_ptr();
+                // SAFETY: `panel` holds `steps` steps of STEP_BYTES and `q`
+                // TILE_QUERIES rows of `dp` codes (the caller's lengths).
+                let acc = unsafe { tile(q, dp, panel, steps) };
+                for (t, row) in acc.iter().enumerate() {
+                    let j = j0 + t;
+                    if j >= m {
+                        break;
+                    }
+                    let corr = _mm512_set1_epi32(qsum[j].wrapping_mul(128));
+                    let qs = _mm512_set1_ps(qscale[j]);
+                    let dst = &mut out[j * n + row0..j * n + row0 + live];
+                    for (p, &v) in row.iter().enumerate() {
+                        let lanes = (live.saturating_sub(p * 16)).min(16);
+                        if lanes == 0 {
+                            break;
+                        }
+                        let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
+                        // SAFETY: `xs` holds 64 values; p < 4.
+                        let x = unsafe { _mm512_loadu_ps(xs.as_ptr().add(p * 16)) };
+                        let s = _mm512_mul_ps(_mm512_mul_ps(s, qs), x);
+                        let mask: __mmask16 = if lanes == 16 {
+                            0xFFFF
+                        } else {
+                            (1u16 << lanes) - 1
+                        };
+                        // SAFETY: the mask keeps the store inside `dst`
+                        // (lanes ≤ its length past p * 16).
+                        unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(p * 16), mask, s) };
+                    }
+                }
+                j0 += TILE_QUERIES;
+            }
+        }
+    }
+
+    /// See [`super::quantize`].
+    ///
+    /// # Safety
+    /// AVX-512F and BW must be available.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn quantize(
+        x: &[f32],
+        scale: f32,
+        k: i32,
+        codes: &mut [i8],
+    ) -> super::Quantized {
+        super::quantize_with(x, scale, k, codes)
+    }
+
+    /// The `i32` sums of TILE_QUERIES queries against one packed group:
+    /// `acc[t][p]` holds rows `16p..16p + 16` for query `t`.
+    ///
+    /// # Safety
+    /// `q` must point to TILE_QUERIES rows of `dp` codes and `panel` to
+    /// `steps` steps of STEP_BYTES bytes; VNNI must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn tile(
+        q: *const i8,
+        dp: usize,
+        panel: *const u8,
+        steps: usize,
+    ) -> [[__m512i; 4]; TILE_QUERIES] {
+        let mut acc = [[_mm512_setzero_si512(); 4]; TILE_QUERIES];
+        for s in 0..steps {
+            // SAFETY: s < steps, so the step's 256 bytes lie in the panel.
+            let p = unsafe { panel.add(s * STEP_BYTES) };
+            // SAFETY: the four 64-byte panels of that step.
+            let r = unsafe {
+                [
+                    _mm512_loadu_si512(p.cast()),
+                    _mm512_loadu_si512(p.add(64).cast()),
+                    _mm512_loadu_si512(p.add(128).cast()),
+                    _mm512_loadu_si512(p.add(192).cast()),
+                ]
+            };
+            for (t, a) in acc.iter_mut().enumerate() {
+                // SAFETY: 4 codes of query t at dimension 4s, inside its row.
+                let w = unsafe { q.add(t * dp + s * 4).cast::<i32>().read_unaligned() };
+                let b = _mm512_set1_epi32(w);
+                for (av, &rv) in a.iter_mut().zip(&r) {
+                    *av = _mm512_dpbusd_epi32(*av, rv, b);
+                }
+            }
+        }
+        acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    /// Random codes, every extreme included, over ragged shapes: the VNNI
+    /// product equals the scalar one bit for bit.
+    #[test]
+    fn the_vnni_product_matches_the_scalar_one() {
+        if !available() {
+            assert!(
+                std::env::var_os("TOPK_REQUIRE_AVX512").is_none_or(|v| v != "1"),
+                "TOPK_REQUIRE_AVX512=1 but this CPU lacks AVX-512 VNNI"
+            );
+            eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+            return;
+        }
+        let mut seed = 7;
+        for (m, n, d) in [
+            (1_usize, 1_usize, 1_usize),
+            (6, 64, 4),
+            (7, 65, 9),
+            (13, 200, 384),
+            (25, 512, 1023),
+        ] {
+            let dp = padded_dim(d);
+            let mp = m.div_ceil(TILE_QUERIES) * TILE_QUERIES;
+            let mut queries = vec![0_i8; mp * dp];
+            let mut qsum = vec![0_i32; m];
+            for j in 0..m {
+                for c in 0..d {
+                    let v = match lcg(&mut seed) % 5 {
+                        0 => -127,
+                        1 => 127,
+                        _ => (lcg(&mut seed) % 255) as i32 - 127,
+                    };
+                    queries[j * dp + c] = v as i8;
+                    qsum[j] += v;
+                }
+            }
+            let mut rows = vec![0x80_u8; packed_len(n, dp)];
+            let mut codes = vec![0_i8; dp];
+            for i in 0..n {
+                for c in codes.iter_mut().take(d) {
+                    *c = ((lcg(&mut seed) % 255) as i32 - 127) as i8;
+                }
+                pack_row(&mut rows, i, dp, &codes);
+            }
+            let qscale: Vec<f32> = (0..m).map(|j| 2f32.powi(j as i32 % 7 - 3)).collect();
+            let xscale: Vec<f32> = (0..n).map(|i| 2f32.powi(i as i32 % 5 - 2)).collect();
+            let shape = Shape { m, n, dp };
+            let mut got = vec![f32::NAN; m * n];
+            let mut want = vec![f32::NAN; m * n];
+            product(shape, &queries, &qsum, &qscale, &rows, &xscale, &mut got);
+            product_scalar(shape, &queries, &qsum, &qscale, &rows, &xscale, &mut want);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "m={m} n={n} d={d} at {i}");
+            }
+        }
+    }
+}
