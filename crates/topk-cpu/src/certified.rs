@@ -15,6 +15,12 @@
 //! and may change between versions: the bounds below hold for every order of
 //! a classical product (each output a sum of its D products).
 //!
+//! Where the CPU has AVX-512 VNNI and `D ≤` [`INT8_MAX_DIM`], the product is
+//! instead an exact integer one over 8-bit codes ([`BatchGemm::Int8`],
+//! `quant.rs`, `kernels/int8.rs`): four times the multiply-adds per
+//! instruction, at the price of a wider width that adds the quantization's
+//! error bound (docs/CONTRACTS.md §2.1, "The int8 product").
+//!
 //! # The bound
 //!
 //! `u = 2^-24`. For any evaluation of `Σ_d q_d x_d` by roundings to nearest
@@ -101,6 +107,9 @@ use bounds::{
 pub(crate) use quant::CorpusCodes;
 use quant::{QueryCodes, RowCodes};
 
+/// Largest dimension for which batches take the int8 product by default.
+pub const INT8_MAX_DIM: usize = 512;
+
 /// The approximate product behind a certified batch's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BatchGemm {
@@ -142,9 +151,16 @@ impl BatchGemm {
             .collect()
     }
 
-    /// The fastest product this CPU runs.
-    pub fn best() -> BatchGemm {
-        if BatchGemm::Int8.is_available() {
+    /// The product a batch of `dim`-long vectors takes by default: int8
+    /// where this CPU runs it and `dim ≤` [`INT8_MAX_DIM`], f32 otherwise.
+    ///
+    /// The int8 width grows like `√D` against the spread of the scores, so
+    /// at large `D` more rows reach the threshold than the faster product
+    /// saves (measured with `cargo xtask cpu-compare` on Gaussian rows,
+    /// Q = 1,000: at D = 384 int8 took 0.26–0.96× the f32 product's time;
+    /// at D = 1024, K = 100 on 100k rows, 2.5×; bench/gpu/NOTES.md).
+    pub fn for_dim(dim: usize) -> BatchGemm {
+        if dim <= INT8_MAX_DIM && BatchGemm::Int8.is_available() {
             BatchGemm::Int8
         } else {
             BatchGemm::F32
@@ -324,7 +340,7 @@ impl CpuRetriever {
         let rows = self.bound_norms();
         let queries = BoundNorms::of(batch.data(), dim);
         let c = width_factor(dim);
-        let codes = match self.batch_gemm {
+        let codes = match self.batch_gemm() {
             BatchGemm::Int8 => self
                 .install(|| QueryCodes::of(batch.data(), dim))
                 .map(|q| (q, self.corpus_codes())),

@@ -26,8 +26,9 @@ const TASK_VALUES: usize = 1 << 18;
 pub struct CpuRetriever {
     pub(crate) corpus: Corpus,
     pub(crate) kernels: Kernels,
-    /// The approximate product of certified batches.
-    pub(crate) batch_gemm: BatchGemm,
+    /// The approximate product of certified batches; `None` picks one per
+    /// batch ([`BatchGemm::for_dim`]).
+    pub(crate) batch_gemm: Option<BatchGemm>,
     pool: Option<Arc<rayon::ThreadPool>>,
     /// Upward row norms for the certified batch path, computed by the first
     /// batch that takes it.
@@ -88,7 +89,7 @@ impl CpuRetriever {
         CpuRetriever {
             corpus,
             kernels,
-            batch_gemm: BatchGemm::best(),
+            batch_gemm: None,
             pool: None,
             bound_norms: OnceLock::new(),
             corpus_codes: OnceLock::new(),
@@ -102,9 +103,10 @@ impl CpuRetriever {
         self
     }
 
-    /// Uses the given approximate product for certified batches instead of
-    /// the fastest one, or [`CpuError::BatchGemmUnavailable`] when this CPU
-    /// cannot run it. Results are the same bytes with every product.
+    /// Uses the given approximate product for every certified batch instead
+    /// of the one [`BatchGemm::for_dim`] picks, or
+    /// [`CpuError::BatchGemmUnavailable`] when this CPU cannot run it.
+    /// Results are the same bytes with every product.
     pub fn with_batch_gemm(mut self, gemm: BatchGemm) -> Result<CpuRetriever> {
         if !gemm.is_available() {
             let available = BatchGemm::available()
@@ -114,13 +116,15 @@ impl CpuRetriever {
                 .join(", ");
             return Err(CpuError::BatchGemmUnavailable { gemm, available }.into());
         }
-        self.batch_gemm = gemm;
+        self.batch_gemm = Some(gemm);
         Ok(self)
     }
 
-    /// The approximate product of certified batches.
+    /// The approximate product of this retriever's certified batches: the
+    /// forced one, or the one picked for its dimension.
     pub fn batch_gemm(&self) -> BatchGemm {
         self.batch_gemm
+            .unwrap_or_else(|| BatchGemm::for_dim(self.dim()))
     }
 
     /// Runs searches on a dedicated pool of `threads` threads instead of

@@ -226,12 +226,12 @@ pub const DEFAULT_FILTER_ROWS: usize = 30_000;
 pub const DEFAULT_FILTER_QUERIES: usize = 64;
 
 /// Default of `Tuning::filter_max_k`. Measured on an H200 at 1M × 1024
-/// (Gaussian rows, Q = 256): at K = 1,000 the filtered chunks list every
-/// query's rows within the 4,096 and take 5.04 ms against 18.20 ms
-/// canonical; at K = 2,048 every chunk overflows its lists and runs again,
-/// 22.78 ms against 18.53 ms canonical (`bench/gpu/NOTES.md`, "K past
-/// 1,024").
-pub const DEFAULT_FILTER_MAX_K: usize = 1024;
+/// (Gaussian rows, Q = 256): up to K = 1,536 the filtered chunks list every
+/// query's rows within the 4,096 (K = 1,536: 5.47 ms against 18.28 ms
+/// canonical); from K = 1,792 every chunk overflows its lists and runs
+/// again (22.27 ms against 18.41 ms canonical). At 1M × 384 K = 2,048 still
+/// listed within them (`bench/gpu/NOTES.md`, "K past 1,024").
+pub const DEFAULT_FILTER_MAX_K: usize = 1536;
 
 /// Default of `Tuning::filter_emit_rows`: measured on an H200 (Q = 256,
 /// K = 100, D = 384-1024), the Hopper listing is 19-23 % faster than the
