@@ -157,8 +157,9 @@ impl BatchGemm {
     /// The int8 width grows like `√D` against the spread of the scores, so
     /// at large `D` more rows reach the threshold than the faster product
     /// saves (measured with `cargo xtask cpu-compare` on Gaussian rows,
-    /// Q = 1,000: at D = 384 int8 took 0.26–0.96× the f32 product's time;
-    /// at D = 1024, K = 100 on 100k rows, 2.5×; bench/gpu/NOTES.md).
+    /// Q = 1,000: at D = 384 int8 took 0.29–0.96× the f32 product's time;
+    /// at D = 1024, K = 100 on 100k rows, 2.5×;
+    /// `bench/results/cpu-2core/2026-12-06-36107ae/`).
     pub fn for_dim(dim: usize) -> BatchGemm {
         if dim <= INT8_MAX_DIM && BatchGemm::Int8.is_available() {
             BatchGemm::Int8
