@@ -69,16 +69,11 @@ fn bench(c: &mut Criterion) {
     for &d in ds {
         let queries = rows(0xC0FFEE, batch, d);
         for &n in ns {
-            let cpu = CpuRetriever::from_rowmajor(rows(42, n, d), d, Metric::Dot)
+            // One retriever, its batch product switched between the batch
+            // benchmarks (no copy of the corpus per product).
+            let mut cpu = CpuRetriever::from_rowmajor(rows(42, n, d), d, Metric::Dot)
                 .expect("valid corpus")
                 .with_kernels(kernels);
-            let products: Vec<(BatchGemm, CpuRetriever)> = BatchGemm::available()
-                .into_iter()
-                .map(|g| {
-                    let r = cpu.clone().with_batch_gemm(g).expect("available");
-                    (g, r)
-                })
-                .collect();
             let mut g = c.benchmark_group(format!("cpu/n{n}/d{d}"));
             g.sample_size(10)
                 .warm_up_time(Duration::from_millis(500))
@@ -108,7 +103,9 @@ fn bench(c: &mut Criterion) {
                 let qs = ArrayView2::from_shape((batch, d), &queries).expect("shape");
                 let mut outs = Vec::new();
                 g.throughput(Throughput::Elements(batch as u64));
-                for (gemm, cpu) in &products {
+                for gemm in BatchGemm::available() {
+                    cpu = cpu.with_batch_gemm(gemm).expect("available");
+                    let cpu = &cpu;
                     g.bench_function(
                         BenchmarkId::new(format!("batch{batch}_{gemm}"), format!("k{k}")),
                         |b| {

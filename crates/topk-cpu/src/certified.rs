@@ -175,17 +175,6 @@ impl std::fmt::Display for BatchGemm {
     }
 }
 
-impl std::str::FromStr for BatchGemm {
-    type Err = crate::CpuError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        BatchGemm::ALL
-            .into_iter()
-            .find(|g| g.as_str() == s)
-            .ok_or_else(|| crate::CpuError::UnknownBatchGemm { name: s.to_owned() })
-    }
-}
-
 /// Fewest queries for which a batch takes the GEMM path: below it the
 /// tiled canonical scan is as fast.
 pub(crate) const MIN_QUERIES: usize = 16;

@@ -25,12 +25,6 @@ pub enum CpuError {
         /// The products this CPU runs, comma separated.
         available: String,
     },
-    /// A batch product name that is not one of "f32", "int8".
-    #[error("unknown batch product {name:?}: use \"f32\" or \"int8\"")]
-    UnknownBatchGemm {
-        /// The name given.
-        name: String,
-    },
 
     // ---- threads ----------------------------------------------------------
     /// A thread count outside `1..`.

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::bounds::up;
 use super::BLOCK_ROWS;
 use crate::corpus::Corpus;
-use crate::kernels::int8::{self, pow2, quantize, Quantized, Shape, TILE_QUERIES};
+use crate::kernels::int8::{self, pow2, quantize, Operands, Quantized, TILE_QUERIES};
 
 /// `1 + 2^-20`, rounded up: the query factors' margin, which covers the
 /// three `f32` roundings of evaluating `a1·u1 + a2·u2` and the rounding of
@@ -82,7 +82,7 @@ impl QueryCodes {
 /// certified path's row blocks); a block with a row outside the
 /// quantization's range is `None` and takes the f32 product. One byte per
 /// stored value and three `f32` per row.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct CorpusCodes {
     blocks: Vec<Option<RowCodes>>,
 }
@@ -109,7 +109,7 @@ impl CorpusCodes {
 
 /// One row block quantized and packed for the product, with its error
 /// factors.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct RowCodes {
     packed: Vec<u8>,
     scale: Vec<f32>,
@@ -150,15 +150,17 @@ impl RowCodes {
     pub(super) fn product(&self, queries: &QueryCodes, q0: usize, m: usize, out: &mut [f32]) {
         let dp = queries.dp;
         let mp = m.div_ceil(TILE_QUERIES) * TILE_QUERIES;
-        int8::product(
-            Shape { m, n: self.n, dp },
-            &queries.codes[q0 * dp..(q0 + mp) * dp],
-            &queries.sum[q0..q0 + m],
-            &queries.scale[q0..q0 + m],
-            &self.packed,
-            &self.scale,
-            out,
-        );
+        let ops = Operands {
+            m,
+            n: self.n,
+            dp,
+            queries: &queries.codes[q0 * dp..(q0 + mp) * dp],
+            qsum: &queries.sum[q0..q0 + m],
+            qscale: &queries.scale[q0..q0 + m],
+            rows: &self.packed,
+            xscale: &self.scale,
+        };
+        int8::product(ops, out);
     }
 }
 

@@ -163,81 +163,85 @@ fn quantize_with(x: &[f32], scale: f32, k: i32, codes: &mut [i8]) -> Quantized {
     Quantized { k, code_sq, err_sq }
 }
 
-/// The shapes of one product, checked before the unsafe kernel reads.
+/// The operands of one product: `m` queries of `dp` codes (padded to a
+/// multiple of [`TILE_QUERIES`] rows), their code sums and scales, and a
+/// packed block of `n` rows with their scales.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Shape {
+pub(crate) struct Operands<'a> {
     /// Queries (before padding).
     pub(crate) m: usize,
     /// Block rows.
     pub(crate) n: usize,
     /// Codes per vector (a multiple of 4).
     pub(crate) dp: usize,
+    pub(crate) queries: &'a [i8],
+    /// `Σ_d q_jd` per query, which removes the rows' offset of 128.
+    pub(crate) qsum: &'a [i32],
+    pub(crate) qscale: &'a [f32],
+    /// The packed `x + 128`.
+    pub(crate) rows: &'a [u8],
+    pub(crate) xscale: &'a [f32],
+}
+
+impl Operands<'_> {
+    /// Checks every length the kernel reads, and `out`'s.
+    ///
+    /// # Panics
+    /// When one does not match the shape.
+    fn check(&self, out: &[f32]) {
+        let Operands { m, n, dp, .. } = *self;
+        let mp = m.div_ceil(TILE_QUERIES) * TILE_QUERIES;
+        assert!(
+            dp % 4 == 0
+                && self.queries.len() == mp * dp
+                && self.qsum.len() >= m
+                && self.qscale.len() >= m
+                && self.rows.len() == packed_len(n, dp)
+                && self.xscale.len() >= n
+                && out.len() == m * n,
+            "int8 product: m={m} n={n} dp={dp} against lengths {}, {}, {}, {}, {}, {}",
+            self.queries.len(),
+            self.qsum.len(),
+            self.qscale.len(),
+            self.rows.len(),
+            self.xscale.len(),
+            out.len()
+        );
+    }
 }
 
 /// `out[j * n + i] = fl(P_ji) · qscale[j] · xscale[i]` with `P_ji =
-/// Σ_d q_jd · x_id` in exact integer arithmetic, where `rows` holds the
-/// packed `x + 128` and `qsum[j] = Σ_d q_jd` removes the offset.
+/// Σ_d q_jd · x_id` in exact integer arithmetic.
 ///
 /// # Panics
-/// When a slice does not match `shape`, or the CPU lacks VNNI.
-pub(crate) fn product(
-    shape: Shape,
-    queries: &[i8],
-    qsum: &[i32],
-    qscale: &[f32],
-    rows: &[u8],
-    xscale: &[f32],
-    out: &mut [f32],
-) {
-    let Shape { m, n, dp } = shape;
-    let mp = m.div_ceil(TILE_QUERIES) * TILE_QUERIES;
-    assert!(
-        dp % 4 == 0
-            && queries.len() == mp * dp
-            && qsum.len() >= m
-            && qscale.len() >= m
-            && rows.len() == packed_len(n, dp)
-            && xscale.len() >= n
-            && out.len() == m * n,
-        "int8 product: shape {shape:?} against lengths {}, {}, {}, {}, {}, {}",
-        queries.len(),
-        qsum.len(),
-        qscale.len(),
-        rows.len(),
-        xscale.len(),
-        out.len()
-    );
+/// When a slice does not match the shape, or the CPU lacks VNNI.
+pub(crate) fn product(ops: Operands<'_>, out: &mut [f32]) {
+    ops.check(out);
     assert!(available(), "int8 product: this CPU lacks AVX-512 VNNI");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: VNNI, AVX-512F and BW are available (asserted above), and the
-    // assert before it checks every length the kernel reads or writes.
+    // SAFETY: VNNI, AVX-512F and BW are available (asserted above), and
+    // `check` checks every length the kernel reads or writes.
     unsafe {
-        vnni::product(shape, queries, qsum, qscale, rows, xscale, out);
+        vnni::product(ops, out);
     }
 }
 
 /// The same product in plain Rust, for tests.
 #[cfg(test)]
-pub(crate) fn product_scalar(
-    shape: Shape,
-    queries: &[i8],
-    qsum: &[i32],
-    qscale: &[f32],
-    rows: &[u8],
-    xscale: &[f32],
-    out: &mut [f32],
-) {
-    let Shape { m, n, dp } = shape;
+pub(crate) fn product_scalar(ops: Operands<'_>, out: &mut [f32]) {
+    ops.check(out);
+    let Operands { m, n, dp, .. } = ops;
     for j in 0..m {
         for i in 0..n {
             let (group, lane) = (i / GROUP_ROWS, i % GROUP_ROWS);
             let mut acc: i32 = 0;
             for d in 0..dp {
                 let at = group * GROUP_ROWS * dp + (d / 4) * STEP_BYTES + lane * 4 + d % 4;
-                acc = acc.wrapping_add(i32::from(queries[j * dp + d]) * i32::from(rows[at]));
+                acc =
+                    acc.wrapping_add(i32::from(ops.queries[j * dp + d]) * i32::from(ops.rows[at]));
             }
-            let p = acc.wrapping_sub(qsum[j].wrapping_mul(128));
-            out[j * n + i] = p as f32 * qscale[j] * xscale[i];
+            let p = acc.wrapping_sub(ops.qsum[j].wrapping_mul(128));
+            out[j * n + i] = p as f32 * ops.qscale[j] * ops.xscale[i];
         }
     }
 }
@@ -246,24 +250,25 @@ pub(crate) fn product_scalar(
 mod vnni {
     use std::arch::x86_64::*;
 
-    use super::{Shape, GROUP_ROWS, STEP_BYTES, TILE_QUERIES};
+    use super::{Operands, GROUP_ROWS, STEP_BYTES, TILE_QUERIES};
 
     /// See [`super::product`].
     ///
     /// # Safety
-    /// AVX-512F, BW and VNNI must be available and the slices must match
-    /// `shape` as [`super::product`] checks.
+    /// AVX-512F, BW and VNNI must be available and the operands must pass
+    /// [`Operands::check`] against `out`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn product(
-        shape: Shape,
-        queries: &[i8],
-        qsum: &[i32],
-        qscale: &[f32],
-        rows: &[u8],
-        xscale: &[f32],
-        out: &mut [f32],
-    ) {
-        let Shape { m, n, dp } = shape;
+    pub(super) unsafe fn product(ops: Operands<'_>, out: &mut [f32]) {
+        let Operands {
+            m,
+            n,
+            dp,
+            queries,
+            qsum,
+            qscale,
+            rows,
+            xscale,
+        } = ops;
         let steps = dp / 4;
         let groups = n.div_ceil(GROUP_ROWS);
         for g in 0..groups {
@@ -421,11 +426,20 @@ mod tests {
             }
             let qscale: Vec<f32> = (0..m).map(|j| 2f32.powi(j as i32 % 7 - 3)).collect();
             let xscale: Vec<f32> = (0..n).map(|i| 2f32.powi(i as i32 % 5 - 2)).collect();
-            let shape = Shape { m, n, dp };
+            let ops = Operands {
+                m,
+                n,
+                dp,
+                queries: &queries,
+                qsum: &qsum,
+                qscale: &qscale,
+                rows: &rows,
+                xscale: &xscale,
+            };
             let mut got = vec![f32::NAN; m * n];
             let mut want = vec![f32::NAN; m * n];
-            product(shape, &queries, &qsum, &qscale, &rows, &xscale, &mut got);
-            product_scalar(shape, &queries, &qsum, &qscale, &rows, &xscale, &mut want);
+            product(ops, &mut got);
+            product_scalar(ops, &mut want);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(g.to_bits(), w.to_bits(), "m={m} n={n} d={d} at {i}");
             }
