@@ -19,7 +19,9 @@
 //! instead an exact integer one over 8-bit codes ([`BatchGemm::Int8`],
 //! `quant.rs`, `kernels/int8.rs`): four times the multiply-adds per
 //! instruction, at the price of a wider width that adds the quantization's
-//! error bound (docs/CONTRACTS.md §2.1, "The int8 product").
+//! error bound (docs/CONTRACTS.md §2.1, "The int8 product"). Queries whose
+//! candidates outgrow the cap under it are bounded again with the f32
+//! product.
 //!
 //! # The bound
 //!
@@ -78,8 +80,10 @@
 //! scored canonically then depends on timing, the answer does not: every
 //! row of the exact answer reaches any such `T`. A query whose candidates
 //! outgrow a cap (near-tie corpora: thousands of equal rows) is searched
-//! again on the exact path; correctness never depends on the bound being
-//! tight.
+//! again: through the f32 product after the int8 one, on the exact path
+//! after the f32 one; correctness never depends on the bound being tight.
+//! The surviving candidates are scored row block by row block, so that a
+//! row kept by many queries is read from memory once.
 //!
 //! Most rows never reach the per-row bounds: a row block's bound at a given
 //! approximate dot (its extreme norms, [`Bounds::block_hi`]) turns `T` into
@@ -108,15 +112,15 @@ pub(crate) use quant::CorpusCodes;
 use quant::{QueryCodes, RowCodes};
 
 /// Largest dimension for which batches take the int8 product by default.
-pub const INT8_MAX_DIM: usize = 512;
+pub const INT8_MAX_DIM: usize = 1024;
 
 /// The approximate product behind a certified batch's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BatchGemm {
     /// `faer`'s f32 matrix product; runs everywhere.
     F32,
-    /// Queries and rows quantized to 8 bits with power-of-two scales and
-    /// multiplied exactly in integers by AVX-512 VNNI (four times the
+    /// Queries and rows quantized to 8 bits (each vector's largest
+    /// magnitude mapped to 127) and multiplied exactly in integers by AVX-512 VNNI (four times the
     /// multiply-adds of an f32 FMA), with a wider certified width. Vectors
     /// whose largest magnitude is outside `[2^-60, 2^61)` take the f32
     /// product instead.
@@ -154,12 +158,11 @@ impl BatchGemm {
     /// The product a batch of `dim`-long vectors takes by default: int8
     /// where this CPU runs it and `dim ≤` [`INT8_MAX_DIM`], f32 otherwise.
     ///
-    /// The int8 width grows like `√D` against the spread of the scores, so
-    /// at large `D` more rows reach the threshold than the faster product
-    /// saves (measured with `cargo xtask cpu-compare` on Gaussian rows,
-    /// Q = 1,000: at D = 384 int8 took 0.29–0.96× the f32 product's time;
-    /// at D = 1024, K = 100 on 100k rows, 2.5×;
-    /// `bench/results/cpu-2core/2026-12-06-36107ae/`).
+    /// The int8 width grows like `√D` against the spread of the scores.
+    /// Measured with `cargo xtask cpu-compare` on Gaussian rows, Q = 1,000,
+    /// the int8 product took 0.3–0.8× the f32 product's time at D = 384
+    /// and 1024 (at 1M × 1024, K = 100, about one query in eight outgrew the
+    /// cap and was rerun through the f32 product); larger D is not measured.
     pub fn for_dim(dim: usize) -> BatchGemm {
         if dim <= INT8_MAX_DIM && BatchGemm::Int8.is_available() {
             BatchGemm::Int8
@@ -186,6 +189,8 @@ const BLOCK_ROWS: usize = 512;
 const QUERY_BLOCK: usize = 512;
 /// Rows tested against a cut by one vector compare (the bits of a `u64`).
 const GROUP: usize = 64;
+/// Bytes of corpus rows per block of the canonical rescoring (fits L2).
+const RESCORE_BLOCK_BYTES: usize = 256 * 1024;
 /// Candidates a query may keep beyond `2K` before it falls back.
 const CAP_EXTRA: usize = 4096;
 
@@ -310,27 +315,43 @@ struct Piece {
 /// What a certified batch did (tests read it; searches log it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Stats {
-    /// Queries answered by the exact path after their candidates overflowed.
+    /// Queries answered by an exact scan after their candidates overflowed.
     pub(crate) fallbacks: usize,
+    /// Queries bounded again with the f32 product after their candidates
+    /// overflowed under the int8 product.
+    pub(crate) reruns: usize,
     /// Rows scored canonically over all other queries.
     pub(crate) rescored: usize,
 }
 
 impl CpuRetriever {
     /// One selector per query of a validated batch, by certified bounds and
-    /// canonical rescoring; a query with more than `cap` candidates is
-    /// searched on the exact path instead.
+    /// canonical rescoring. A query with more than `cap` candidates under the
+    /// int8 product is bounded again with the f32 product (its narrower
+    /// width keeps fewer rows); one that outgrows `cap` there is searched on
+    /// the exact path.
     pub(crate) fn select_certified(
         &self,
         batch: &Batch<'_>,
         k: usize,
         cap: usize,
     ) -> (Vec<Selector>, Stats) {
+        self.certified_with(batch, k, cap, self.batch_gemm())
+    }
+
+    /// [`Self::select_certified`] with the product `gemm`.
+    fn certified_with(
+        &self,
+        batch: &Batch<'_>,
+        k: usize,
+        cap: usize,
+        gemm: BatchGemm,
+    ) -> (Vec<Selector>, Stats) {
         let dim = self.dim();
         let rows = self.bound_norms();
         let queries = BoundNorms::of(batch.data(), dim);
         let c = width_factor(dim);
-        let codes = match self.batch_gemm() {
+        let codes = match gemm {
             BatchGemm::Int8 => self
                 .install(|| QueryCodes::of(batch.data(), dim))
                 .map(|q| (q, self.corpus_codes())),
@@ -379,44 +400,138 @@ impl CpuRetriever {
                     |a, b| a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect(),
                 )
         });
-        let sels: Vec<(Selector, usize, bool)> = self.install(|| {
-            states
-                .into_par_iter()
-                .enumerate()
-                .map(|(j, st)| {
-                    let (q, qn) = (batch.query(j), batch.norm(j));
-                    if st.overflow {
-                        return (self.select(q, qn, k), 0, true);
-                    }
-                    let mut sel = Selector::new(k);
-                    let mut scored = 0;
-                    for &(row, hi) in &st.cands {
-                        if reaches(hi, st.t) {
-                            sel.offer(row, self.score_one(q, qn, row));
-                            scored += 1;
-                        }
-                    }
-                    (sel, scored, false)
-                })
-                .collect()
-        });
-        let mut stats = Stats::default();
-        let sels = sels
-            .into_iter()
-            .map(|(sel, scored, fell_back)| {
-                stats.rescored += scored;
-                stats.fallbacks += usize::from(fell_back);
-                sel
-            })
-            .collect();
+        // Under the int8 product an overflowing query is bounded again with
+        // the f32 product, all such queries in one batch (the tiled exact
+        // scan where they are too few for the GEMM path).
+        let rerun = codes.is_some();
+        let (mut sels, mut stats) = self.install(|| self.rescore(batch, k, &states, !rerun));
+        let again: Vec<usize> = if rerun {
+            (0..states.len()).filter(|&j| states[j].overflow).collect()
+        } else {
+            Vec::new()
+        };
+        if !again.is_empty() {
+            let sub = batch.subset(&again);
+            let (redone, sub_stats) = if sub.len() >= MIN_QUERIES {
+                self.certified_with(&sub, k, cap, BatchGemm::F32)
+            } else {
+                let exact = Stats {
+                    fallbacks: sub.len(),
+                    ..Stats::default()
+                };
+                (self.select_batch(&sub, k), exact)
+            };
+            for (&j, sel) in again.iter().zip(redone) {
+                sels[j] = sel;
+            }
+            stats.reruns = again.len();
+            stats.fallbacks = sub_stats.fallbacks;
+            stats.rescored += sub_stats.rescored;
+        }
         tracing::debug!(
             queries = batch.len(),
             k,
-            gemm = if codes.is_some() { "int8" } else { "f32" },
+            gemm = gemm.as_str(),
             rescored = stats.rescored,
+            reruns = stats.reruns,
             fallbacks = stats.fallbacks,
             "certified batch"
         );
+        (sels, stats)
+    }
+
+    /// One selector per query from the bound pass's `states`: the canonical
+    /// scores of every candidate that still reaches its query's `T`. A query
+    /// whose candidates overflowed is searched on the exact path where
+    /// `exact_overflow` holds, and left empty (for the caller to redo)
+    /// otherwise.
+    ///
+    /// The candidates are scored row block by row block rather than query by
+    /// query: a block's rows are read from memory once and stay in cache for
+    /// every query that kept one of them (a query keeps rows scattered over
+    /// the whole corpus, so scoring query by query reads each kept row once
+    /// per query). The scores do not depend on that order, and a selector's
+    /// answer does not depend on the order of its offers (§3).
+    fn rescore(
+        &self,
+        batch: &Batch<'_>,
+        k: usize,
+        states: &[QueryState],
+        exact_overflow: bool,
+    ) -> (Vec<Selector>, Stats) {
+        // Every query's surviving candidates, query after query.
+        let kept: Vec<Vec<u32>> = states
+            .par_iter()
+            .map(|st| {
+                st.cands
+                    .iter()
+                    .filter(|&&(_, hi)| reaches(hi, st.t))
+                    .map(|&(row, _)| row)
+                    .collect()
+            })
+            .collect();
+        let mut offsets = Vec::with_capacity(kept.len() + 1);
+        offsets.push(0_usize);
+        for rows in &kept {
+            offsets.push(offsets.last().copied().unwrap_or(0) + rows.len());
+        }
+        let total = offsets.last().copied().unwrap_or(0);
+        let mut rows = Vec::with_capacity(total);
+        let mut query = Vec::with_capacity(total);
+        for (j, r) in kept.iter().enumerate() {
+            rows.extend_from_slice(r);
+            // Query indices fit u32: a batch's size is validated (§4).
+            query.extend(std::iter::repeat_n(j as u32, r.len()));
+        }
+        drop(kept);
+        // The candidates grouped by row block (a counting sort, stable, so
+        // each block's candidates stay in query order).
+        let block_rows = (RESCORE_BLOCK_BYTES / (self.dim() * 4)).max(1);
+        let buckets = self.len().div_ceil(block_rows);
+        let mut start = vec![0_usize; buckets + 1];
+        for &r in &rows {
+            start[r as usize / block_rows + 1] += 1;
+        }
+        for b in 0..buckets {
+            start[b + 1] += start[b];
+        }
+        let mut next = start.clone();
+        let mut order = vec![0_usize; total];
+        for (p, &r) in rows.iter().enumerate() {
+            let b = r as usize / block_rows;
+            order[next[b]] = p;
+            next[b] += 1;
+        }
+        let norms: Vec<f32> = (0..batch.len()).map(|j| batch.norm(j)).collect();
+        let scores: Vec<AtomicU32> = (0..total).map(|_| AtomicU32::new(0)).collect();
+        (0..buckets).into_par_iter().for_each(|b| {
+            for &p in &order[start[b]..start[b + 1]] {
+                let j = query[p] as usize;
+                let s = self.score_one(batch.query(j), norms[j], rows[p]);
+                // Relaxed: read after the parallel loop has joined.
+                scores[p].store(s.to_bits(), Atomic::Relaxed);
+            }
+        });
+        let sels: Vec<Selector> = states
+            .par_iter()
+            .enumerate()
+            .map(|(j, st)| {
+                if st.overflow && exact_overflow {
+                    return self.select(batch.query(j), norms[j], k);
+                }
+                let mut sel = Selector::new(k);
+                for p in offsets[j]..offsets[j + 1] {
+                    sel.offer(rows[p], f32::from_bits(scores[p].load(Atomic::Relaxed)));
+                }
+                sel
+            })
+            .collect();
+        let overflowed = states.iter().filter(|st| st.overflow).count();
+        let stats = Stats {
+            fallbacks: if exact_overflow { overflowed } else { 0 },
+            rescored: total,
+            reruns: 0,
+        };
         (sels, stats)
     }
 

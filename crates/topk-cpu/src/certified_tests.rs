@@ -371,3 +371,48 @@ fn shared_thresholds_leave_the_answer_independent_of_the_pool() {
         }
     }
 }
+
+/// Rows a thousandth apart around one row: closer than the int8 product's
+/// width, so every query outgrows the cap under it, but far apart for the
+/// f32 product's. The queries are bounded again through the f32 product
+/// (16 or more of them) or the tiled exact scan (fewer), never the
+/// single-query path, and the answers are the oracle's bytes.
+#[test]
+fn int8_overflow_is_rerun_through_the_f32_product() {
+    if !BatchGemm::Int8.is_available() {
+        eprintln!("skipped: this CPU lacks AVX-512 VNNI (no int8 product)");
+        return;
+    }
+    let (d, k) = (32, 5);
+    let n = default_cap(k) + 500;
+    let mut rng = corpora::Rng::new(91);
+    let base: Vec<f32> = (0..d).map(|_| rng.unit()).collect();
+    let data: Vec<f32> = (0..n)
+        .flat_map(|_| {
+            base.iter()
+                .map(|&b| b + 1e-3 * rng.unit())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for (q, exact) in [(MIN_QUERIES + 4, 0), (MIN_QUERIES - 11, MIN_QUERIES - 11)] {
+        let queries: Vec<f32> = (0..q * d).map(|_| rng.unit()).collect();
+        for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+            let want = oracle(&data, d, metric, &queries, k);
+            let cpu = CpuRetriever::from_rowmajor(data.clone(), d, metric).unwrap();
+            for (gemm, reruns, fallbacks) in [(BatchGemm::Int8, q, exact), (BatchGemm::F32, 0, 0)] {
+                let cpu = cpu.clone().with_batch_gemm(gemm).unwrap();
+                let (got, stats) = certified(&cpu, &queries, k, default_cap(k));
+                assert_eq!(
+                    (stats.reruns, stats.fallbacks),
+                    (reruns, fallbacks),
+                    "{metric} {gemm} q {q}"
+                );
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    if let Some(diff) = bitwise_diff(g, w) {
+                        panic!("{metric} {gemm} q {q} query {i}: {diff}");
+                    }
+                }
+            }
+        }
+    }
+}

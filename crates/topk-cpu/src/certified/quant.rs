@@ -1,28 +1,31 @@
-//! The int8 product's inputs: queries and row blocks quantized with
-//! power-of-two scales, and the factors of the product's error bound
-//! (docs/CONTRACTS.md §2.1, "The int8 product").
+//! The int8 product's inputs: queries and row blocks quantized with the
+//! scale that maps each vector's largest magnitude to 127, and the factors
+//! of the product's error bound (docs/CONTRACTS.md §2.1, "The int8
+//! product").
 //!
-//! With `q_d·2^kq = a_d + e_d` and `x_d·2^kx = b_d + f_d` (codes `a`, `b`,
-//! errors `|e_d|, |f_d| ≤ 1/2`), the exact integer sum `P = Σ a_d b_d`
-//! satisfies `q·x·2^(kq+kx) − P = Σ (a_d f_d + e_d b_d + e_d f_d)`, at most
+//! With `q_d·sq = a_d + e_d` and `x_d·sx = b_d + f_d` (codes `a`, `b`, real
+//! errors `e`, `f`), the exact integer sum `P = Σ a_d b_d` satisfies
+//! `q·x·sq·sx − P = Σ (a_d f_d + e_d b_d + e_d f_d)`, at most
 //! `‖a‖‖f‖ + ‖e‖(‖b‖ + ‖f‖)` by Cauchy–Schwarz. In the scores' units that is
-//! `a1·u1 + a2·u2` with `a1 = ‖a‖·2^-kq`, `a2 = ‖e‖·2^-kq` per query and
-//! `u1 = ‖f‖·2^-kx`, `u2 = (‖b‖ + ‖f‖)·2^-kx` per row, every norm rounded up.
+//! `a1·u1 + a2·u2` with `a1 = ‖a‖/sq`, `a2 = ‖e‖/sq` per query and
+//! `u1 = ‖f‖/sx`, `u2 = (‖b‖ + ‖f‖)/sx` per row, every norm rounded up.
 
 use rayon::prelude::*;
 
 use super::bounds::up;
 use super::BLOCK_ROWS;
 use crate::corpus::Corpus;
-use crate::kernels::int8::{self, pow2, quantize, Operands, Quantized, TILE_QUERIES};
+use crate::kernels::int8::{self, quantize, Operands, Quantized, TILE_QUERIES};
 
-/// `1 + 2^-20`, rounded up: the query factors' margin, which covers the
-/// three `f32` roundings of evaluating `a1·u1 + a2·u2` and the rounding of
-/// `fl(P)` (at most `u` times a quantity below the bound plus `‖q‖‖x‖`,
-/// the latter covered by `C_D`).
-const MARGIN: f32 = 1.0 + 1.0 / 1_048_576.0;
+/// `1 + 2^-18`: the query factors' margin. It covers the roundings of the
+/// factors (the inverse scales `fl(1/s)` and the products by them, two per
+/// factor on each side), the three of evaluating `a1·u1 + a2·u2`, and the
+/// conversion `fl(fl(fl(P)·iq)·ix)`'s five, at most `5u` times a quantity
+/// below the bound plus `‖q‖‖x‖` (the latter covered by `C_D`): 12`u` in
+/// all against the margin's 64`u`.
+const MARGIN: f32 = 1.0 + 1.0 / 262_144.0;
 
-/// Per query: `Σ a_d`, `2^-kq` and `(a1, a2)`.
+/// Per query: `Σ a_d`, `fl(1/sq)` and `(a1, a2)`.
 type QueryTerms = (i32, f32, (f32, f32));
 
 /// The quantized queries of one batch.
@@ -34,7 +37,7 @@ pub(super) struct QueryCodes {
     codes: Vec<i8>,
     /// `Σ_d a_d` per query.
     sum: Vec<i32>,
-    /// `2^-kq` per query.
+    /// `fl(1/sq)` per query.
     scale: Vec<f32>,
     /// `(a1, a2)` per query.
     pub(super) factors: Vec<(f32, f32)>,
@@ -53,7 +56,7 @@ impl QueryCodes {
             .map(|(x, c)| {
                 let z = quantize(x, c)?;
                 let sum = c.iter().map(|&v| i32::from(v)).sum();
-                let inv = pow2(-z.k);
+                let inv = z.inv;
                 let a1 = up(z.code_sq.sqrt()) * inv * MARGIN;
                 let a2 = up(z.err_sq.sqrt()) * inv * MARGIN;
                 Some((sum, inv, (a1.next_up(), a2.next_up())))
@@ -134,9 +137,12 @@ impl RowCodes {
             n,
         };
         for (i, x) in block.chunks_exact(dim).enumerate() {
-            let Quantized { k, code_sq, err_sq } = quantize(x, &mut codes)?;
+            let Quantized {
+                inv,
+                code_sq,
+                err_sq,
+            } = quantize(x, &mut codes)?;
             int8::pack_row(&mut out.packed, i, dp, &codes);
-            let inv = pow2(-k);
             let (b, f) = (code_sq.sqrt(), err_sq.sqrt());
             out.scale.push(inv);
             out.u1.push(up(f) * inv);
@@ -172,14 +178,16 @@ mod tests {
     use super::{QueryCodes, RowCodes};
     use crate::kernels::int8;
 
-    /// Vectors of one kind at scale `2^scale`, some values on rounding ties
-    /// (`(j + 1/2)·2^-k`) and some of one large value among tiny ones.
+    /// Vectors of one kind at scale `2^scale`: uniform; on (or within an ulp
+    /// of) rounding ties, `(j + 1/2)/127` of the largest value; one large
+    /// value among tiny ones; all equal.
     fn vectors(rng: &mut Rng, n: usize, d: usize, scale: i32, kind: usize) -> Vec<f32> {
         let f = 2_f32.powi(scale);
         (0..n * d)
             .map(|i| match kind {
                 0 => rng.unit() * f,
-                1 => ((rng.below(255) as f32 - 127.0) + 0.5) / 128.0 * f,
+                1 if i % d == 0 => f,
+                1 => ((rng.below(254) as f32 - 127.0) + 0.5) / 127.0 * f,
                 2 if i % d == 0 => f,
                 2 => rng.unit() * f * 1e-6,
                 _ => f * 0.75,
@@ -191,9 +199,9 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
         /// The int8 product's approximate dot lies within `a1·u1 + a2·u2`
-        /// of the exact dot (plus the conversion's `u·|P|` and the
-        /// subnormal term), at every scale and shape, on rounding ties and
-        /// spikes: the derivation checked against `f64`.
+        /// of the exact dot (plus the conversion's `5u·|q·x|`, which `C_D`
+        /// covers, and the subnormal term), at every scale and shape, on
+        /// rounding ties and spikes: the derivation checked against `f64`.
         #[test]
         fn the_int8_error_bound_holds(
             seed: u64,
@@ -219,7 +227,7 @@ mod tests {
                     let exact: f64 = qv.iter().zip(xv).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
                     let mag: f64 = qv.iter().zip(xv).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
                     let bound = f64::from(a1) * f64::from(rows.u1[i]) + f64::from(a2) * f64::from(rows.u2[i]);
-                    let conv = 2f64.powi(-24) * (exact.abs() + bound);
+                    let conv = 5.0 * 2f64.powi(-24) * exact.abs();
                     let slack = conv + mag * 2f64.powi(-50) + 2f64.powi(-140);
                     let err = (f64::from(out[j * n + i]) - exact).abs();
                     prop_assert!(
@@ -269,7 +277,7 @@ mod tests {
         }
         let mut codes = vec![0_i8; int8::padded_dim(d)];
         let z = int8::quantize(&[0.0; 8], &mut codes).unwrap();
-        assert_eq!((z.k, z.code_sq, z.err_sq), (0, 0.0, 0.0));
+        assert_eq!((z.inv, z.code_sq, z.err_sq), (1.0, 0.0, 0.0));
         assert!(int8::quantize(&[2_f32.powi(-60); 8], &mut codes).is_some());
     }
 }

@@ -3,7 +3,8 @@
 //! rows to `u8` (the `i8` code plus 128), their dot products summed exactly
 //! in `i32` by AVX-512 VNNI (`vpdpbusd`: 64 byte products per instruction,
 //! four times the multiply-adds of an f32 FMA), and each sum turned into an
-//! approximate dot `fl(P)·2^-kq·2^-kx` in `f32`.
+//! approximate dot `fl(fl(fl(P)·1/sq)·1/sx)` in `f32` (`sq`, `sx` the
+//! query's and the row's scales).
 //!
 //! Integer sums are exact in any order, so the product has no rounding to
 //! bound but the conversion; the quantization error is bounded by the
@@ -75,28 +76,24 @@ const MAX_EXP: i32 = 60;
 /// below `2^22` to the nearest integer, ties to even.
 const ROUND: f32 = 12_582_912.0;
 
-/// A vector's quantization: codes `a_d = round(x_d · 2^k)` in `[-127, 127]`
-/// and the exact errors `e_d = x_d · 2^k − a_d`, `|e_d| ≤ 1/2`.
+/// A vector's quantization: codes `a_d = round(fl(x_d · s))` in
+/// `[-127, 127]` with the scale `s = fl(127 / max |x_d|)`, and the errors
+/// `e_d = x_d · s − a_d` (real-valued; `|e_d|` is at most `1/2` plus the
+/// rounding of `fl(x_d · s)`, and the bounds only use `Σ e_d²`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Quantized {
-    /// The scale's exponent: the codes are `x · 2^k`, rounded.
-    pub(crate) k: i32,
+    /// `fl(1 / s)`: what the product multiplies the integer sums by.
+    pub(crate) inv: f32,
     /// `Σ a_d²`, exact.
     pub(crate) code_sq: f64,
     /// An upper bound of `Σ e_d²`.
     pub(crate) err_sq: f64,
 }
 
-/// `2^k` as an `f32`, for `|k| ≤ 126`.
-pub(crate) fn pow2(k: i32) -> f32 {
-    debug_assert!(k.abs() <= 126);
-    f32::from_bits(((k + 127) as u32) << 23)
-}
-
 /// Quantizes `x` into `codes` (its first `x.len()` values; the rest are
-/// zeroed) with the largest power-of-two scale that keeps every code within
-/// `[-127, 127]`; `None` when the largest magnitude is outside the range
-/// the bounds are derived for (see `MAX_EXP`). Input values are finite.
+/// zeroed) with the scale that maps its largest magnitude to 127; `None`
+/// when that magnitude is outside the range the bounds are derived for (see
+/// `MAX_EXP`). Input values are finite.
 pub(crate) fn quantize(x: &[f32], codes: &mut [i8]) -> Option<Quantized> {
     assert!(
         codes.len() >= x.len(),
@@ -109,7 +106,7 @@ pub(crate) fn quantize(x: &[f32], codes: &mut [i8]) -> Option<Quantized> {
     if max == 0.0 {
         codes[..x.len()].fill(0);
         return Some(Quantized {
-            k: 0,
+            inv: 1.0,
             code_sq: 0.0,
             err_sq: 0.0,
         });
@@ -119,48 +116,50 @@ pub(crate) fn quantize(x: &[f32], codes: &mut [i8]) -> Option<Quantized> {
     if biased == 0 || !(-MAX_EXP..=MAX_EXP).contains(&e) {
         return None;
     }
-    // max · 2^(6 − e) lies in [64, 128); one step down where it passes 127.
-    let mut k = 6 - e;
-    if max * pow2(k) > 127.0 {
-        k -= 1;
-    }
-    let scale = pow2(k);
+    // `s` and `1/s` lie in (2^-55, 2^68): normal. `fl(max·s) ≤ 127(1 + 2^-23)`
+    // rounds to 127, so every code fits.
+    let scale = 127.0 / max;
+    let inv = 1.0 / scale;
     #[cfg(target_arch = "x86_64")]
     if available() {
         // SAFETY: AVX-512F and BW are available (checked just above).
-        return Some(unsafe { vnni::quantize(x, scale, k, &mut codes[..x.len()]) });
+        return Some(unsafe { vnni::quantize(x, scale, inv, &mut codes[..x.len()]) });
     }
-    Some(quantize_with(x, scale, k, &mut codes[..x.len()]))
+    Some(quantize_with(x, scale, inv, &mut codes[..x.len()]))
 }
 
 /// The quantization loop: 16 lanes of integer and `f32` sums, so that the
 /// compiler can keep them in vectors.
 #[inline(always)]
-fn quantize_with(x: &[f32], scale: f32, k: i32, codes: &mut [i8]) -> Quantized {
+fn quantize_with(x: &[f32], scale: f32, inv: f32, codes: &mut [i8]) -> Quantized {
     let mut csq = [0_i32; 16];
     let mut esq = [0.0_f32; 16];
     for (xc, cc) in x.chunks(16).zip(codes.chunks_mut(16)) {
         for (l, (&v, c)) in xc.iter().zip(cc.iter_mut()).enumerate() {
-            // Exact: a power-of-two scale, |p| ≤ 127 (a subnormal p, from
-            // |x_d| < 2^-60, is off by at most 2^-149; see below).
             let p = v * scale;
             let r = (p + ROUND) - ROUND;
             let a = r as i32;
             *c = a as i8;
-            // Exact: p − r shares p's grid and is at most 1/2.
-            let err = p - r;
+            // `x_d·s − a_d` rounded once (a fused multiply-add): off by at
+            // most 2^-24 of itself, or 2^-150 where it is subnormal.
+            let err = v.mul_add(scale, -r);
             csq[l] += a * a;
             esq[l] += err * err;
         }
     }
     // Codes: at most 127² · 2^12 per lane (D ≤ 2^16), exact in i32.
     let code_sq = csq.iter().map(|&v| f64::from(v)).sum();
-    // Errors: each square rounded once and summed in f32 over at most
-    // D/16 + 16 ≤ 2^12 + 16 roundings: relative error below 2^-11, covered
-    // by 2^-8; 2^-270 more covers the subnormal products' 2^-149 per value.
+    // Errors: each one rounded once, each square once, summed in f32 over at
+    // most D/16 + 16 ≤ 2^12 + 16 roundings: relative error below 2^-11,
+    // covered by 2^-8; 2^-270 per value covers a subnormal error's 2^-150
+    // (its square is below 2^-252).
     let e: f64 = esq.iter().map(|&v| f64::from(v)).sum();
     let err_sq = e * (1.0 + 1.0 / 256.0) + f64::from(x.len() as u32) * 2f64.powi(-270);
-    Quantized { k, code_sq, err_sq }
+    Quantized {
+        inv,
+        code_sq,
+        err_sq,
+    }
 }
 
 /// The operands of one product: `m` queries of `dp` codes (padded to a
@@ -320,14 +319,14 @@ mod vnni {
     ///
     /// # Safety
     /// AVX-512F and BW must be available.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
     pub(super) unsafe fn quantize(
         x: &[f32],
         scale: f32,
-        k: i32,
+        inv: f32,
         codes: &mut [i8],
     ) -> super::Quantized {
-        super::quantize_with(x, scale, k, codes)
+        super::quantize_with(x, scale, inv, codes)
     }
 
     /// The `i32` sums of TILE_QUERIES queries against one packed group:
