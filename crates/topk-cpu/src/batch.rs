@@ -60,19 +60,6 @@ impl Batch<'_> {
     pub(crate) fn norm(&self, i: usize) -> f32 {
         self.norms.get(i).copied().unwrap_or(0.0)
     }
-
-    /// The queries `which` (indices into this batch), in that order.
-    pub(crate) fn subset(&self, which: &[usize]) -> Batch<'static> {
-        Batch {
-            data: which.iter().flat_map(|&i| self.query(i)).copied().collect(),
-            dim: self.dim,
-            norms: if self.norms.is_empty() {
-                Vec::new()
-            } else {
-                which.iter().map(|&i| self.norms[i]).collect()
-            },
-        }
-    }
 }
 
 /// A block of corpus rows as `f32`, named by their corpus row numbers.
@@ -113,8 +100,7 @@ impl CpuRetriever {
         }
         let batch = self.prepare_batch(queries);
         let sels = if certified::applies(nq, self.len(), self.dim(), k) {
-            self.select_certified(&batch, k, certified::default_cap(k))
-                .0
+            self.select_certified(&batch, k).0
         } else {
             self.select_batch(&batch, k)
         };
@@ -146,7 +132,7 @@ impl CpuRetriever {
     }
 
     /// One selector per query, over the whole corpus.
-    pub(crate) fn select_batch(&self, batch: &Batch<'_>, k: usize) -> Vec<Selector> {
+    fn select_batch(&self, batch: &Batch<'_>, k: usize) -> Vec<Selector> {
         let n = self.len();
         let tile_rows = self.kernels.tile_rows(self.metric());
         let block_rows = (BLOCK_BYTES / (4 * self.dim())).max(1).div_ceil(tile_rows) * tile_rows;

@@ -19,9 +19,7 @@
 //! instead an exact integer one over 8-bit codes ([`BatchGemm::Int8`],
 //! `quant.rs`, `kernels/int8.rs`): four times the multiply-adds per
 //! instruction, at the price of a wider width that adds the quantization's
-//! error bound (docs/CONTRACTS.md §2.1, "The int8 product"). Queries whose
-//! candidates outgrow the cap under it are bounded again with the f32
-//! product.
+//! error bound (docs/CONTRACTS.md §2.1, "The int8 product").
 //!
 //! # The bound
 //!
@@ -65,25 +63,22 @@
 //!
 //! # Selection
 //!
-//! Per query, `T` is the K-th largest lower bound seen (`-inf` until K rows
-//! are seen). K rows score at least their lower bounds, so the K-th best
-//! canonical score is at least `T`, and every row of the exact answer (ties
-//! at the K-th score included) has an upper bound of at least `T`. Rows with
-//! `hi ≥ T` are kept as candidates (a `T` that only grows prunes them on the
-//! way), scored canonically with the SIMD kernels and selected with the §3
-//! comparator: the oracle's bytes. The corpus is split into pieces that run
-//! in parallel, each with its own K lower bounds; any piece's `T` is a lower
-//! bound of the K-th best score, so the pieces share the largest (one
-//! atomic per query, read and raised once per query and block): a piece
-//! that starts late prunes with the `T` of those before it instead of
-//! offering its first rows until it holds K of its own. Which rows are
-//! scored canonically then depends on timing, the answer does not: every
-//! row of the exact answer reaches any such `T`. A query whose candidates
-//! outgrow a cap (near-tie corpora: thousands of equal rows) is searched
-//! again: through the f32 product after the int8 one, on the exact path
-//! after the f32 one; correctness never depends on the bound being tight.
-//! The surviving candidates are scored row block by row block, so that a
-//! row kept by many queries is read from memory once.
+//! Per query, `T` is the K-th best canonical score among the rows scored
+//! so far (`-inf` until K are scored): the K-th best score of the whole
+//! corpus is at least `T`, so a row whose upper bound is below `T` scores
+//! below K rows already held and cannot be in the answer. Every other row
+//! (`hi ≥ T`, ties at the K-th score included) is scored canonically with
+//! the SIMD kernels as soon as its bound is known and offered to the
+//! query's selector (the §3 comparator), which raises `T`. The corpus is
+//! split into pieces that run in parallel, each with its own selector per
+//! query; any piece's `T` is a lower bound of the K-th best score, so the
+//! pieces share the largest (one atomic per query, read and raised once per
+//! query and block), and a piece that starts late prunes with the `T` of
+//! those before it. The pieces' selectors are merged at the end. Which rows
+//! are scored canonically then depends on timing, the answer does not: the
+//! selection over any set of rows that holds the exact answer is the
+//! oracle's bytes. A near-tie corpus (thousands of equal rows) has every row
+//! scored; correctness never depends on the bound being tight.
 //!
 //! Most rows never reach the per-row bounds: a row block's bound at a given
 //! approximate dot (its extreme norms, [`Bounds::block_hi`]) turns `T` into
@@ -91,10 +86,11 @@
 //! (docs/CONTRACTS.md §2.1, "The cut").
 
 use std::sync::atomic::{AtomicU32, Ordering as Atomic};
+use std::sync::{Mutex, PoisonError};
 
 use rayon::prelude::*;
 use topk_core::order::{ordered_bits, score_from_ordered_bits};
-use topk_core::{Metric, Retriever, TopKBy};
+use topk_core::{Metric, Retriever};
 
 use crate::batch::Batch;
 use crate::kernels::gemm::gemm_nt;
@@ -161,8 +157,7 @@ impl BatchGemm {
     /// The int8 width grows like `√D` against the spread of the scores.
     /// Measured with `cargo xtask cpu-compare` on Gaussian rows, Q = 1,000,
     /// the int8 product took 0.3–0.8× the f32 product's time at D = 384
-    /// and 1024 (at 1M × 1024, K = 100, about one query in eight outgrew the
-    /// cap and was rerun through the f32 product); larger D is not measured.
+    /// and 1024; larger D is not measured.
     pub fn for_dim(dim: usize) -> BatchGemm {
         if dim <= INT8_MAX_DIM && BatchGemm::Int8.is_available() {
             BatchGemm::Int8
@@ -189,168 +184,88 @@ const BLOCK_ROWS: usize = 512;
 const QUERY_BLOCK: usize = 512;
 /// Rows tested against a cut by one vector compare (the bits of a `u64`).
 const GROUP: usize = 64;
-/// Bytes of corpus rows per block of the canonical rescoring (fits L2).
-const RESCORE_BLOCK_BYTES: usize = 256 * 1024;
-/// Candidates a query may keep beyond `2K` before it falls back.
-const CAP_EXTRA: usize = 4096;
-
-/// The candidate cap of a query for `k`.
-pub(crate) fn default_cap(k: usize) -> usize {
-    k.saturating_mul(2).saturating_add(CAP_EXTRA)
-}
-
 /// Whether a batch of `queries` at this shape takes the GEMM path.
 pub(crate) fn applies(queries: usize, n: usize, dim: usize, k: usize) -> bool {
     queries >= MIN_QUERIES && dim <= MAX_DIM && k.saturating_mul(4) <= n
 }
 
-/// What the bound pass knows about one query.
-#[derive(Debug, Clone)]
+/// What the bound pass knows about one query, shared by every piece: the
+/// best K rows scored so far and the threshold `T` they give.
+#[derive(Debug)]
 struct QueryState {
-    /// The K largest lower bounds seen, as [`ordered_bits`].
-    lows: TopKBy<u32>,
-    /// The K-th largest lower bound seen; `-inf` until K are held.
-    t: f32,
-    /// `(row, upper bound)` of every row whose upper bound reached `t`.
-    cands: Vec<(u32, f32)>,
-    /// Candidate count that triggers the next pruning.
-    prune_at: usize,
-    /// Most candidates kept after a pruning.
-    cap: usize,
-    /// The candidates outgrew `cap`: this query runs on the exact path.
-    overflow: bool,
+    /// The K-th best score in `sel` as [`ordered_bits`] (`-inf` until K
+    /// rows are held): read without the lock, raised under it.
+    t: AtomicU32,
+    /// The best K rows scored so far, by the §3 comparator.
+    sel: Mutex<Selector>,
 }
 
 impl QueryState {
-    fn new(k: usize, cap: usize) -> QueryState {
+    fn new(k: usize) -> QueryState {
         QueryState {
-            lows: TopKBy::new(k),
-            t: f32::NEG_INFINITY,
-            cands: Vec::new(),
-            prune_at: Self::next_prune(k, cap, 0),
-            cap,
-            overflow: false,
+            t: AtomicU32::new(ordered_bits(f32::NEG_INFINITY)),
+            sel: Mutex::new(Selector::new(k)),
         }
     }
 
-    fn next_prune(k: usize, cap: usize, len: usize) -> usize {
-        len.saturating_mul(2)
-            .max(k.saturating_mul(2).saturating_add(256))
-            .min(cap.saturating_add(1))
-    }
-
-    /// Raises `t` to the threshold `bits` (as [`ordered_bits`]) where that
-    /// is higher: another piece's K-th lower bound, or this piece's own.
+    /// The current threshold.
     #[inline]
-    fn raise(&mut self, bits: u32) {
-        if bits > ordered_bits(self.t) {
-            self.t = score_from_ordered_bits(bits);
+    fn t(&self) -> f32 {
+        // Relaxed: any value read is a K-th best score of rows already
+        // scored, a valid lower bound of the final one.
+        score_from_ordered_bits(self.t.load(Atomic::Relaxed))
+    }
+
+    /// Offers canonically scored rows and raises `T` to the K-th best score
+    /// once K rows are held.
+    fn offer(&self, found: &[(u32, f32)]) {
+        // A panic elsewhere cannot leave a selector half-updated in a way
+        // that matters here: its keys are plain values.
+        let mut sel = self.sel.lock().unwrap_or_else(PoisonError::into_inner);
+        for &(row, score) in found {
+            sel.offer(row, score);
+        }
+        let kth = sel.threshold_score();
+        // NaN until K rows are held.
+        if !kth.is_nan() {
+            self.t.fetch_max(ordered_bits(kth), Atomic::Relaxed);
         }
     }
 
-    #[inline]
-    fn offer(&mut self, row: u32, lo: f32, hi: f32) {
-        let key = ordered_bits(lo);
-        // `t` is at least this piece's K-th lower bound, so a key above `t`
-        // is above that too; a key at or below `t` cannot raise `t`, and the
-        // K largest keys decide `t` only where all of them are above it.
-        if key > ordered_bits(self.t) {
-            self.lows.push_key(key);
-            if let Some(t) = self.lows.threshold() {
-                self.raise(t);
-            }
-        }
-        self.cands.push((row, hi));
-        if self.cands.len() >= self.prune_at {
-            self.prune();
-        }
-    }
-
-    /// Drops the candidates whose upper bound fell below `t`.
-    fn prune(&mut self) {
-        let t = self.t;
-        self.cands.retain(|&(_, hi)| reaches(hi, t));
-        if self.cands.len() > self.cap {
-            self.overflow = true;
-            self.cands = Vec::new();
-        } else {
-            self.prune_at = Self::next_prune(self.lows.k(), self.cap, self.cands.len());
-        }
-    }
-
-    /// Folds in the state of the same query over other rows.
-    fn merge(mut self, mut other: QueryState) -> QueryState {
-        self.overflow |= other.overflow;
-        self.raise(ordered_bits(other.t));
-        if self.overflow {
-            self.cands = Vec::new();
-            return self;
-        }
-        for key in other.lows.drain_sorted_keys() {
-            if self.lows.threshold().is_some_and(|t| key <= t) {
-                break;
-            }
-            self.lows.push_key(key);
-        }
-        if let Some(t) = self.lows.threshold() {
-            self.raise(t);
-        }
-        if other.cands.len() > self.cands.len() {
-            std::mem::swap(&mut self.cands, &mut other.cands);
-        }
-        self.cands.extend_from_slice(&other.cands);
-        self.prune();
-        self
+    fn into_selector(self) -> Selector {
+        self.sel
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// One parallel piece: a state per query, its GEMM buffer and the block of
-/// rows widened from half-width storage.
+/// One parallel piece's buffers: the GEMM's output, the block of rows
+/// widened from half-width storage, one query's scored rows of a block,
+/// and how many rows it scored.
+#[derive(Default)]
 struct Piece {
-    states: Vec<QueryState>,
     buf: Vec<f32>,
     wide: Vec<f32>,
+    found: Vec<(u32, f32)>,
+    scored: usize,
 }
 
 /// What a certified batch did (tests read it; searches log it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Stats {
-    /// Queries answered by an exact scan after their candidates overflowed.
-    pub(crate) fallbacks: usize,
-    /// Queries bounded again with the f32 product after their candidates
-    /// overflowed under the int8 product.
-    pub(crate) reruns: usize,
-    /// Rows scored canonically over all other queries.
+    /// Rows scored canonically over all queries.
     pub(crate) rescored: usize,
 }
 
 impl CpuRetriever {
     /// One selector per query of a validated batch, by certified bounds and
-    /// canonical rescoring. A query with more than `cap` candidates under the
-    /// int8 product is bounded again with the f32 product (its narrower
-    /// width keeps fewer rows); one that outgrows `cap` there is searched on
-    /// the exact path.
-    pub(crate) fn select_certified(
-        &self,
-        batch: &Batch<'_>,
-        k: usize,
-        cap: usize,
-    ) -> (Vec<Selector>, Stats) {
-        self.certified_with(batch, k, cap, self.batch_gemm())
-    }
-
-    /// [`Self::select_certified`] with the product `gemm`.
-    fn certified_with(
-        &self,
-        batch: &Batch<'_>,
-        k: usize,
-        cap: usize,
-        gemm: BatchGemm,
-    ) -> (Vec<Selector>, Stats) {
+    /// canonical scores of the rows they cannot rule out.
+    pub(crate) fn select_certified(&self, batch: &Batch<'_>, k: usize) -> (Vec<Selector>, Stats) {
         let dim = self.dim();
         let rows = self.bound_norms();
         let queries = BoundNorms::of(batch.data(), dim);
         let c = width_factor(dim);
+        let gemm = self.batch_gemm();
         let codes = match gemm {
             BatchGemm::Int8 => self
                 .install(|| QueryCodes::of(batch.data(), dim))
@@ -370,184 +285,47 @@ impl CpuRetriever {
                 p
             })
             .collect();
-        // The largest `T` any piece has reached, per query.
-        let shared: Vec<AtomicU32> = (0..batch.len())
-            .map(|_| AtomicU32::new(ordered_bits(f32::NEG_INFINITY)))
-            .collect();
-        let states = self.install(|| {
+        let states: Vec<QueryState> = (0..batch.len()).map(|_| QueryState::new(k)).collect();
+        let scored = self.install(|| {
             let n = self.len();
             let blocks = n.div_ceil(BLOCK_ROWS);
             let min_len = (blocks / (4 * rayon::current_num_threads())).max(1);
-            let fresh = || Piece {
-                states: vec![QueryState::new(k, cap); batch.len()],
-                buf: Vec::new(),
-                wide: Vec::new(),
-            };
             (0..blocks)
                 .into_par_iter()
                 .with_min_len(min_len)
-                .fold(fresh, |mut piece, b| {
+                .fold(Piece::default, |mut piece, b| {
                     let range = b * BLOCK_ROWS..((b + 1) * BLOCK_ROWS).min(n);
                     let codes = codes
                         .as_ref()
                         .and_then(|(q, rows)| Some((q, rows.block(b)?)));
-                    self.bound_block(batch, codes, &params, &shared, rows, c, range, &mut piece);
+                    self.bound_block(batch, codes, (&params, &states, rows, c), range, &mut piece);
                     piece
                 })
-                .map(|p| p.states)
-                .reduce(
-                    || vec![QueryState::new(k, cap); batch.len()],
-                    |a, b| a.into_iter().zip(b).map(|(x, y)| x.merge(y)).collect(),
-                )
+                .map(|p| p.scored)
+                .sum::<usize>()
         });
-        // Under the int8 product an overflowing query is bounded again with
-        // the f32 product, all such queries in one batch (the tiled exact
-        // scan where they are too few for the GEMM path).
-        let rerun = codes.is_some();
-        let (mut sels, mut stats) = self.install(|| self.rescore(batch, k, &states, !rerun));
-        let again: Vec<usize> = if rerun {
-            (0..states.len()).filter(|&j| states[j].overflow).collect()
-        } else {
-            Vec::new()
-        };
-        if !again.is_empty() {
-            let sub = batch.subset(&again);
-            let (redone, sub_stats) = if sub.len() >= MIN_QUERIES {
-                self.certified_with(&sub, k, cap, BatchGemm::F32)
-            } else {
-                let exact = Stats {
-                    fallbacks: sub.len(),
-                    ..Stats::default()
-                };
-                (self.select_batch(&sub, k), exact)
-            };
-            for (&j, sel) in again.iter().zip(redone) {
-                sels[j] = sel;
-            }
-            stats.reruns = again.len();
-            stats.fallbacks = sub_stats.fallbacks;
-            stats.rescored += sub_stats.rescored;
-        }
+        let stats = Stats { rescored: scored };
         tracing::debug!(
             queries = batch.len(),
             k,
             gemm = gemm.as_str(),
             rescored = stats.rescored,
-            reruns = stats.reruns,
-            fallbacks = stats.fallbacks,
             "certified batch"
         );
+        let sels = states.into_iter().map(QueryState::into_selector).collect();
         (sels, stats)
     }
 
-    /// One selector per query from the bound pass's `states`: the canonical
-    /// scores of every candidate that still reaches its query's `T`. A query
-    /// whose candidates overflowed is searched on the exact path where
-    /// `exact_overflow` holds, and left empty (for the caller to redo)
-    /// otherwise.
-    ///
-    /// The candidates are scored row block by row block rather than query by
-    /// query: a block's rows are read from memory once and stay in cache for
-    /// every query that kept one of them (a query keeps rows scattered over
-    /// the whole corpus, so scoring query by query reads each kept row once
-    /// per query). The scores do not depend on that order, and a selector's
-    /// answer does not depend on the order of its offers (§3).
-    fn rescore(
-        &self,
-        batch: &Batch<'_>,
-        k: usize,
-        states: &[QueryState],
-        exact_overflow: bool,
-    ) -> (Vec<Selector>, Stats) {
-        // Every query's surviving candidates, query after query.
-        let kept: Vec<Vec<u32>> = states
-            .par_iter()
-            .map(|st| {
-                st.cands
-                    .iter()
-                    .filter(|&&(_, hi)| reaches(hi, st.t))
-                    .map(|&(row, _)| row)
-                    .collect()
-            })
-            .collect();
-        let mut offsets = Vec::with_capacity(kept.len() + 1);
-        offsets.push(0_usize);
-        for rows in &kept {
-            offsets.push(offsets.last().copied().unwrap_or(0) + rows.len());
-        }
-        let total = offsets.last().copied().unwrap_or(0);
-        let mut rows = Vec::with_capacity(total);
-        let mut query = Vec::with_capacity(total);
-        for (j, r) in kept.iter().enumerate() {
-            rows.extend_from_slice(r);
-            // Query indices fit u32: a batch's size is validated (§4).
-            query.extend(std::iter::repeat_n(j as u32, r.len()));
-        }
-        drop(kept);
-        // The candidates grouped by row block (a counting sort, stable, so
-        // each block's candidates stay in query order).
-        let block_rows = (RESCORE_BLOCK_BYTES / (self.dim() * 4)).max(1);
-        let buckets = self.len().div_ceil(block_rows);
-        let mut start = vec![0_usize; buckets + 1];
-        for &r in &rows {
-            start[r as usize / block_rows + 1] += 1;
-        }
-        for b in 0..buckets {
-            start[b + 1] += start[b];
-        }
-        let mut next = start.clone();
-        let mut order = vec![0_usize; total];
-        for (p, &r) in rows.iter().enumerate() {
-            let b = r as usize / block_rows;
-            order[next[b]] = p;
-            next[b] += 1;
-        }
-        let norms: Vec<f32> = (0..batch.len()).map(|j| batch.norm(j)).collect();
-        let scores: Vec<AtomicU32> = (0..total).map(|_| AtomicU32::new(0)).collect();
-        (0..buckets).into_par_iter().for_each(|b| {
-            for &p in &order[start[b]..start[b + 1]] {
-                let j = query[p] as usize;
-                let s = self.score_one(batch.query(j), norms[j], rows[p]);
-                // Relaxed: read after the parallel loop has joined.
-                scores[p].store(s.to_bits(), Atomic::Relaxed);
-            }
-        });
-        let sels: Vec<Selector> = states
-            .par_iter()
-            .enumerate()
-            .map(|(j, st)| {
-                if st.overflow && exact_overflow {
-                    return self.select(batch.query(j), norms[j], k);
-                }
-                let mut sel = Selector::new(k);
-                for p in offsets[j]..offsets[j + 1] {
-                    sel.offer(rows[p], f32::from_bits(scores[p].load(Atomic::Relaxed)));
-                }
-                sel
-            })
-            .collect();
-        let overflowed = states.iter().filter(|st| st.overflow).count();
-        let stats = Stats {
-            fallbacks: if exact_overflow { overflowed } else { 0 },
-            rescored: total,
-            reruns: 0,
-        };
-        (sels, stats)
-    }
-
-    /// Bounds every pair of (rows `range`, batch query) and offers the rows
-    /// that can still reach each query's top K (`shared`: the queries'
-    /// largest `T` over every piece). With `codes` (the batch's and the
-    /// block's), the approximate dots come from the int8 product.
-    #[allow(clippy::too_many_arguments)]
+    /// Bounds every pair of (rows `range`, batch query) and scores
+    /// canonically the rows that can still reach each query's top K
+    /// (`states`; `params`, `rows` and `c` as for the bounds). With `codes`
+    /// (the batch's and the block's), the approximate dots come from the
+    /// int8 product.
     fn bound_block(
         &self,
         batch: &Batch<'_>,
         codes: Option<(&QueryCodes, &RowCodes)>,
-        params: &[QueryBound],
-        shared: &[AtomicU32],
-        rows: &BoundNorms,
-        c: f32,
+        (params, states, rows, c): (&[QueryBound], &[QueryState], &BoundNorms, f32),
         range: std::ops::Range<usize>,
         piece: &mut Piece,
     ) {
@@ -571,106 +349,120 @@ impl CpuRetriever {
                     gemm_nt(qdata, block, m, nr, dim, &mut piece.buf);
                 }
             }
-            let (buf, states) = (&piece.buf, &mut piece.states[q0..q1]);
-            let row0 = range.start;
-            let params = &params[q0..q1];
-            let shared = &shared[q0..q1];
-            match self.metric() {
+            let blk = Block {
+                buf: &piece.buf,
+                nr,
+                row0: range.start,
+                q0,
+            };
+            let (params, states) = (&params[q0..q1], &states[q0..q1]);
+            let score = |j: usize, row: u32| self.score_one(batch.query(j), batch.norm(j), row);
+            let found = &mut piece.found;
+            piece.scored += match self.metric() {
                 Metric::Dot => scan(
                     self.kernels,
                     &DotBounds::new(&rows.norm[range.clone()]).with_int8(int8),
-                    buf,
-                    nr,
-                    row0,
+                    &blk,
                     params,
-                    shared,
                     states,
+                    found,
+                    score,
                 ),
                 Metric::L2 => scan(
                     self.kernels,
                     &L2Bounds::new(&rows.sq[range.clone()], c).with_int8(int8),
-                    buf,
-                    nr,
-                    row0,
+                    &blk,
                     params,
-                    shared,
                     states,
+                    found,
+                    score,
                 ),
                 Metric::Cosine => scan(
                     self.kernels,
                     &CosineBounds::new(&rows.norm[range.clone()], self.corpus.norms(range.clone()))
                         .with_int8(int8),
-                    buf,
-                    nr,
-                    row0,
+                    &blk,
                     params,
-                    shared,
                     states,
+                    found,
+                    score,
                 ),
-            }
+            };
             q0 = q1;
         }
     }
 }
 
-/// Offers the rows of one GEMM block (`buf[j * nr + i]` for query `j`, block
-/// row `i`, corpus row `row0 + i`) whose upper bound reaches each query's `t`,
-/// which starts from the largest any piece has published in `shared` and is
-/// published there after the block.
+/// One GEMM block's approximate dots: `buf[j * nr + i]` for batch query
+/// `q0 + j` and block row `i`, corpus row `row0 + i`.
+struct Block<'a> {
+    buf: &'a [f32],
+    nr: usize,
+    row0: usize,
+    q0: usize,
+}
+
+/// Scores canonically (`score(query, row)`, the query's index in the batch)
+/// the rows of one GEMM block whose upper bound reaches each query's `T`,
+/// and offers them to the query's shared selection (through `found`, after
+/// each group of rows that had some, which raises `T`); returns how many
+/// rows it scored.
 ///
-/// Rows go 64 at a time: one vector compare against the [`cut`] of the
-/// current `t` leaves only the rows whose approximate dot is above it, and
-/// those are bounded one by one (a cut of an older, lower `t` only lets more
-/// rows through to that test).
-#[allow(clippy::too_many_arguments)]
+/// Rows go 64 at a time: one vector compare against the [`cut`] of `T`
+/// leaves only the rows whose approximate dot is above it, and those are
+/// bounded one by one (a cut of an older, lower `T` only lets more rows
+/// through to that test).
 fn scan<B: Bounds>(
     kernels: Kernels,
     bounds: &B,
-    buf: &[f32],
-    nr: usize,
-    row0: usize,
+    blk: &Block<'_>,
     params: &[QueryBound],
-    shared: &[AtomicU32],
-    states: &mut [QueryState],
-) {
-    for (((srow, p), st), top) in buf
-        .chunks_exact(nr)
+    states: &[QueryState],
+    found: &mut Vec<(u32, f32)>,
+    score: impl Fn(usize, u32) -> f32,
+) -> usize {
+    let mut scored = 0;
+    for (j, ((srow, p), st)) in blk
+        .buf
+        .chunks_exact(blk.nr)
         .zip(params)
-        .zip(states.iter_mut())
-        .zip(shared)
+        .zip(states)
+        .enumerate()
     {
-        if st.overflow {
-            continue;
-        }
-        // Relaxed: any value read is some piece's valid `T`.
-        st.raise(top.load(Atomic::Relaxed));
-        let mut cut_t = st.t;
-        let mut cut_at = cut(bounds, p, cut_t);
-        'groups: for (gi, group) in srow.chunks(GROUP).enumerate() {
-            if ordered_bits(st.t) != ordered_bits(cut_t) {
-                cut_t = st.t;
-                cut_at = cut(bounds, p, cut_t);
-            }
+        let mut t = st.t();
+        let mut cut_at = cut(bounds, p, t);
+        for (gi, group) in srow.chunks(GROUP).enumerate() {
             let mut mask = match cut_at {
                 Some(c) => kernels.above(group, c),
                 None => u64::MAX >> (64 - group.len()),
             };
+            if mask == 0 {
+                continue;
+            }
+            found.clear();
             while mask != 0 {
                 let o = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
                 let i = gi * GROUP + o;
-                let (lo, hi) = bounds.lo_hi(p, group[o], i);
-                if reaches(hi, st.t) {
+                let (_, hi) = bounds.lo_hi(p, group[o], i);
+                if reaches(hi, t) {
                     // Row indices fit u32: validated at ingest (§4).
-                    st.offer((row0 + i) as u32, lo, hi);
-                    if st.overflow {
-                        break 'groups;
-                    }
+                    let row = (blk.row0 + i) as u32;
+                    found.push((row, score(blk.q0 + j, row)));
+                }
+            }
+            if !found.is_empty() {
+                scored += found.len();
+                st.offer(found);
+                let now = st.t();
+                if ordered_bits(now) != ordered_bits(t) {
+                    t = now;
+                    cut_at = cut(bounds, p, t);
                 }
             }
         }
-        top.fetch_max(ordered_bits(st.t), Atomic::Relaxed);
     }
+    scored
 }
 
 #[cfg(test)]

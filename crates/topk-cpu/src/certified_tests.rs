@@ -5,7 +5,7 @@ use topk_core::{Metric, Neighbor, Retriever};
 use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
 
 use super::{
-    cut, default_cap, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds,
+    cut, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds,
     QueryBound, Stats, MIN_QUERIES,
 };
 use crate::{CpuRetriever, Kernels, Oracle};
@@ -15,12 +15,11 @@ fn certified(
     cpu: &CpuRetriever,
     queries: &[f32],
     k: usize,
-    cap: usize,
 ) -> (Vec<Vec<Neighbor>>, Stats) {
     let d = cpu.dim();
     let view = ArrayView2::from_shape((queries.len() / d, d), queries).unwrap();
     let batch = cpu.prepare_batch(view);
-    let (sels, stats) = cpu.select_certified(&batch, k.min(cpu.len()), cap);
+    let (sels, stats) = cpu.select_certified(&batch, k.min(cpu.len()));
     let out = sels
         .into_iter()
         .enumerate()
@@ -85,7 +84,7 @@ fn check_with(
         want.len(),
         kernels.path()
     );
-    let (got, stats) = certified(&cpu, queries, k, default_cap(k));
+    let (got, stats) = certified(&cpu, queries, k);
     prop_assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if let Some(diff) = bitwise_diff(g, w) {
@@ -299,47 +298,44 @@ fn every_kernel_path_matches_the_oracle() {
     }
 }
 
-/// A corpus of equal rows ties every row: the candidates of each query
-/// outgrow the cap, every query falls back, and the answers stay exact.
+/// A corpus of equal rows ties every row: no bound rules one out, every
+/// row is scored canonically for every query, and the answers stay exact.
 #[test]
-fn equal_rows_fall_back_and_stay_exact() {
-    let (n, d, q, k) = (default_cap(1) + 500, 24, 20, 1);
+fn equal_rows_are_all_scored_and_stay_exact() {
+    let (n, d, q, k) = (4600, 24, 20, 1);
     let data: Vec<f32> = (0..n)
         .flat_map(|_| (0..d).map(|c| c as f32 * 0.25 - 1.0))
         .collect();
     let queries = corpora::queries(3, q, d, &[Kind::Uniform], &data);
     for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
         let stats = check(&data, d, metric, &queries, k, Kernels::best()).unwrap();
-        assert_eq!(stats.fallbacks, q, "{metric}: every query falls back");
-        assert_eq!(stats.rescored, 0, "{metric}");
+        assert_eq!(stats.rescored, q * n, "{metric}: every row scored");
     }
 }
 
-/// A small cap forces the fallback on ordinary data too; without one the
-/// same batch rescored only a few rows per query.
+/// On ordinary rows the bounds rule out nearly every row, with either
+/// product.
 #[test]
-fn a_small_cap_forces_the_fallback() {
-    let (n, d, q, k) = (2000, 64, 24, 10);
+fn ordinary_rows_are_mostly_ruled_out() {
+    let (n, d, q, k) = (20_000, 64, 24, 10);
     let data = corpora::corpus(11, n, d, &[Kind::Uniform]);
     let queries = corpora::queries(12, q, d, &[Kind::Uniform], &data);
     let want = oracle(&data, d, Metric::Dot, &queries, k);
-    let cpu = CpuRetriever::from_rowmajor(data.clone(), d, Metric::Dot).unwrap();
-    let (got, stats) = certified(&cpu, &queries, k, k - 1);
-    assert_eq!(stats.fallbacks, q);
-    assert_eq!(got, want);
-    for (g, w) in got.iter().zip(&want) {
-        assert_eq!(bitwise_diff(g, w), None);
-    }
-    let (got, stats) = certified(&cpu, &queries, k, default_cap(k));
-    assert_eq!(stats.fallbacks, 0);
-    assert!(
-        stats.rescored < q * n / 4,
-        "rescored {} of {}",
-        stats.rescored,
-        q * n
-    );
-    for (g, w) in got.iter().zip(&want) {
-        assert_eq!(bitwise_diff(g, w), None);
+    for gemm in BatchGemm::available() {
+        let cpu = CpuRetriever::from_rowmajor(data.clone(), d, Metric::Dot)
+            .unwrap()
+            .with_batch_gemm(gemm)
+            .unwrap();
+        let (got, stats) = certified(&cpu, &queries, k);
+        assert!(
+            stats.rescored < q * n / 10,
+            "{gemm}: scored {} of {}",
+            stats.rescored,
+            q * n
+        );
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(bitwise_diff(g, w), None, "{gemm}");
+        }
     }
 }
 
@@ -361,7 +357,7 @@ fn shared_thresholds_leave_the_answer_independent_of_the_pool() {
                 .with_threads(threads)
                 .unwrap();
             for round in 0..2 {
-                let (got, _) = certified(&cpu, &queries, k, default_cap(k));
+                let (got, _) = certified(&cpu, &queries, k);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     if let Some(diff) = bitwise_diff(g, w) {
                         panic!("{metric} threads {threads} round {round} query {i}: {diff}");
@@ -373,46 +369,38 @@ fn shared_thresholds_leave_the_answer_independent_of_the_pool() {
 }
 
 /// Rows a thousandth apart around one row: closer than the int8 product's
-/// width, so every query outgrows the cap under it, but far apart for the
-/// f32 product's. The queries are bounded again through the f32 product
-/// (16 or more of them) or the tiled exact scan (fewer), never the
-/// single-query path, and the answers are the oracle's bytes.
+/// width, so under it nearly every row is scored canonically, but far apart
+/// for the f32 product's. Both answers are the oracle's bytes.
 #[test]
-fn int8_overflow_is_rerun_through_the_f32_product() {
-    if !BatchGemm::Int8.is_available() {
-        eprintln!("skipped: this CPU lacks AVX-512 VNNI (no int8 product)");
-        return;
-    }
-    let (d, k) = (32, 5);
-    let n = default_cap(k) + 500;
+fn rows_within_the_int8_width_stay_exact() {
+    let (d, k, n, q) = (32, 5, 5000, 20);
     let mut rng = corpora::Rng::new(91);
     let base: Vec<f32> = (0..d).map(|_| rng.unit()).collect();
     let data: Vec<f32> = (0..n)
-        .flat_map(|_| {
-            base.iter()
-                .map(|&b| b + 1e-3 * rng.unit())
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|_| base.iter().map(|&b| b + 1e-3 * rng.unit()).collect::<Vec<_>>())
         .collect();
-    for (q, exact) in [(MIN_QUERIES + 4, 0), (MIN_QUERIES - 11, MIN_QUERIES - 11)] {
-        let queries: Vec<f32> = (0..q * d).map(|_| rng.unit()).collect();
-        for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
-            let want = oracle(&data, d, metric, &queries, k);
-            let cpu = CpuRetriever::from_rowmajor(data.clone(), d, metric).unwrap();
-            for (gemm, reruns, fallbacks) in [(BatchGemm::Int8, q, exact), (BatchGemm::F32, 0, 0)] {
-                let cpu = cpu.clone().with_batch_gemm(gemm).unwrap();
-                let (got, stats) = certified(&cpu, &queries, k, default_cap(k));
-                assert_eq!(
-                    (stats.reruns, stats.fallbacks),
-                    (reruns, fallbacks),
-                    "{metric} {gemm} q {q}"
-                );
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    if let Some(diff) = bitwise_diff(g, w) {
-                        panic!("{metric} {gemm} q {q} query {i}: {diff}");
-                    }
+    let queries: Vec<f32> = (0..q * d).map(|_| rng.unit()).collect();
+    for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+        let want = oracle(&data, d, metric, &queries, k);
+        let mut scored = Vec::new();
+        for gemm in BatchGemm::available() {
+            let cpu = CpuRetriever::from_rowmajor(data.clone(), d, metric)
+                .unwrap()
+                .with_batch_gemm(gemm)
+                .unwrap();
+            let (got, stats) = certified(&cpu, &queries, k);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                if let Some(diff) = bitwise_diff(g, w) {
+                    panic!("{metric} {gemm} query {i}: {diff}");
                 }
             }
+            scored.push((gemm, stats.rescored));
+        }
+        // The f32 product separates the rows; the int8 one, where this CPU
+        // has it, does not.
+        assert!(scored[0].1 < q * n / 10, "{metric}: {scored:?}");
+        if let Some(&(_, int8)) = scored.get(1) {
+            assert!(int8 > q * n / 2, "{metric}: {scored:?}");
         }
     }
 }
