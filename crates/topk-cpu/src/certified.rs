@@ -155,9 +155,10 @@ impl BatchGemm {
     /// where this CPU runs it and `dim ≤` [`INT8_MAX_DIM`], f32 otherwise.
     ///
     /// The int8 width grows like `√D` against the spread of the scores.
-    /// Measured with `cargo xtask cpu-compare` on Gaussian rows, Q = 1,000,
-    /// the int8 product took 0.3–0.8× the f32 product's time at D = 384
-    /// and 1024; larger D is not measured.
+    /// On the `cargo xtask cpu-compare` corpus (Gaussian rows, 100k rows,
+    /// Q = 1,000, K = 8 and 100) the int8 batch took 0.32–0.54× the f32
+    /// batch's time at D = 384 and 1024 (`b4c4540`); larger D is not
+    /// measured.
     pub fn for_dim(dim: usize) -> BatchGemm {
         if dim <= INT8_MAX_DIM && BatchGemm::Int8.is_available() {
             BatchGemm::Int8
