@@ -5,17 +5,13 @@ use topk_core::{Metric, Neighbor, Retriever};
 use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
 
 use super::{
-    cut, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds,
-    QueryBound, Stats, MIN_QUERIES,
+    cut, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds, QueryBound,
+    Stats, MIN_QUERIES,
 };
 use crate::{CpuRetriever, Kernels, Oracle};
 
 /// The certified path's answers for every query (forced, whatever the shape).
-fn certified(
-    cpu: &CpuRetriever,
-    queries: &[f32],
-    k: usize,
-) -> (Vec<Vec<Neighbor>>, Stats) {
+fn certified(cpu: &CpuRetriever, queries: &[f32], k: usize) -> (Vec<Vec<Neighbor>>, Stats) {
     let d = cpu.dim();
     let view = ArrayView2::from_shape((queries.len() / d, d), queries).unwrap();
     let batch = cpu.prepare_batch(view);
@@ -377,7 +373,11 @@ fn rows_within_the_int8_width_stay_exact() {
     let mut rng = corpora::Rng::new(91);
     let base: Vec<f32> = (0..d).map(|_| rng.unit()).collect();
     let data: Vec<f32> = (0..n)
-        .flat_map(|_| base.iter().map(|&b| b + 1e-3 * rng.unit()).collect::<Vec<_>>())
+        .flat_map(|_| {
+            base.iter()
+                .map(|&b| b + 1e-3 * rng.unit())
+                .collect::<Vec<_>>()
+        })
         .collect();
     let queries: Vec<f32> = (0..q * d).map(|_| rng.unit()).collect();
     for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
