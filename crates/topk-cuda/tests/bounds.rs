@@ -316,7 +316,6 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         let qs = queries(22, 150, d, &data);
         for (metric, dtype, k) in [
             (Metric::Dot, Dtype::F32, 100),
-            (Metric::Dot, Dtype::F16, 10),
             (Metric::Cosine, Dtype::F16, 10),
             (Metric::L2, Dtype::Bf16, 100),
             (Metric::L2, Dtype::F32, 1),
