@@ -393,35 +393,10 @@ struct W9Emit {
     unsigned* flag;
 };
 
-// The dot metric's quick reject of the listing epilogue. A thread's rows
-// have norms at most rn_max, and the width is non-decreasing in the row's
-// norm (every operation of topk_approx_width is, on non-negative inputs),
-// so each row's width w is at most W = width(qn, rn_max). The listing test
-// computes V = fl(2w + fl(a - w)), within 2u(|a| + w) of a + w (u = 2^-24),
-// so V < t0 wherever a + W + 2.01u(|a| + W) < t0. The cut returned,
-// fl(fl(t0 - W) - m) with m = fl(2^-20 (|t0| + W)), is below that with room
-// for its own three roundings: a finite a under it is not listed (a NaN or
-// -inf a never compares below it, and takes the full test). -inf (nothing
-// rejected) where t0, qn or W is not finite, a norm of the thread's rows is
-// not, or the overflow rule's qn^2 + rn^2 <= 2^100 fails (the full test
-// lists such pairs).
-__device__ __forceinline__ float w9_dot_cut(float t0, float qn, float rn_max, bool rn_ok,
-                                            unsigned d) {
-    const float w = topk_approx_width<TOPK_DOT>(qn, rn_max, d);
-    if (!(rn_ok && isfinite(t0) && isfinite(qn) && isfinite(w) &&
-          __fmaf_rn(qn, qn, __fmul_rn(rn_max, rn_max)) <= 0x1p100f)) {
-        return __int_as_float(0xff800000u);
-    }
-    const float m = __fmul_rn(0x1p-20f, __fadd_rn(fabsf(t0), w));
-    return __fsub_rn(__fsub_rn(t0, w), m);
-}
-
 // The listing epilogue of the block's products: each consumer thread tests
 // its own 64 accumulators (fragment layout as in w9_write) against its
 // queries' T0 with bounds.cuh's test, and appends the rows that pass; no
-// bound is stored for the rest. For the dot metric a pair whose scaled
-// product lies below w9_dot_cut is not listed by that test, so it skips it
-// (one compare instead of the test's twenty-odd operations and two loads).
+// bound is stored for the rest.
 template <int METRIC, class SH, class T>
 __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>& t, unsigned n,
                                         unsigned d, unsigned nq, const float* __restrict__ rnorm,
@@ -433,23 +408,6 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
     }
     const unsigned g = t.lane / 4;
     const unsigned c = t.lane % 4;
-    // The largest norm of the thread's rows, and whether every one is finite.
-    float rn_max = 0.0f;
-    bool rn_ok = true;
-    if constexpr (METRIC == TOPK_DOT) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const size_t row = t.r0 + t.gr * 128 + j * 8 + 2 * c + cc;
-                if (row < n) {
-                    const float rn = rnorm[row];
-                    rn_ok = rn_ok && isfinite(rn) && rn >= 0.0f;
-                    rn_max = fmaxf(rn_max, rn);
-                }
-            }
-        }
-    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const size_t q = t.q0 + t.gq * 64 + t.warp * 16 + g + 8 * h;
@@ -466,10 +424,6 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
         const float t0 = res[e.k].score;
         const float qn = qnorm[q];
         const float inv = sizeof(T) == 2 ? qinv[q] : 1.0f;
-        float cut = __int_as_float(0xff800000u);
-        if constexpr (METRIC == TOPK_DOT) {
-            cut = w9_dot_cut(t0, qn, rn_max, rn_ok, d);
-        }
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
 #pragma unroll
@@ -481,9 +435,6 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
                 float a = acc[4 * j + 2 * h + cc];
                 if constexpr (sizeof(T) == 2) {
                     a = w9_unscale(a, inv, rinv, row);
-                }
-                if (a < cut && a > __int_as_float(0xff800000u)) {
-                    continue;
                 }
                 const float rn = rnorm[row];
                 const float lo = topk_approx_lower<METRIC>(a, qn, rn, d);
