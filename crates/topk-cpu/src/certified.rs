@@ -445,7 +445,7 @@ fn scan<B: Bounds>(
                 let o = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
                 let i = gi * GROUP + o;
-                let (_, hi) = bounds.lo_hi(p, group[o], i);
+                let hi = bounds.hi(p, group[o], i);
                 if reaches(hi, t) {
                     // Row indices fit u32: validated at ingest (§4).
                     let row = (blk.row0 + i) as u32;

@@ -176,7 +176,7 @@ fn check_cut<B: Bounds>(
     let c = cut(bounds, q, t);
     if let Some(c) = c {
         for (i, &v) in s.iter().enumerate() {
-            let (_, hi) = bounds.lo_hi(q, v, i);
+            let hi = bounds.hi(q, v, i);
             if v <= c {
                 prop_assert!(
                     !reaches(hi, t),
@@ -232,7 +232,7 @@ proptest! {
         let i = pick.index(rows);
         for round in 0..3 {
             let t_dot = match round {
-                0 => dot.lo_hi(&q_dot, s[i], i).1,
+                0 => dot.hi(&q_dot, s[i], i),
                 _ => s[i] * (1.0 + rng.unit() * 1e-3),
             };
             let found = check_cut(&dot, &q_dot, t_dot, &s)?;
@@ -244,7 +244,7 @@ proptest! {
                 s[i] = cut.next_up();
             }
             let t_l2 = match round {
-                0 => l2.lo_hi(&q_l2, s[i], i).1,
+                0 => l2.hi(&q_l2, s[i], i),
                 _ => 2.0 * s[i] - q_l2.a - sq[i] * (1.0 + rng.unit()),
             };
             let found = check_cut(&l2, &q_l2, t_l2, &s)?;
@@ -254,7 +254,7 @@ proptest! {
                 check_cut(&l2, &q_l2, t_l2, &s)?;
             }
             let t_cos = match round {
-                0 => cos.lo_hi(&q_cos, s[i], i).1,
+                0 => cos.hi(&q_cos, s[i], i),
                 _ => rng.unit().abs(),
             };
             let found = check_cut(&cos, &q_cos, t_cos, &s)?;

@@ -159,8 +159,9 @@ pub(super) trait Bounds: Sync {
     /// About the largest `s` whose [`Bounds::block_hi`] is below `t`; the
     /// cut is found from here and checked (see [`cut`]).
     fn cut_estimate(&self, q: &QueryBound, t: f32) -> f32;
-    /// Both bounds of block row `i` for approximate dot `s`.
-    fn lo_hi(&self, q: &QueryBound, s: f32, i: usize) -> (f32, f32);
+    /// The upper bound of block row `i` for approximate dot `s` (the
+    /// selection needs no lower bound: `T` comes from canonical scores).
+    fn hi(&self, q: &QueryBound, s: f32, i: usize) -> f32;
 }
 
 /// A cut for threshold `t`: every row of the block whose approximate dot is
@@ -227,9 +228,9 @@ impl Bounds for DotBounds<'_> {
     }
 
     #[inline(always)]
-    fn lo_hi(&self, q: &QueryBound, s: f32, i: usize) -> (f32, f32) {
+    fn hi(&self, q: &QueryBound, s: f32, i: usize) -> f32 {
         let w = (q.a * self.xb[i] + ABS) + extra(&self.int8, q, i);
-        (s - w, s + w)
+        s + w
     }
 }
 
@@ -282,11 +283,11 @@ impl Bounds for L2Bounds<'_> {
     }
 
     #[inline(always)]
-    fn lo_hi(&self, q: &QueryBound, s: f32, i: usize) -> (f32, f32) {
+    fn hi(&self, q: &QueryBound, s: f32, i: usize) -> f32 {
         let e = q.a + self.xx[i];
         let v = 2.0 * s - e;
         let w = (self.c * e + ABS) + 2.0 * extra(&self.int8, q, i);
-        (v - w, v + w)
+        v + w
     }
 }
 
@@ -345,14 +346,14 @@ impl Bounds for CosineBounds<'_> {
     }
 
     #[inline(always)]
-    fn lo_hi(&self, q: &QueryBound, s: f32, i: usize) -> (f32, f32) {
+    fn hi(&self, q: &QueryBound, s: f32, i: usize) -> f32 {
         // The same product as `cosine_from_parts`, so `den` has the score's bits.
         let den = q.b * self.rn[i];
         if den == 0.0 {
-            return (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            return f32::NEG_INFINITY;
         }
         let w = (q.a * self.xb[i] + ABS) + extra(&self.int8, q, i);
-        ((s - w) / den, (s + w) / den)
+        (s + w) / den
     }
 }
 
