@@ -10,7 +10,9 @@
 //!
 //! Batches of at least [`certified::MIN_QUERIES`] queries (of dimension at
 //! most [`certified::MAX_DIM`], with `4K ≤ N`) take the certified GEMM path
-//! of [`crate::certified`] instead; both return the oracle's bytes.
+//! of [`crate::certified`] instead, and so do smaller ones over
+//! [`certified::MIN_INT8_VALUES`] corpus values (`N × D`) or more when the product is int8; both
+//! return the oracle's bytes.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -99,7 +101,7 @@ impl CpuRetriever {
             return Ok(());
         }
         let batch = self.prepare_batch(queries);
-        let sels = if certified::applies(nq, self.len(), self.dim(), k) {
+        let sels = if certified::applies(nq, self.len(), self.dim(), k, self.batch_gemm()) {
             self.select_certified(&batch, k).0
         } else {
             self.select_batch(&batch, k)

@@ -185,9 +185,22 @@ const BLOCK_ROWS: usize = 512;
 const QUERY_BLOCK: usize = 512;
 /// Rows tested against a cut by one vector compare (the bits of a `u64`).
 const GROUP: usize = 64;
-/// Whether a batch of `queries` at this shape takes the GEMM path.
-pub(crate) fn applies(queries: usize, n: usize, dim: usize, k: usize) -> bool {
-    queries >= MIN_QUERIES && dim <= MAX_DIM && k.saturating_mul(4) <= n
+/// Fewest corpus values (`N × D`) for which fewer than [`MIN_QUERIES`]
+/// queries (a single one included) take the int8 path. Its codes are a
+/// quarter of the f32 rows' bytes; below this the corpus sits in the caches
+/// and the path's fixed costs (quantizing the queries, the shared selection)
+/// outweigh that. Measured on this project's 2-core AVX-512 VM (Gaussian and
+/// MiniLM rows, see bench/gpu/NOTES.md): the int8 single query is faster from
+/// about 2^17 values at D = 384 and 2^20 at D = 32–64.
+pub const MIN_INT8_VALUES: usize = 1 << 20;
+/// Whether a batch of `queries` at this shape takes the certified path with
+/// the product `gemm`: every batch of [`MIN_QUERIES`] or more, and smaller
+/// ones (single queries too) over [`MIN_INT8_VALUES`] corpus values or more
+/// when the product is int8.
+pub(crate) fn applies(queries: usize, n: usize, dim: usize, k: usize, gemm: BatchGemm) -> bool {
+    let wide = queries >= MIN_QUERIES
+        || (gemm == BatchGemm::Int8 && n.saturating_mul(dim) >= MIN_INT8_VALUES);
+    wide && queries > 0 && dim <= MAX_DIM && k.saturating_mul(4) <= n
 }
 
 /// What the bound pass knows about one query, shared by every piece: the

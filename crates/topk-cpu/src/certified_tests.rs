@@ -1,12 +1,12 @@
 //! Tests of the certified GEMM batch path: bit for bit the oracle's bytes.
 use ndarray::ArrayView2;
 use proptest::prelude::*;
-use topk_core::{Metric, Neighbor, Retriever};
+use topk_core::{Dtype, Metric, Neighbor, Retriever};
 use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
 
 use super::{
-    cut, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds, QueryBound,
-    Stats, MIN_QUERIES,
+    applies, cut, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds,
+    QueryBound, Stats, MIN_INT8_VALUES, MIN_QUERIES,
 };
 use crate::{CpuRetriever, Kernels, Oracle};
 
@@ -401,6 +401,58 @@ fn rows_within_the_int8_width_stay_exact() {
         assert!(scored[0].1 < q * n / 10, "{metric}: {scored:?}");
         if let Some(&(_, int8)) = scored.get(1) {
             assert!(int8 > q * n / 2, "{metric}: {scored:?}");
+        }
+    }
+}
+
+/// Single queries and batches under [`MIN_QUERIES`] take the int8 path over
+/// [`MIN_INT8_VALUES`] corpus values or more: rows of small integers (ties at the K-th
+/// score) with duplicates, f32 and f16 storage, every metric, through
+/// `search` and batches of 2 and 5; the oracle's bytes every time.
+#[test]
+fn single_queries_over_many_rows_match_the_oracle() {
+    let d = 20;
+    let n = MIN_INT8_VALUES / d + 77;
+    assert!(applies(1, n, d, 100, BatchGemm::Int8));
+    assert!(!applies(1, MIN_INT8_VALUES / d - 1, d, 1, BatchGemm::Int8));
+    assert!(!applies(MIN_QUERIES - 1, n, d, 1, BatchGemm::F32));
+    let kinds = [Kind::SmallInt, Kind::Uniform, Kind::Duplicate];
+    let data = corpora::corpus(81, n, d, &kinds);
+    let queries = corpora::queries(82, 7, d, &kinds, &data);
+    let view = ArrayView2::from_shape((n, d), &data).unwrap();
+    for dtype in [Dtype::F32, Dtype::F16] {
+        for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+            let oracle = Oracle::with_dtype(view, metric, dtype).unwrap();
+            for gemm in BatchGemm::available() {
+                let cpu = CpuRetriever::with_dtype(view, metric, dtype)
+                    .unwrap()
+                    .with_batch_gemm(gemm)
+                    .unwrap();
+                for k in [1, 10, 100] {
+                    let want: Vec<Vec<Neighbor>> = queries
+                        .chunks_exact(d)
+                        .map(|q| oracle.search(q, k).unwrap())
+                        .collect();
+                    let ctx = format!("{dtype:?} {metric} {gemm} K={k}");
+                    for (i, (q, w)) in queries.chunks_exact(d).zip(&want).enumerate() {
+                        let got = cpu.search(q, k).unwrap();
+                        if let Some(diff) = bitwise_diff(&got, w) {
+                            panic!("{ctx} single query {i}: {diff}");
+                        }
+                    }
+                    for size in [2, 5] {
+                        let qs = &queries[..size * d];
+                        let got = cpu
+                            .search_batch(ArrayView2::from_shape((size, d), qs).unwrap(), k)
+                            .unwrap();
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            if let Some(diff) = bitwise_diff(g, w) {
+                                panic!("{ctx} batch of {size}, query {i}: {diff}");
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

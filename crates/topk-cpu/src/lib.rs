@@ -36,7 +36,7 @@ mod oracle;
 mod retriever;
 mod select;
 
-pub use certified::{BatchGemm, INT8_MAX_DIM};
+pub use certified::{BatchGemm, INT8_MAX_DIM, MIN_INT8_VALUES};
 pub use error::CpuError;
 pub use kernels::{Kernels, Path};
 pub use oracle::Oracle;

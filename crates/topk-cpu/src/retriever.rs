@@ -1,14 +1,17 @@
 //! `CpuRetriever`, the fast exact backend: rayon over row blocks, SIMD
 //! canonical scores, per-block bounded selection merged with the one
-//! comparator. The batch path lives in [`crate::batch`].
+//! comparator. The batch path lives in [`crate::batch`]; a single query over
+//! [`crate::certified::MIN_INT8_VALUES`] corpus values or more takes the certified int8
+//! path of [`crate::certified`] where the CPU runs it (a quarter of the
+//! bytes read, and canonical scores for the rows its bounds keep).
 
 use std::sync::{Arc, OnceLock};
 
-use ndarray::ArrayView2;
+use ndarray::{aview1, ArrayView2, Axis};
 use rayon::prelude::*;
 use topk_core::{validate, Dtype, Metric, Neighbor, Result, Retriever, RowStore};
 
-use crate::certified::{BatchGemm, BoundNorms, CorpusCodes};
+use crate::certified::{self, BatchGemm, BoundNorms, CorpusCodes};
 use crate::corpus::Corpus;
 use crate::error::CpuError;
 use crate::kernels::Kernels;
@@ -295,7 +298,13 @@ impl Retriever for CpuRetriever {
         validate::query(query, self.dim())?;
         let k = validate::k(k, self.len())?;
         let query_norm = self.query_norm(query);
-        self.select(query, query_norm, k)
+        let sel = if certified::applies(1, self.len(), self.dim(), k, self.batch_gemm()) {
+            let batch = self.prepare_batch(aview1(query).insert_axis(Axis(0)));
+            self.select_certified(&batch, k).0.pop()
+        } else {
+            None
+        };
+        sel.unwrap_or_else(|| self.select(query, query_norm, k))
             .finish(out, |i| self.score_one(query, query_norm, i));
         Ok(())
     }

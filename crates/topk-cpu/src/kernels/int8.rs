@@ -279,38 +279,88 @@ mod vnni {
             xs[..live].copy_from_slice(&xscale[row0..row0 + live]);
             let mut j0 = 0;
             while j0 < m {
+                let t = (m - j0).min(TILE_QUERIES);
                 let q = queries[j0 * dp..(j0 + TILE_QUERIES) * dp].as_ptr();
+                let dst = Dst {
+                    j0,
+                    row0,
+                    live,
+                    xs: &xs,
+                };
+                // A tile as tall as the queries left, so that a single query
+                // (or the batch's last few) multiplies only its own codes.
                 // SAFETY: `panel` holds `steps` steps of STEP_BYTES and `q`
-                // TILE_QUERIES rows of `dp` codes (the caller's lengths).
-                let acc = unsafe { tile(q, dp, panel, steps) };
-                for (t, row) in acc.iter().enumerate() {
-                    let j = j0 + t;
-                    if j >= m {
-                        break;
-                    }
-                    let corr = _mm512_set1_epi32(qsum[j].wrapping_mul(128));
-                    let qs = _mm512_set1_ps(qscale[j]);
-                    let dst = &mut out[j * n + row0..j * n + row0 + live];
-                    for (p, &v) in row.iter().enumerate() {
-                        let lanes = (live.saturating_sub(p * 16)).min(16);
-                        if lanes == 0 {
-                            break;
-                        }
-                        let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
-                        // SAFETY: `xs` holds 64 values; p < 4.
-                        let x = unsafe { _mm512_loadu_ps(xs.as_ptr().add(p * 16)) };
-                        let s = _mm512_mul_ps(_mm512_mul_ps(s, qs), x);
-                        let mask: __mmask16 = if lanes == 16 {
-                            0xFFFF
-                        } else {
-                            (1u16 << lanes) - 1
-                        };
-                        // SAFETY: the mask keeps the store inside `dst`
-                        // (lanes ≤ its length past p * 16).
-                        unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(p * 16), mask, s) };
+                // TILE_QUERIES ≥ t rows of `dp` codes (the caller's lengths).
+                unsafe {
+                    match t {
+                        1 => dst.store(&tile::<1>(q, dp, panel, steps), qsum, qscale, n, out),
+                        2 => dst.store(&tile::<2>(q, dp, panel, steps), qsum, qscale, n, out),
+                        3 => dst.store(&tile::<3>(q, dp, panel, steps), qsum, qscale, n, out),
+                        4 => dst.store(&tile::<4>(q, dp, panel, steps), qsum, qscale, n, out),
+                        5 => dst.store(&tile::<5>(q, dp, panel, steps), qsum, qscale, n, out),
+                        _ => dst.store(
+                            &tile::<TILE_QUERIES>(q, dp, panel, steps),
+                            qsum,
+                            qscale,
+                            n,
+                            out,
+                        ),
                     }
                 }
-                j0 += TILE_QUERIES;
+                j0 += t;
+            }
+        }
+    }
+
+    /// Where one tile's sums go: queries from `j0`, the group's rows from
+    /// `row0` (`live` of them) and their scales `xs` (zero past the end).
+    struct Dst<'a> {
+        j0: usize,
+        row0: usize,
+        live: usize,
+        xs: &'a [f32; GROUP_ROWS],
+    }
+
+    impl Dst<'_> {
+        /// Writes `fl(fl(P − 128 Σq)·qscale)·xscale` of every query of the
+        /// tile into `out` (rows of `n`).
+        ///
+        /// # Safety
+        /// AVX-512F must be available; `out` holds the tile's queries' rows
+        /// (`j0 + acc.len() ≤ m`, `row0 + live ≤ n`).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+        unsafe fn store(
+            &self,
+            acc: &[[__m512i; 4]],
+            qsum: &[i32],
+            qscale: &[f32],
+            n: usize,
+            out: &mut [f32],
+        ) {
+            let Dst { j0, row0, live, xs } = *self;
+            for (t, row) in acc.iter().enumerate() {
+                let j = j0 + t;
+                let corr = _mm512_set1_epi32(qsum[j].wrapping_mul(128));
+                let qs = _mm512_set1_ps(qscale[j]);
+                let dst = &mut out[j * n + row0..j * n + row0 + live];
+                for (p, &v) in row.iter().enumerate() {
+                    let lanes = (live.saturating_sub(p * 16)).min(16);
+                    if lanes == 0 {
+                        break;
+                    }
+                    let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
+                    // SAFETY: `xs` holds 64 values; p < 4.
+                    let x = unsafe { _mm512_loadu_ps(xs.as_ptr().add(p * 16)) };
+                    let s = _mm512_mul_ps(_mm512_mul_ps(s, qs), x);
+                    let mask: __mmask16 = if lanes == 16 {
+                        0xFFFF
+                    } else {
+                        (1u16 << lanes) - 1
+                    };
+                    // SAFETY: the mask keeps the store inside `dst`
+                    // (lanes ≤ its length past p * 16).
+                    unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(p * 16), mask, s) };
+                }
             }
         }
     }
@@ -329,21 +379,21 @@ mod vnni {
         super::quantize_with(x, scale, inv, codes)
     }
 
-    /// The `i32` sums of TILE_QUERIES queries against one packed group:
+    /// The `i32` sums of `T` queries against one packed group:
     /// `acc[t][p]` holds rows `16p..16p + 16` for query `t`.
     ///
     /// # Safety
-    /// `q` must point to TILE_QUERIES rows of `dp` codes and `panel` to
-    /// `steps` steps of STEP_BYTES bytes; VNNI must be available.
+    /// `q` must point to `T` rows of `dp` codes and `panel` to `steps` steps
+    /// of STEP_BYTES bytes; VNNI must be available.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
-    unsafe fn tile(
+    unsafe fn tile<const T: usize>(
         q: *const i8,
         dp: usize,
         panel: *const u8,
         steps: usize,
-    ) -> [[__m512i; 4]; TILE_QUERIES] {
-        let mut acc = [[_mm512_setzero_si512(); 4]; TILE_QUERIES];
+    ) -> [[__m512i; 4]; T] {
+        let mut acc = [[_mm512_setzero_si512(); 4]; T];
         for s in 0..steps {
             // SAFETY: s < steps, so the step's 256 bytes lie in the panel.
             let p = unsafe { panel.add(s * STEP_BYTES) };
@@ -397,6 +447,11 @@ mod tests {
             (1_usize, 1_usize, 1_usize),
             (6, 64, 4),
             (7, 65, 9),
+            (2, 64, 384),
+            (3, 100, 100),
+            (4, 128, 1024),
+            (5, 63, 17),
+            (11, 64, 64),
             (13, 200, 384),
             (25, 512, 1023),
         ] {
