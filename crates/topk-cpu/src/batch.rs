@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Result, Retriever};
 
 use crate::certified;
-use crate::kernels::{finish, TileOut, MAX_TILE_ROWS, TILE_QUERIES};
+use crate::kernels::{finish, Kernels, TileOut, MAX_TILE_ROWS, TILE_QUERIES};
 use crate::retriever::CpuRetriever;
 use crate::select::Selector;
 
@@ -42,7 +42,23 @@ pub(crate) struct Batch<'q> {
     norms: Vec<f32>,
 }
 
-impl Batch<'_> {
+impl<'q> Batch<'q> {
+    /// A validated batch (any layout) in row-major order, with its cosine
+    /// norms from `kernels`.
+    pub(crate) fn new(queries: ArrayView2<'q, f32>, metric: Metric, kernels: Kernels) -> Batch<'q> {
+        let dim = queries.ncols();
+        let data = match queries.to_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(queries.iter().copied().collect()),
+        };
+        let norms = if metric == Metric::Cosine {
+            data.chunks_exact(dim).map(|q| kernels.norm(q)).collect()
+        } else {
+            Vec::new()
+        };
+        Batch { data, dim, norms }
+    }
+
     /// Number of queries.
     pub(crate) fn len(&self) -> usize {
         self.data.len() / self.dim
@@ -115,22 +131,7 @@ impl CpuRetriever {
 
     /// A validated batch (any layout) in row-major order, with its cosine norms.
     pub(crate) fn prepare_batch<'q>(&self, queries: ArrayView2<'q, f32>) -> Batch<'q> {
-        let data = match queries.to_slice() {
-            Some(s) => Cow::Borrowed(s),
-            None => Cow::Owned(queries.iter().copied().collect()),
-        };
-        let norms = if self.metric() == Metric::Cosine {
-            data.chunks_exact(self.dim())
-                .map(|q| self.kernels.norm(q))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        Batch {
-            data,
-            dim: self.dim(),
-            norms,
-        }
+        Batch::new(queries, self.metric(), self.kernels)
     }
 
     /// One selector per query, over the whole corpus.

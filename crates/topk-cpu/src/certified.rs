@@ -88,11 +88,14 @@
 use std::sync::atomic::{AtomicU32, Ordering as Atomic};
 use std::sync::{Mutex, PoisonError};
 
+use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::order::{ordered_bits, score_from_ordered_bits};
-use topk_core::{Metric, Retriever};
+use topk_core::{validate, Metric, Result};
 
 use crate::batch::Batch;
+use crate::corpus::CorpusRef;
+use crate::error::CpuError;
 use crate::kernels::gemm::gemm_nt;
 use crate::kernels::Kernels;
 use crate::retriever::CpuRetriever;
@@ -143,6 +146,32 @@ impl BatchGemm {
         }
     }
 
+    /// `self`, or [`CpuError::BatchGemmUnavailable`] when this CPU does not
+    /// run it.
+    pub(crate) fn check(self) -> Result<BatchGemm> {
+        if self.is_available() {
+            return Ok(self);
+        }
+        let available = BatchGemm::available()
+            .iter()
+            .map(|g| g.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(CpuError::BatchGemmUnavailable {
+            gemm: self,
+            available,
+        }
+        .into())
+    }
+
+    /// Whether `queries` queries for the top `k` of `n` rows of `dim`
+    /// values take the certified path with this product, where it is faster
+    /// than a plain scan (see [`MIN_QUERIES`] and [`MIN_INT8_VALUES`]): the
+    /// same bytes either way.
+    pub fn pays(self, queries: usize, n: usize, dim: usize, k: usize) -> bool {
+        applies(queries, n, dim, k, self)
+    }
+
     /// The products this CPU runs.
     pub fn available() -> Vec<BatchGemm> {
         BatchGemm::ALL
@@ -176,7 +205,7 @@ impl std::fmt::Display for BatchGemm {
 
 /// Fewest queries for which a batch takes the GEMM path: below it the
 /// tiled canonical scan is as fast.
-pub(crate) const MIN_QUERIES: usize = 16;
+pub const MIN_QUERIES: usize = 16;
 /// Largest dimension the bound is derived for (`D u ≤ 2^-8`).
 pub(crate) const MAX_DIM: usize = 1 << 16;
 /// Rows per GEMM block.
@@ -203,22 +232,46 @@ pub(crate) fn applies(queries: usize, n: usize, dim: usize, k: usize, gemm: Batc
     wide && queries > 0 && dim <= MAX_DIM && k.saturating_mul(4) <= n
 }
 
+/// The selection a certified search fills for each query: topk-cpu's
+/// row-keyed one (ties by the smaller row, §3), or a caller's (an index's,
+/// ties by the smaller external id). The bound pass needs only the K-th
+/// best score held, whatever the tie order: a row whose upper bound is
+/// below it scores below K rows already held under any order of ties.
+pub trait CertifiedPick: Send {
+    /// Offers row `row` with its canonical score.
+    fn offer(&mut self, row: u32, score: f32);
+    /// The K-th best score held once K rows are held, `None` before.
+    fn kth_score(&self) -> Option<f32>;
+}
+
+impl CertifiedPick for Selector {
+    fn offer(&mut self, row: u32, score: f32) {
+        Selector::offer(self, row, score);
+    }
+
+    fn kth_score(&self) -> Option<f32> {
+        // NaN until K rows are held.
+        let kth = self.threshold_score();
+        (!kth.is_nan()).then_some(kth)
+    }
+}
+
 /// What the bound pass knows about one query, shared by every piece: the
 /// best K rows scored so far and the threshold `T` they give.
 #[derive(Debug)]
-struct QueryState {
+struct QueryState<P> {
     /// The K-th best score in `sel` as [`ordered_bits`] (`-inf` until K
     /// rows are held): read without the lock, raised under it.
     t: AtomicU32,
-    /// The best K rows scored so far, by the §3 comparator.
-    sel: Mutex<Selector>,
+    /// The best K rows scored so far.
+    sel: Mutex<P>,
 }
 
-impl QueryState {
-    fn new(k: usize) -> QueryState {
+impl<P: CertifiedPick> QueryState<P> {
+    fn new(pick: P) -> QueryState<P> {
         QueryState {
             t: AtomicU32::new(ordered_bits(f32::NEG_INFINITY)),
-            sel: Mutex::new(Selector::new(k)),
+            sel: Mutex::new(pick),
         }
     }
 
@@ -233,20 +286,18 @@ impl QueryState {
     /// Offers canonically scored rows and raises `T` to the K-th best score
     /// once K rows are held.
     fn offer(&self, found: &[(u32, f32)]) {
-        // A panic elsewhere cannot leave a selector half-updated in a way
+        // A panic elsewhere cannot leave a selection half-updated in a way
         // that matters here: its keys are plain values.
         let mut sel = self.sel.lock().unwrap_or_else(PoisonError::into_inner);
         for &(row, score) in found {
             sel.offer(row, score);
         }
-        let kth = sel.threshold_score();
-        // NaN until K rows are held.
-        if !kth.is_nan() {
+        if let Some(kth) = sel.kth_score() {
             self.t.fetch_max(ordered_bits(kth), Atomic::Relaxed);
         }
     }
 
-    fn into_selector(self) -> Selector {
+    fn into_pick(self) -> P {
         self.sel
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
@@ -271,24 +322,181 @@ pub(crate) struct Stats {
     pub(crate) rescored: usize,
 }
 
-impl CpuRetriever {
-    /// One selector per query of a validated batch, by certified bounds and
-    /// canonical scores of the rows they cannot rule out.
-    pub(crate) fn select_certified(&self, batch: &Batch<'_>, k: usize) -> (Vec<Selector>, Stats) {
-        let dim = self.dim();
-        let rows = self.bound_norms();
+/// The certified path's state for one corpus, kept beside its rows: the
+/// rows' upward norms and, for the int8 product, their codes. A
+/// [`CpuRetriever`](crate::CpuRetriever) builds its own on first use; a
+/// corpus held elsewhere that changes (an index's rows) keeps one and
+/// updates it with its rows ([`CertifiedRows::update_from`],
+/// [`CertifiedRows::refresh_rows`]), so that searches never quantize rows
+/// that did not change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CertifiedRows {
+    gemm: BatchGemm,
+    norms: BoundNorms,
+    codes: Option<CorpusCodes>,
+}
+
+impl CertifiedRows {
+    /// The state of every row of `corpus` for the product `gemm` (the int8
+    /// one quantizes every row: one pass over the rows, in parallel).
+    ///
+    /// # Errors
+    /// [`CpuError::BatchGemmUnavailable`] when this CPU does not run `gemm`.
+    pub fn build(corpus: CorpusRef<'_>, gemm: BatchGemm) -> Result<CertifiedRows> {
+        gemm.check()?;
+        let mut rows = CertifiedRows {
+            gemm,
+            norms: BoundNorms::default(),
+            codes: (gemm == BatchGemm::Int8).then(|| CorpusCodes::of(corpus)),
+        };
+        rows.norms = BoundNorms::of_corpus(corpus, 0);
+        Ok(rows)
+    }
+
+    /// Brings the state up to date after the rows from `first` on changed,
+    /// were appended or were dropped (the corpus is now `corpus`); the state
+    /// of the rows before `first` is kept.
+    pub fn update_from(&mut self, corpus: CorpusRef<'_>, first: usize) {
+        let first = first.min(self.norms.len());
+        self.norms.truncate(first);
+        self.norms.extend(BoundNorms::of_corpus(corpus, first));
+        if let Some(codes) = &mut self.codes {
+            codes.update_from(corpus, first);
+        }
+    }
+
+    /// Brings the state of `rows` up to date after their values changed
+    /// (each row block holding one is quantized again, once).
+    pub fn refresh_rows(&mut self, corpus: CorpusRef<'_>, rows: &[usize]) {
+        let n = self.norms.len().min(corpus.len());
+        let mut wide = Vec::new();
+        for &r in rows.iter().filter(|&&r| r < n) {
+            let one = BoundNorms::of(corpus.rows(r..r + 1, &mut wide), corpus.dim());
+            self.norms.set(r, one);
+        }
+        if let Some(codes) = &mut self.codes {
+            let mut blocks: Vec<usize> = rows
+                .iter()
+                .filter(|&&r| r < n)
+                .map(|r| r / BLOCK_ROWS)
+                .collect();
+            blocks.sort_unstable();
+            blocks.dedup();
+            codes.refresh_blocks(corpus, &blocks);
+        }
+    }
+
+    /// The product behind the bounds.
+    pub fn gemm(&self) -> BatchGemm {
+        self.gemm
+    }
+
+    /// Rows covered.
+    pub fn len(&self) -> usize {
+        self.norms.len()
+    }
+
+    /// Whether no row is covered.
+    pub fn is_empty(&self) -> bool {
+        self.norms.len() == 0
+    }
+
+    /// The engine over `corpus`.
+    fn engine<'a>(&'a self, corpus: CorpusRef<'a>, kernels: Kernels) -> Engine<'a> {
+        Engine {
+            corpus,
+            kernels,
+            norms: &self.norms,
+            codes: self.codes.as_ref(),
+        }
+    }
+}
+
+/// Searches every query of `queries` (`Q × D`, any layout) on the certified
+/// path over the rows of `corpus` that `admit(query, row)` lets through, and
+/// returns one `pick()` per query holding the best `k` of them under its own
+/// order (canonical scores, docs/CONTRACTS.md §2.1). `rows` must be the
+/// state of `corpus` as it is now; `kernels` scores the rows the bounds
+/// keep (any path gives the same bits). Runs on the current rayon pool.
+///
+/// # Errors
+/// The §4 errors of the queries and `k`, and
+/// [`CpuError::StaleRows`] when `rows` does not cover the corpus's rows.
+pub fn select_certified<P: CertifiedPick>(
+    corpus: CorpusRef<'_>,
+    rows: &CertifiedRows,
+    kernels: Kernels,
+    queries: ArrayView2<'_, f32>,
+    k: usize,
+    admit: impl Fn(usize, u32) -> bool + Sync,
+    pick: impl Fn() -> P,
+) -> Result<Vec<P>> {
+    validate::queries(queries, corpus.dim())?;
+    if k == 0 {
+        return Err(topk_core::Error::ZeroK);
+    }
+    if rows.len() != corpus.len() {
+        return Err(CpuError::StaleRows {
+            covered: rows.len(),
+            rows: corpus.len(),
+        }
+        .into());
+    }
+    if queries.nrows() == 0 {
+        return Ok(Vec::new());
+    }
+    let batch = Batch::new(queries, corpus.metric(), kernels);
+    Ok(rows
+        .engine(corpus, kernels)
+        .select(&batch, k, admit, pick)
+        .0)
+}
+
+/// What a certified search reads: the corpus, its state, the kernels that
+/// score the rows kept.
+#[derive(Clone, Copy)]
+pub(crate) struct Engine<'a> {
+    pub(crate) corpus: CorpusRef<'a>,
+    pub(crate) kernels: Kernels,
+    pub(crate) norms: &'a BoundNorms,
+    /// The corpus codes where the product is int8.
+    pub(crate) codes: Option<&'a CorpusCodes>,
+}
+
+impl Engine<'_> {
+    /// The canonical score of row `i` for a query and its cosine norm.
+    #[inline]
+    fn score(&self, query: &[f32], query_norm: f32, i: u32) -> f32 {
+        let i = i as usize;
+        self.kernels.score_stored_row(
+            self.corpus.metric(),
+            query,
+            query_norm,
+            self.corpus.store(),
+            i,
+            self.corpus.norm(i),
+        )
+    }
+
+    /// One selection per query of a validated batch, by certified bounds
+    /// and canonical scores of the admitted rows they cannot rule out.
+    pub(crate) fn select<P: CertifiedPick>(
+        &self,
+        batch: &Batch<'_>,
+        k: usize,
+        admit: impl Fn(usize, u32) -> bool + Sync,
+        pick: impl Fn() -> P,
+    ) -> (Vec<P>, Stats) {
+        let dim = self.corpus.dim();
+        let rows = self.norms;
         let queries = BoundNorms::of(batch.data(), dim);
         let c = width_factor(dim);
-        let gemm = self.batch_gemm();
-        let codes = match gemm {
-            BatchGemm::Int8 => self
-                .install(|| QueryCodes::of(batch.data(), dim))
-                .map(|q| (q, self.corpus_codes())),
-            BatchGemm::F32 => None,
-        };
+        let codes = self
+            .codes
+            .and_then(|rows| Some((QueryCodes::of(batch.data(), dim)?, rows)));
         let params: Vec<QueryBound> = (0..batch.len())
             .map(|j| {
-                let mut p = match self.metric() {
+                let mut p = match self.corpus.metric() {
                     Metric::Dot => QueryBound::new(c * queries.norm[j], 0.0),
                     Metric::L2 => QueryBound::new(queries.sq[j], 0.0),
                     Metric::Cosine => QueryBound::new(c * queries.norm[j], batch.norm(j)),
@@ -299,51 +507,53 @@ impl CpuRetriever {
                 p
             })
             .collect();
-        let states: Vec<QueryState> = (0..batch.len()).map(|_| QueryState::new(k)).collect();
-        let scored = self.install(|| {
-            let n = self.len();
-            let blocks = n.div_ceil(BLOCK_ROWS);
-            let min_len = (blocks / (4 * rayon::current_num_threads())).max(1);
-            (0..blocks)
-                .into_par_iter()
-                .with_min_len(min_len)
-                .fold(Piece::default, |mut piece, b| {
-                    let range = b * BLOCK_ROWS..((b + 1) * BLOCK_ROWS).min(n);
-                    let codes = codes
-                        .as_ref()
-                        .and_then(|(q, rows)| Some((q, rows.block(b)?)));
-                    self.bound_block(batch, codes, (&params, &states, rows, c), range, &mut piece);
-                    piece
-                })
-                .map(|p| p.scored)
-                .sum::<usize>()
-        });
+        let states: Vec<QueryState<P>> =
+            (0..batch.len()).map(|_| QueryState::new(pick())).collect();
+        let n = self.corpus.len();
+        let blocks = n.div_ceil(BLOCK_ROWS);
+        let min_len = (blocks / (4 * rayon::current_num_threads())).max(1);
+        let scored = (0..blocks)
+            .into_par_iter()
+            .with_min_len(min_len)
+            .fold(Piece::default, |mut piece, b| {
+                let range = b * BLOCK_ROWS..((b + 1) * BLOCK_ROWS).min(n);
+                let codes = codes
+                    .as_ref()
+                    .and_then(|(q, rows)| Some((q, rows.block(b)?)));
+                let shared = (&params[..], &states[..], rows, c);
+                self.bound_block(batch, codes, shared, &admit, range, &mut piece);
+                piece
+            })
+            .map(|p| p.scored)
+            .sum::<usize>();
         let stats = Stats { rescored: scored };
         tracing::debug!(
             queries = batch.len(),
             k,
-            gemm = gemm.as_str(),
+            gemm = if codes.is_some() { "int8" } else { "f32" },
             rescored = stats.rescored,
             "certified batch"
         );
-        let sels = states.into_iter().map(QueryState::into_selector).collect();
-        (sels, stats)
+        let picks = states.into_iter().map(QueryState::into_pick).collect();
+        (picks, stats)
     }
 
     /// Bounds every pair of (rows `range`, batch query) and scores
-    /// canonically the rows that can still reach each query's top K
-    /// (`states`; `params`, `rows` and `c` as for the bounds). With `codes`
-    /// (the batch's and the block's), the approximate dots come from the
-    /// int8 product.
-    fn bound_block(
+    /// canonically the admitted rows that can still reach each query's top
+    /// K (`states`; `params`, `rows` and `c` as for the bounds). With
+    /// `codes` (the batch's and the block's), the approximate dots come
+    /// from the int8 product.
+    #[allow(clippy::type_complexity)]
+    fn bound_block<P: CertifiedPick>(
         &self,
         batch: &Batch<'_>,
         codes: Option<(&QueryCodes, &RowCodes)>,
-        (params, states, rows, c): (&[QueryBound], &[QueryState], &BoundNorms, f32),
+        (params, states, rows, c): (&[QueryBound], &[QueryState<P>], &BoundNorms, f32),
+        admit: &(impl Fn(usize, u32) -> bool + Sync),
         range: std::ops::Range<usize>,
         piece: &mut Piece,
     ) {
-        let dim = self.dim();
+        let dim = self.corpus.dim();
         let nr = range.len();
         // The int8 product reads the quantized block only.
         let block = match codes {
@@ -370,11 +580,18 @@ impl CpuRetriever {
                 q0,
             };
             let (params, states) = (&params[q0..q1], &states[q0..q1]);
-            let score = |j: usize, row: u32| self.score_one(batch.query(j), batch.norm(j), row);
+            let score = |j: usize, row: u32| {
+                if admit(j, row) {
+                    Some(self.score(batch.query(j), batch.norm(j), row))
+                } else {
+                    None
+                }
+            };
             let found = &mut piece.found;
-            piece.scored += match self.metric() {
+            let kernels = self.kernels;
+            piece.scored += match self.corpus.metric() {
                 Metric::Dot => scan(
-                    self.kernels,
+                    kernels,
                     &DotBounds::new(&rows.norm[range.clone()]).with_int8(int8),
                     &blk,
                     params,
@@ -383,7 +600,7 @@ impl CpuRetriever {
                     score,
                 ),
                 Metric::L2 => scan(
-                    self.kernels,
+                    kernels,
                     &L2Bounds::new(&rows.sq[range.clone()], c).with_int8(int8),
                     &blk,
                     params,
@@ -392,7 +609,7 @@ impl CpuRetriever {
                     score,
                 ),
                 Metric::Cosine => scan(
-                    self.kernels,
+                    kernels,
                     &CosineBounds::new(&rows.norm[range.clone()], self.corpus.norms(range.clone()))
                         .with_int8(int8),
                     &blk,
@@ -407,6 +624,28 @@ impl CpuRetriever {
     }
 }
 
+impl CpuRetriever {
+    /// The certified engine over this retriever's corpus (building the
+    /// row state on first use).
+    fn engine(&self) -> Engine<'_> {
+        Engine {
+            corpus: self.corpus.view(),
+            kernels: self.kernels,
+            norms: self.bound_norms(),
+            codes: match self.batch_gemm() {
+                BatchGemm::Int8 => Some(self.corpus_codes()),
+                BatchGemm::F32 => None,
+            },
+        }
+    }
+
+    /// One selector per query of a validated batch, on the certified path.
+    pub(crate) fn select_certified(&self, batch: &Batch<'_>, k: usize) -> (Vec<Selector>, Stats) {
+        let engine = self.engine();
+        self.install(|| engine.select(batch, k, |_, _| true, || Selector::new(k)))
+    }
+}
+
 /// One GEMM block's approximate dots: `buf[j * nr + i]` for batch query
 /// `q0 + j` and block row `i`, corpus row `row0 + i`.
 struct Block<'a> {
@@ -416,8 +655,9 @@ struct Block<'a> {
     q0: usize,
 }
 
-/// Scores canonically (`score(query, row)`, the query's index in the batch)
-/// the rows of one GEMM block whose upper bound reaches each query's `T`,
+/// Scores canonically (`score(query, row)`, the query's index in the batch;
+/// `None` for a row the caller does not admit) the rows of one GEMM block
+/// whose upper bound reaches each query's `T`,
 /// and offers them to the query's shared selection (through `found`, after
 /// each group of rows that had some, which raises `T`); returns how many
 /// rows it scored.
@@ -426,14 +666,14 @@ struct Block<'a> {
 /// leaves only the rows whose approximate dot is above it, and those are
 /// bounded one by one (a cut of an older, lower `T` only lets more rows
 /// through to that test).
-fn scan<B: Bounds>(
+fn scan<B: Bounds, P: CertifiedPick>(
     kernels: Kernels,
     bounds: &B,
     blk: &Block<'_>,
     params: &[QueryBound],
-    states: &[QueryState],
+    states: &[QueryState<P>],
     found: &mut Vec<(u32, f32)>,
-    score: impl Fn(usize, u32) -> f32,
+    score: impl Fn(usize, u32) -> Option<f32>,
 ) -> usize {
     let mut scored = 0;
     for (j, ((srow, p), st)) in blk
@@ -462,7 +702,9 @@ fn scan<B: Bounds>(
                 if reaches(hi, t) {
                     // Row indices fit u32: validated at ingest (§4).
                     let row = (blk.row0 + i) as u32;
-                    found.push((row, score(blk.q0 + j, row)));
+                    if let Some(s) = score(blk.q0 + j, row) {
+                        found.push((row, s));
+                    }
                 }
             }
             if !found.is_empty() {

@@ -1,14 +1,14 @@
 //! Tests of the certified GEMM batch path: bit for bit the oracle's bytes.
 use ndarray::ArrayView2;
 use proptest::prelude::*;
-use topk_core::{Dtype, Metric, Neighbor, Retriever};
+use topk_core::{Dtype, Metric, Neighbor, Retriever, RowStore};
 use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
 
 use super::{
-    applies, cut, reaches, BatchGemm, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds,
-    QueryBound, Stats, MIN_INT8_VALUES, MIN_QUERIES,
+    applies, cut, reaches, BatchGemm, Bounds, CertifiedRows, CosineBounds, DotBounds, Int8Rows,
+    L2Bounds, QueryBound, Stats, MIN_INT8_VALUES, MIN_QUERIES,
 };
-use crate::{CpuRetriever, Kernels, Oracle};
+use crate::{CorpusRef, CpuRetriever, Kernels, Oracle};
 
 /// The certified path's answers for every query (forced, whatever the shape).
 fn certified(cpu: &CpuRetriever, queries: &[f32], k: usize) -> (Vec<Vec<Neighbor>>, Stats) {
@@ -455,4 +455,104 @@ fn single_queries_over_many_rows_match_the_oracle() {
             }
         }
     }
+}
+
+/// A row state kept up to date through appends, replaced rows and a
+/// shortened corpus equals the state built from scratch over the result,
+/// with either product and either storage.
+#[test]
+fn updated_row_state_equals_a_fresh_one() {
+    let d = 37;
+    let kinds = [Kind::Uniform, Kind::SmallInt, Kind::Duplicate];
+    let fresh = |data: &[f32], dtype: Dtype, metric: Metric| {
+        RowStore::from_f32(data.to_vec(), d, dtype).unwrap_or_else(|e| panic!("{metric}: {e}"))
+    };
+    let norms = |store: &RowStore| -> Vec<f32> {
+        (0..store.len())
+            .map(|r| Kernels::best().norm(&store.row(r)))
+            .collect()
+    };
+    for gemm in BatchGemm::available() {
+        for dtype in [Dtype::F32, Dtype::F16] {
+            for metric in [Metric::Dot, Metric::Cosine] {
+                let mut data = corpora::corpus(5, 1300, d, &kinds);
+                let store = fresh(&data, dtype, metric);
+                let ns = norms(&store);
+                let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
+                let mut state = CertifiedRows::build(corpus, gemm).unwrap();
+                // Appended rows: 1300 → 1900 crosses two 512-row blocks.
+                data.extend(corpora::corpus(6, 600, d, &kinds));
+                let store = fresh(&data, dtype, metric);
+                let ns = norms(&store);
+                let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
+                state.update_from(corpus, 1300);
+                assert_eq!(
+                    state,
+                    CertifiedRows::build(corpus, gemm).unwrap(),
+                    "appended"
+                );
+                // Rows replaced in place, two in one block.
+                let replaced = [3_usize, 700, 701, 1899];
+                let more = corpora::corpus(7, replaced.len(), d, &kinds);
+                for (r, v) in replaced.iter().zip(more.chunks_exact(d)) {
+                    data[r * d..(r + 1) * d].copy_from_slice(v);
+                }
+                let store = fresh(&data, dtype, metric);
+                let ns = norms(&store);
+                let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
+                state.refresh_rows(corpus, &replaced);
+                assert_eq!(
+                    state,
+                    CertifiedRows::build(corpus, gemm).unwrap(),
+                    "replaced"
+                );
+                // Rows dropped from 1000 on and the later ones moved up.
+                data.drain(1000 * d..1200 * d);
+                let store = fresh(&data, dtype, metric);
+                let ns = norms(&store);
+                let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
+                state.update_from(corpus, 1000);
+                assert_eq!(
+                    state,
+                    CertifiedRows::build(corpus, gemm).unwrap(),
+                    "compacted"
+                );
+                assert_eq!(state.len(), 1700);
+            }
+        }
+    }
+}
+
+/// A borrowed cosine corpus needs one norm per row; a stale row state is
+/// an error, not a wrong answer.
+#[test]
+fn mismatched_norms_and_stale_state_are_errors() {
+    let d = 4;
+    let data = corpora::corpus(8, 100, d, &[Kind::Uniform]);
+    let store = RowStore::from_f32(data.clone(), d, Dtype::F32).unwrap();
+    let err = CorpusRef::new(&store, Metric::Cosine, &[1.0; 99]).unwrap_err();
+    assert!(
+        err.to_string().contains("99 cosine row norms for 100"),
+        "{err}"
+    );
+    let corpus = CorpusRef::new(&store, Metric::Dot, &[]).unwrap();
+    let state = CertifiedRows::build(corpus, BatchGemm::F32).unwrap();
+    let longer = RowStore::from_f32([data.clone(), data].concat(), d, Dtype::F32).unwrap();
+    let corpus = CorpusRef::new(&longer, Metric::Dot, &[]).unwrap();
+    let q = ndarray::Array2::<f32>::ones((1, d));
+    let err = crate::select_certified(
+        corpus,
+        &state,
+        Kernels::best(),
+        q.view(),
+        3,
+        |_, _| true,
+        || crate::select::Selector::new(3),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("covers 100 rows, the corpus has 200"),
+        "{err}"
+    );
 }

@@ -118,20 +118,19 @@ impl Corpus {
         &self.store
     }
 
-    /// Calls `f(first_row, rows)` over the whole corpus as `f32`, in order:
-    /// one call for `f32` storage, widened chunks of about a million values
-    /// otherwise.
-    pub(crate) fn for_each_chunk(&self, mut f: impl FnMut(usize, &[f32])) {
-        if let Some(all) = self.store.as_f32() {
-            f(0, all);
-            return;
+    /// The corpus borrowed.
+    #[inline]
+    pub(crate) fn view(&self) -> CorpusRef<'_> {
+        CorpusRef {
+            store: &self.store,
+            metric: self.metric,
+            norms: &self.norms,
         }
-        let step = (WIDEN_VALUES / self.dim).max(1);
-        let mut buf = Vec::new();
-        for r0 in (0..self.n).step_by(step) {
-            let r1 = (r0 + step).min(self.n);
-            f(r0, crate::kernels::rows_f32(&self.store, r0..r1, &mut buf));
-        }
+    }
+
+    /// See [`CorpusRef::for_each_chunk`].
+    pub(crate) fn for_each_chunk(&self, f: impl FnMut(usize, &[f32])) {
+        self.view().for_each_chunk(0..self.n, f);
     }
 
     /// Row `i` as `f32` (borrowed for `f32` storage).
@@ -140,11 +139,115 @@ impl Corpus {
         self.store.row(i)
     }
 
-    /// Rows `range` as one `f32` block: the stored values for `f32`,
-    /// otherwise widened into `scratch`.
+    /// See [`CorpusRef::rows`].
     #[inline]
     pub(crate) fn rows<'a>(&'a self, range: Range<usize>, scratch: &'a mut Vec<f32>) -> &'a [f32] {
         crate::kernels::rows_f32(&self.store, range, scratch)
+    }
+
+    /// See [`CorpusRef::norm`].
+    #[inline]
+    pub(crate) fn norm(&self, i: usize) -> f32 {
+        self.view().norm(i)
+    }
+
+    /// See [`CorpusRef::norms`].
+    #[inline]
+    pub(crate) fn norms(&self, range: Range<usize>) -> &[f32] {
+        self.view().norms(range)
+    }
+}
+
+/// A corpus held elsewhere, borrowed: stored rows (docs/CONTRACTS.md §14)
+/// and, for cosine, the canonical norm of every row (computed by
+/// [`crate::Kernels::norm`] from the stored values, widened). What
+/// [`crate::CertifiedRows`] and [`crate::select_certified`] read, so that a
+/// corpus that changes (an index's rows) can use the certified path too.
+#[derive(Debug, Clone, Copy)]
+pub struct CorpusRef<'a> {
+    store: &'a RowStore,
+    metric: Metric,
+    norms: &'a [f32],
+}
+
+impl<'a> CorpusRef<'a> {
+    /// Borrows `store` under `metric`; `norms` holds one canonical norm per
+    /// stored row for cosine and is empty (or ignored) otherwise.
+    ///
+    /// # Errors
+    /// [`crate::CpuError::NormCount`] when cosine norms do not number the
+    /// stored rows.
+    pub fn new(store: &'a RowStore, metric: Metric, norms: &'a [f32]) -> Result<CorpusRef<'a>> {
+        let norms = if metric == Metric::Cosine { norms } else { &[] };
+        if metric == Metric::Cosine && norms.len() != store.len() {
+            return Err(crate::CpuError::NormCount {
+                norms: norms.len(),
+                rows: store.len(),
+            }
+            .into());
+        }
+        Ok(CorpusRef {
+            store,
+            metric,
+            norms,
+        })
+    }
+
+    /// Stored rows.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// Whether no row is stored.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.store.len() == 0
+    }
+
+    /// Values per row.
+    #[inline]
+    pub fn dim(&self) -> usize {
+        self.store.dim()
+    }
+
+    /// The metric.
+    #[inline]
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+
+    /// The stored rows.
+    #[inline]
+    pub(crate) fn store(&self) -> &'a RowStore {
+        self.store
+    }
+
+    /// Calls `f(first_row, rows)` over rows `range` as `f32`, in order: one
+    /// call for `f32` storage, widened chunks of about a million values
+    /// otherwise.
+    pub(crate) fn for_each_chunk(&self, range: Range<usize>, mut f: impl FnMut(usize, &[f32])) {
+        let dim = self.dim();
+        if let Some(all) = self.store.as_f32() {
+            f(range.start, &all[range.start * dim..range.end * dim]);
+            return;
+        }
+        let step = (WIDEN_VALUES / dim).max(1);
+        let mut buf = Vec::new();
+        for r0 in range.clone().step_by(step) {
+            let r1 = (r0 + step).min(range.end);
+            f(r0, crate::kernels::rows_f32(self.store, r0..r1, &mut buf));
+        }
+    }
+
+    /// Rows `range` as one `f32` block: the stored values for `f32`,
+    /// otherwise widened into `scratch`.
+    #[inline]
+    pub(crate) fn rows<'s>(&self, range: Range<usize>, scratch: &'s mut Vec<f32>) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        crate::kernels::rows_f32(self.store, range, scratch)
     }
 
     /// Norm of row `i` (0 for metrics without norms; never read there).
@@ -155,7 +258,7 @@ impl Corpus {
 
     /// Norms of rows `range` for cosine, `&[]` otherwise.
     #[inline]
-    pub(crate) fn norms(&self, range: Range<usize>) -> &[f32] {
+    pub(crate) fn norms(&self, range: Range<usize>) -> &'a [f32] {
         if self.norms.is_empty() {
             &[]
         } else {

@@ -26,6 +26,26 @@ pub enum CpuError {
         available: String,
     },
 
+    // ---- borrowed corpora --------------------------------------------------
+    /// A borrowed cosine corpus whose norms do not number its rows.
+    #[error("{norms} cosine row norms for {rows} stored rows: give one per row")]
+    NormCount {
+        /// Norms given.
+        norms: usize,
+        /// Rows stored.
+        rows: usize,
+    },
+
+    /// A certified search whose row state does not cover the corpus's rows
+    /// (it was built for another corpus, or not updated with it).
+    #[error("certified row state covers {covered} rows, the corpus has {rows}: update it with the corpus")]
+    StaleRows {
+        /// Rows the state covers.
+        covered: usize,
+        /// Rows the corpus holds.
+        rows: usize,
+    },
+
     // ---- threads ----------------------------------------------------------
     /// A thread count outside `1..`.
     #[error("invalid thread count {threads}: use at least 1")]

@@ -3,7 +3,8 @@
 //! | item | what it is for |
 //! | --- | --- |
 //! | [`Oracle`] | the reference: scalar canonical scores for every row, then the comparator |
-//! | [`CpuRetriever`] | the fast path: rayon over row blocks, runtime-chosen SIMD, cache-blocked batches, certified GEMM bounds for batches of 16 or more queries |
+//! | [`CpuRetriever`] | the fast path: rayon over row blocks, runtime-chosen SIMD, cache-blocked batches, certified GEMM bounds for batches of 16 or more queries (and int8 bounds for single queries over 2^20 values) |
+//! | [`CertifiedRows`], [`select_certified`] | that certified path over a corpus held elsewhere ([`CorpusRef`]: an index's rows), with a row filter and the caller's selection |
 //! | [`kernels`] | the canonical primitives on AVX-512 / AVX2 / scalar, reused by other backends |
 //! | [`CpuError`] | failures specific to this crate (a forced kernel path, a thread pool) |
 //!
@@ -36,7 +37,11 @@ mod oracle;
 mod retriever;
 mod select;
 
-pub use certified::{BatchGemm, INT8_MAX_DIM, MIN_INT8_VALUES};
+pub use certified::{
+    select_certified, BatchGemm, CertifiedPick, CertifiedRows, INT8_MAX_DIM, MIN_INT8_VALUES,
+    MIN_QUERIES,
+};
+pub use corpus::CorpusRef;
 pub use error::CpuError;
 pub use kernels::{Kernels, Path};
 pub use oracle::Oracle;

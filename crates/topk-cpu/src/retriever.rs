@@ -111,15 +111,7 @@ impl CpuRetriever {
     /// [`CpuError::BatchGemmUnavailable`] when this CPU cannot run it.
     /// Results are the same bytes with every product.
     pub fn with_batch_gemm(mut self, gemm: BatchGemm) -> Result<CpuRetriever> {
-        if !gemm.is_available() {
-            let available = BatchGemm::available()
-                .iter()
-                .map(|g| g.as_str())
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(CpuError::BatchGemmUnavailable { gemm, available }.into());
-        }
-        self.batch_gemm = Some(gemm);
+        self.batch_gemm = Some(gemm.check()?);
         Ok(self)
     }
 
@@ -169,21 +161,14 @@ impl CpuRetriever {
 
     /// The upward row norms of the certified batch path (computed once).
     pub(crate) fn bound_norms(&self) -> &BoundNorms {
-        self.bound_norms.get_or_init(|| {
-            self.install(|| {
-                let mut all = BoundNorms::default();
-                self.corpus.for_each_chunk(|_, rows| {
-                    all.extend(BoundNorms::of(rows, self.corpus.dim()));
-                });
-                all
-            })
-        })
+        self.bound_norms
+            .get_or_init(|| self.install(|| BoundNorms::of_corpus(self.corpus.view(), 0)))
     }
 
     /// The corpus quantized for the int8 batch product (computed once).
     pub(crate) fn corpus_codes(&self) -> &CorpusCodes {
         self.corpus_codes
-            .get_or_init(|| self.install(|| CorpusCodes::of(&self.corpus)))
+            .get_or_init(|| self.install(|| CorpusCodes::of(self.corpus.view())))
     }
 
     /// Runs `f` on this retriever's pool.

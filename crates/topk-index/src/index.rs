@@ -5,11 +5,12 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
 
 use ndarray::ArrayView2;
 use rayon::slice::ParallelSliceMut;
 use topk_core::{validate, Dtype, Error as CoreError, IdProblem, Metric, RowStore, MAX_ID};
-use topk_cpu::Kernels;
+use topk_cpu::{CertifiedRows, Kernels};
 
 use crate::error::IndexError;
 
@@ -176,6 +177,11 @@ pub struct Index {
     pub(crate) graph: Option<Box<crate::graph::HnswGraph>>,
     /// The device mirror of the `cuda` backend (empty on the others).
     pub(crate) device: crate::device::DeviceCell,
+    /// The `cpu` backend's certified-path state of the stored rows (upward
+    /// norms, int8 codes; docs/CONTRACTS.md §2.1): built by the first search
+    /// that takes that path, then kept up to date by every change of the
+    /// rows, so a search never waits for rows that did not change.
+    pub(crate) certified: OnceLock<CertifiedRows>,
 }
 
 /// Rows appended since `by_id` was last sorted are merged into it once they
@@ -236,6 +242,7 @@ impl Index {
             options: IndexOptions::default(),
             graph: None,
             device: crate::device::DeviceCell::default(),
+            certified: OnceLock::new(),
         })
     }
 
@@ -357,6 +364,18 @@ impl Index {
         self.data.dtype()
     }
 
+    /// Rows stored, tombstoned ones included (until the next compaction).
+    pub fn stored_rows(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Stored rows the `cpu` backend's certified-path state covers (every
+    /// stored row once a search has built it; it then follows every change),
+    /// `None` before (docs/CONTRACTS.md §2.1).
+    pub fn certified_coverage(&self) -> Option<usize> {
+        self.certified.get().map(CertifiedRows::len)
+    }
+
     /// Bytes the stored rows take (tombstoned rows included).
     pub fn stored_bytes(&self) -> usize {
         self.data.bytes()
@@ -412,6 +431,7 @@ impl Index {
         let d = self.dim;
         let mut fresh_ids = Vec::new();
         let mut fresh_rows = Vec::new();
+        let mut replaced = Vec::new();
         for (&id, row) in checked.ids.iter().zip(checked.rows.chunks_exact(d)) {
             match self.rows_of.get(&id) {
                 Some(&r) => {
@@ -419,6 +439,7 @@ impl Index {
                     if self.metric == Metric::Cosine {
                         self.norms[r] = self.kernels.norm(row);
                     }
+                    replaced.push(r);
                     self.graph_replaced(id, row);
                 }
                 None => {
@@ -427,6 +448,7 @@ impl Index {
                 }
             }
         }
+        self.rows_changed(&replaced);
         self.append(&Checked {
             ids: &fresh_ids,
             rows: Cow::Owned(fresh_rows),
@@ -465,11 +487,13 @@ impl Index {
         let stored = self.ids.len();
         let cosine = self.metric == Metric::Cosine;
         let mut w = 0;
+        let mut first_moved = None;
         for r in 0..stored {
             if !self.is_live(r) {
                 continue;
             }
             if w != r {
+                first_moved.get_or_insert(w);
                 self.data.copy_row(r, w);
                 self.ids[w] = self.ids[r];
                 if cosine {
@@ -482,6 +506,7 @@ impl Index {
         self.ids.truncate(w);
         self.norms.truncate(if cosine { w } else { 0 });
         self.live = full_bitset(w);
+        self.rows_changed_from(first_moved.unwrap_or(w));
         self.rows_of = self
             .ids
             .iter()
@@ -540,6 +565,7 @@ impl Index {
             self.norms
                 .extend(c.rows.chunks_exact(self.dim).map(|r| k.norm(r)));
         }
+        self.rows_changed_from(start);
         let stored = self.ids.len();
         self.live.resize(stored.div_ceil(64), 0);
         for r in start..stored {

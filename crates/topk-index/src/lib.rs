@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | [`Index`] | `add` / `add_auto` / `upsert` / `remove` / `compact`, `search` / `search_batch` / `search_device`, `save` / `open`, `sync_device` |
 //! | [`FilterResolution`] | how filter ids become rows: hash lookups, a merge with the id-sorted rows, or by size |
-//! | [`IndexBackend`] | `cpu` (SIMD kernels, gathered or masked filters), `oracle` (the scalar reference), `cuda` (the rows mirrored on the GPU, the same bytes as `cpu`) or `hnsw` (an approximate graph, exact under very selective filters) |
+//! | [`IndexBackend`] | `cpu` (SIMD kernels, gathered or masked filters, certified bounds for batches and large single queries), `oracle` (the scalar reference), `cuda` (the rows mirrored on the GPU, the same bytes as `cpu`) or `hnsw` (an approximate graph, exact under very selective filters) |
 //! | [`ProgressHook`] | told the progress of an `hnsw` graph build |
 //! | [`Filter`], [`FilterSpec`] | allow-lists of ids: none, one per batch, one per query |
 //! | [`IndexError`] | every failure, naming the offending id, row, value or file offset |

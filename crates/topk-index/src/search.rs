@@ -4,7 +4,11 @@
 //! canonical SIMD kernels and offers only the rows its mask allows (the live
 //! rows, or the allowed live rows of a dense filter); a block with no allowed
 //! row is skipped unscored. A sparse filter instead gathers its rows and scores
-//! only those. The `oracle` backend scores every live allowed row with the
+//! only those. Batches of 16 queries or more, and single queries over 2^20
+//! stored values or more where the CPU runs the int8 product, take topk-cpu's
+//! certified path instead (docs/CONTRACTS.md §2.1) under the same mask: bounds
+//! from a fast product rule rows out, the rest are scored canonically, and
+//! the selection is this module's, by external id. The `oracle` backend scores every live allowed row with the
 //! scalar reference and sorts. Both select under [`topk_core::hit_key`].
 
 use std::borrow::Cow;
@@ -12,6 +16,7 @@ use std::borrow::Cow;
 use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{cmp_hit, hit_key, validate, Error as CoreError, Hit, HitTopK, Metric};
+use topk_cpu::{select_certified, BatchGemm, CertifiedPick, CertifiedRows, CorpusRef};
 
 use crate::error::IndexError;
 use crate::filter::{Filter, FilterSpec};
@@ -110,6 +115,26 @@ impl Selector {
     }
 }
 
+/// A [`Selector`] fed by row for topk-cpu's certified path: each row is
+/// offered under its external id.
+struct IdPick<'a> {
+    sel: Selector,
+    ids: &'a [u64],
+}
+
+impl CertifiedPick for IdPick<'_> {
+    fn offer(&mut self, row: u32, score: f32) {
+        // Rows come from the stored rows, so the index holds their ids.
+        if let Some(&id) = self.ids.get(row as usize) {
+            self.sel.offer(id, score);
+        }
+    }
+
+    fn kth_score(&self) -> Option<f32> {
+        self.sel.top.threshold().map(|t| Hit::from_key(t).score)
+    }
+}
+
 impl Index {
     /// The exact top `min(k, M)` hits of `query` among the `M` live rows the
     /// filter allows (every live row without one), best first.
@@ -165,6 +190,16 @@ impl Index {
             (IndexBackend::Cpu, FilterSpec::Shared(f)) => Some(self.allowed(Some(f))),
             _ => None,
         };
+        if self.backend == IndexBackend::Cpu {
+            let whole = match (&shared, filter) {
+                (Some(allowed), _) => Some(allowed),
+                (None, FilterSpec::None) => Some(&Allowed::Live),
+                _ => None,
+            };
+            if let Some(found) = whole.and_then(|a| self.certified_search(queries, k, a)) {
+                return Ok(found);
+            }
+        }
         Ok((0..queries.nrows())
             .into_par_iter()
             .map(|i| {
@@ -302,11 +337,11 @@ impl Index {
     }
 
     fn cpu_search(&self, query: &[f32], k: usize, allowed: &Allowed) -> Vec<Hit> {
-        let qn = if self.metric == Metric::Cosine {
-            self.kernels.norm(query)
-        } else {
-            0.0
-        };
+        let one = ArrayView2::from_shape((1, query.len()), query).ok();
+        if let Some(mut found) = one.and_then(|q| self.certified_search(q, k, allowed)) {
+            return found.pop().unwrap_or_default();
+        }
+        let qn = self.query_norm(query);
         let mut sel = match allowed {
             Allowed::Live => self.scan_masked(query, qn, k, &self.live),
             Allowed::Rows(rows) => self.scan_gathered(query, qn, k, rows),
@@ -316,6 +351,106 @@ impl Index {
             let r = self.rows_of.get(&id).copied().unwrap_or_default();
             self.score_one(query, qn, r)
         })
+    }
+
+    /// The query's canonical norm for cosine (not needed, so 0, otherwise).
+    fn query_norm(&self, query: &[f32]) -> f32 {
+        if self.metric == Metric::Cosine {
+            self.kernels.norm(query)
+        } else {
+            0.0
+        }
+    }
+
+    /// The exact top `min(k, M)` hits of every checked query (`k ≥ 1`) over
+    /// the `M` rows `allowed` lets through, on topk-cpu's certified path;
+    /// `None` where that path does not pay (few queries over few values, a
+    /// sparse filter, which gathers its rows instead) and the scan answers:
+    /// the same bytes either way.
+    fn certified_search(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+        allowed: &Allowed,
+    ) -> Option<Vec<Vec<Hit>>> {
+        let mask: &[u64] = match allowed {
+            Allowed::Live => &self.live,
+            Allowed::Mask(mask) => mask,
+            Allowed::Rows(_) => return None,
+        };
+        let stored = self.ids.len();
+        let k = k.min(stored);
+        if !BatchGemm::for_dim(self.dim).pays(queries.nrows(), stored, self.dim, k) {
+            return None;
+        }
+        let corpus = CorpusRef::new(&self.data, self.metric, &self.norms).ok()?;
+        let rows = self.certified_rows(corpus)?;
+        let admit = |_: usize, row: u32| {
+            let r = row as usize;
+            mask.get(r / BLOCK)
+                .is_some_and(|w| w >> (r % BLOCK) & 1 == 1)
+        };
+        let pick = || IdPick {
+            sel: Selector::new(k),
+            ids: &self.ids,
+        };
+        let picks = match select_certified(corpus, rows, self.kernels, queries, k, admit, pick) {
+            Ok(p) => p,
+            Err(e) => {
+                // Not reachable for checked queries and a state kept with
+                // the rows; the scan gives the same bytes.
+                tracing::warn!(error = %e, "certified search declined; scanning");
+                return None;
+            }
+        };
+        Some(
+            picks
+                .into_iter()
+                .zip(queries.rows())
+                .map(|(mut p, row)| {
+                    let q = match row.to_slice() {
+                        Some(s) => Cow::Borrowed(s),
+                        None => Cow::Owned(row.to_vec()),
+                    };
+                    let qn = self.query_norm(&q);
+                    p.sel.top.drain_hits(|id| {
+                        let r = self.rows_of.get(&id).copied().unwrap_or_default();
+                        self.score_one(&q, qn, r)
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// The certified state of the stored rows, built on first use.
+    fn certified_rows(&self, corpus: CorpusRef<'_>) -> Option<&CertifiedRows> {
+        if let Some(rows) = self.certified.get() {
+            return Some(rows);
+        }
+        let built = CertifiedRows::build(corpus, BatchGemm::for_dim(self.dim)).ok()?;
+        Some(self.certified.get_or_init(|| built))
+    }
+
+    /// Brings the certified state up to date after the stored rows from
+    /// `first` on changed, were appended or were dropped.
+    pub(crate) fn rows_changed_from(&mut self, first: usize) {
+        if let Ok(corpus) = CorpusRef::new(&self.data, self.metric, &self.norms) {
+            if let Some(state) = self.certified.get_mut() {
+                state.update_from(corpus, first);
+            }
+            return;
+        }
+        self.certified = std::sync::OnceLock::new();
+    }
+
+    /// Brings the certified state of stored rows `rows` up to date after
+    /// their values changed.
+    pub(crate) fn rows_changed(&mut self, rows: &[usize]) {
+        if let Ok(corpus) = CorpusRef::new(&self.data, self.metric, &self.norms) {
+            if let Some(state) = self.certified.get_mut() {
+                state.refresh_rows(corpus, rows);
+            }
+        }
     }
 
     /// The canonical score of stored row `r` on the SIMD path.

@@ -8,6 +8,8 @@ use std::cmp::Ordering;
 use rayon::prelude::*;
 use topk_core::order::{ordered_bits, score_from_ordered_bits};
 
+use crate::corpus::CorpusRef;
+
 /// Absolute term of every width (subnormal results).
 const ABS: f32 = f32::from_bits(27 << 23); // 2^-100: biased exponent 127 - 100
 
@@ -117,7 +119,7 @@ fn sq64(x: &[f32]) -> f64 {
 }
 
 /// Upward norms and squared norms of row-major vectors, for the widths.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct BoundNorms {
     /// `‖x‖`, rounded up.
     pub(super) norm: Vec<f32>,
@@ -126,6 +128,40 @@ pub(crate) struct BoundNorms {
 }
 
 impl BoundNorms {
+    /// The norms of rows `first..` of `corpus`.
+    pub(crate) fn of_corpus(corpus: CorpusRef<'_>, first: usize) -> BoundNorms {
+        let mut all = BoundNorms::default();
+        let first = first.min(corpus.len());
+        corpus.for_each_chunk(first..corpus.len(), |_, rows| {
+            all.extend(BoundNorms::of(rows, corpus.dim()));
+        });
+        all
+    }
+
+    /// Vectors covered.
+    pub(crate) fn len(&self) -> usize {
+        self.norm.len()
+    }
+
+    /// Keeps the first `n` vectors' norms.
+    pub(crate) fn truncate(&mut self, n: usize) {
+        self.norm.truncate(n);
+        self.sq.truncate(n);
+    }
+
+    /// Replaces vector `i`'s norms by those of `one` (one vector's).
+    pub(crate) fn set(&mut self, i: usize, one: BoundNorms) {
+        if let (Some(n), Some(q), Some(&n1), Some(&q1)) = (
+            self.norm.get_mut(i),
+            self.sq.get_mut(i),
+            one.norm.first(),
+            one.sq.first(),
+        ) {
+            *n = n1;
+            *q = q1;
+        }
+    }
+
     /// Appends the norms of `more` (the next rows).
     pub(crate) fn extend(&mut self, more: BoundNorms) {
         self.norm.extend(more.norm);

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::bounds::up;
 use super::BLOCK_ROWS;
-use crate::corpus::Corpus;
+use crate::corpus::CorpusRef;
 use crate::kernels::int8::{self, quantize, Operands, Quantized, TILE_QUERIES};
 
 /// `1 + 2^-18`: the query factors' margin. It covers the roundings of the
@@ -85,23 +85,45 @@ impl QueryCodes {
 /// certified path's row blocks); a block with a row outside the
 /// quantization's range is `None` and takes the f32 product. One byte per
 /// stored value and three `f32` per row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct CorpusCodes {
     blocks: Vec<Option<RowCodes>>,
 }
 
 impl CorpusCodes {
     /// Quantizes every block of [`BLOCK_ROWS`] rows of `corpus`, in parallel.
-    pub(crate) fn of(corpus: &Corpus) -> CorpusCodes {
-        let (n, dim) = (corpus.len(), corpus.dim());
-        let blocks = (0..n.div_ceil(BLOCK_ROWS))
+    pub(crate) fn of(corpus: CorpusRef<'_>) -> CorpusCodes {
+        let mut codes = CorpusCodes { blocks: Vec::new() };
+        codes.update_from(corpus, 0);
+        codes
+    }
+
+    /// Quantizes again every block from the one holding row `first` on, for
+    /// a corpus whose rows from `first` on changed, were appended or were
+    /// dropped; the blocks before it are kept.
+    pub(crate) fn update_from(&mut self, corpus: CorpusRef<'_>, first: usize) {
+        let n = corpus.len();
+        let b0 = (first / BLOCK_ROWS).min(self.blocks.len());
+        self.blocks.truncate(b0);
+        let more: Vec<Option<RowCodes>> = (b0..n.div_ceil(BLOCK_ROWS))
             .into_par_iter()
-            .map_init(Vec::new, |wide, b| {
-                let range = b * BLOCK_ROWS..((b + 1) * BLOCK_ROWS).min(n);
-                RowCodes::of(corpus.rows(range, wide), dim)
-            })
+            .map_init(Vec::new, |wide, b| block_codes(corpus, b, wide))
             .collect();
-        CorpusCodes { blocks }
+        self.blocks.extend(more);
+    }
+
+    /// Quantizes again the blocks `blocks` (whose rows changed), in
+    /// parallel.
+    pub(crate) fn refresh_blocks(&mut self, corpus: CorpusRef<'_>, blocks: &[usize]) {
+        let have = self.blocks.len();
+        let fresh: Vec<(usize, Option<RowCodes>)> = blocks
+            .par_iter()
+            .filter(|&&b| b < have)
+            .map_init(Vec::new, |wide, &b| (b, block_codes(corpus, b, wide)))
+            .collect();
+        for (b, codes) in fresh {
+            self.blocks[b] = codes;
+        }
     }
 
     /// Block `b`'s codes, `None` where it takes the f32 product.
@@ -110,9 +132,16 @@ impl CorpusCodes {
     }
 }
 
+/// Block `b` of `corpus` quantized (`wide`: scratch for half-width rows).
+fn block_codes(corpus: CorpusRef<'_>, b: usize, wide: &mut Vec<f32>) -> Option<RowCodes> {
+    let n = corpus.len();
+    let range = b * BLOCK_ROWS..((b + 1) * BLOCK_ROWS).min(n);
+    RowCodes::of(corpus.rows(range, wide), corpus.dim())
+}
+
 /// One row block quantized and packed for the product, with its error
 /// factors.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct RowCodes {
     packed: Vec<u8>,
     scale: Vec<f32>,

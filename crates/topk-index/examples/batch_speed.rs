@@ -1,0 +1,78 @@
+//! Times the `cpu` backend's searches of an index: single queries, a batch,
+//! a batch under a shared filter of half the ids, the first batch (which
+//! builds the certified path's row state), and a batch right after 1,000
+//! rows are appended (which extends it).
+//!
+//! `cargo run --release -p topk-index --example batch_speed -- [N] [D] [Q] [K]`
+
+use std::time::Instant;
+
+use ndarray::Array2;
+use topk_core::Metric;
+use topk_index::{Filter, FilterSpec, Index, IndexBackend};
+use topk_testkit::corpora::Rng;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse())
+        .collect::<Result<_, _>>()?;
+    let n = args.first().copied().unwrap_or(100_000);
+    let d = args.get(1).copied().unwrap_or(384);
+    let q = args.get(2).copied().unwrap_or(1000);
+    let k = args.get(3).copied().unwrap_or(10);
+    let mut rng = Rng::new(17);
+    let rows = Array2::from_shape_simple_fn((n, d), || rng.unit());
+    let queries = Array2::from_shape_simple_fn((q, d), || rng.unit());
+    let more = Array2::from_shape_simple_fn((1000, d), || rng.unit());
+    let mut index = Index::from_rows(rows.view(), Metric::Dot, IndexBackend::Cpu)?;
+    let half = Filter::new((0..n as u64).filter(|i| i % 2 == 0));
+    let secs = |t: Instant| t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    index.search_batch(queries.view(), k, FilterSpec::None)?;
+    println!(
+        "N={n} D={d} K={k}: first batch of {q}: {:.1} ms",
+        secs(t) * 1e3
+    );
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        index.search_batch(queries.view(), k, FilterSpec::None)?;
+        best = best.min(secs(t));
+    }
+    println!(
+        "  batch of {q}: {:.1} ms, {:.0} queries/s",
+        best * 1e3,
+        q as f64 / best
+    );
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        index.search_batch(queries.view(), k, FilterSpec::Shared(&half))?;
+        best = best.min(secs(t));
+    }
+    println!("  batch of {q}, half the ids allowed: {:.1} ms", best * 1e3);
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for row in queries.rows().into_iter().take(16) {
+            let query = row.to_vec();
+            std::hint::black_box(index.search(&query, k, None)?);
+        }
+        best = best.min(secs(t) / 16.0);
+    }
+    println!("  single query: {:.1} us", best * 1e6);
+    let ids: Vec<u64> = (n as u64..n as u64 + 1000).collect();
+    let t = Instant::now();
+    index.add(&ids, more.view())?;
+    let add = secs(t);
+    let t = Instant::now();
+    index.search_batch(queries.view(), k, FilterSpec::None)?;
+    println!(
+        "  add 1,000 rows: {:.1} ms, then a batch of {q}: {:.1} ms",
+        add * 1e3,
+        secs(t) * 1e3
+    );
+    Ok(())
+}
