@@ -8,12 +8,15 @@
 //! stored values or more where the CPU runs the int8 product, take topk-cpu's
 //! certified path instead (docs/CONTRACTS.md §2.1) under the same mask: bounds
 //! from a fast product rule rows out, the rest are scored canonically, and
-//! the selection is this module's, by external id. The `oracle` backend scores every live allowed row with the
-//! scalar reference and sorts. Both select under [`topk_core::hit_key`].
+//! the selection is this module's, by external id. Filters given per query
+//! join it too, `PER_QUERY_CHUNK` queries at a time, each query under its
+//! own bitset, those with sparse filters gathering their rows instead. The
+//! `oracle` backend scores every live allowed row with the scalar reference
+//! and sorts. Both select under [`topk_core::hit_key`].
 
 use std::borrow::Cow;
 
-use ndarray::ArrayView2;
+use ndarray::{ArrayView2, Axis};
 use rayon::prelude::*;
 use topk_core::{cmp_hit, hit_key, validate, Error as CoreError, Hit, HitTopK, Metric};
 use topk_cpu::{select_certified, BatchGemm, CertifiedPick, CertifiedRows, CorpusRef};
@@ -60,6 +63,10 @@ enum Allowed {
     /// The rows whose bit is set (a dense filter).
     Mask(Vec<u64>),
 }
+
+/// Queries with filters of their own searched together on the certified
+/// path: their row bitsets (`N/8` bytes each) are held at once.
+const PER_QUERY_CHUNK: usize = 256;
 
 /// Rows scored per kernel call: one word of a row bitset.
 const BLOCK: usize = 64;
@@ -191,6 +198,11 @@ impl Index {
             _ => None,
         };
         if self.backend == IndexBackend::Cpu {
+            if let FilterSpec::PerQuery(fs) = filter {
+                if let Some(found) = self.certified_per_query(queries, k, fs) {
+                    return Ok(found);
+                }
+            }
             let whole = match (&shared, filter) {
                 (Some(allowed), _) => Some(allowed),
                 (None, FilterSpec::None) => Some(&Allowed::Live),
@@ -373,11 +385,87 @@ impl Index {
         k: usize,
         allowed: &Allowed,
     ) -> Option<Vec<Vec<Hit>>> {
-        let mask: &[u64] = match allowed {
-            Allowed::Live => &self.live,
-            Allowed::Mask(mask) => mask,
-            Allowed::Rows(_) => return None,
-        };
+        let mask = self.mask_of(allowed)?;
+        self.certified_masked(queries, k, |_| mask)
+    }
+
+    /// The row bitset of a resolved filter; `None` for a sparse one.
+    fn mask_of<'a>(&'a self, allowed: &'a Allowed) -> Option<&'a [u64]> {
+        match allowed {
+            Allowed::Live => Some(&self.live),
+            Allowed::Mask(mask) => Some(mask),
+            Allowed::Rows(_) => None,
+        }
+    }
+
+    /// Per-query filters on the certified path, `PER_QUERY_CHUNK` queries
+    /// at a time: each query's filter is resolved to rows (as the scan
+    /// does), the queries with dense filters are searched together, each
+    /// under its own bitset, and those with sparse filters gather their
+    /// rows. `None` where the batch is too small for the path to pay.
+    fn certified_per_query(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+        filters: &[Filter],
+    ) -> Option<Vec<Vec<Hit>>> {
+        let (nq, stored) = (queries.nrows(), self.ids.len());
+        let gemm = BatchGemm::for_dim(self.dim);
+        if !gemm.pays(nq, stored, self.dim, k.min(stored)) {
+            return None;
+        }
+        let mut out: Vec<Vec<Hit>> = vec![Vec::new(); nq];
+        for c0 in (0..nq).step_by(PER_QUERY_CHUNK) {
+            let c1 = (c0 + PER_QUERY_CHUNK).min(nq);
+            let allowed: Vec<Allowed> = filters[c0..c1]
+                .par_iter()
+                .map(|f| self.allowed(Some(f)))
+                .collect();
+            let dense: Vec<usize> = (0..c1 - c0)
+                .filter(|&j| self.mask_of(&allowed[j]).is_some())
+                .collect();
+            let mut done = vec![false; c1 - c0];
+            if gemm.pays(dense.len(), stored, self.dim, k.min(stored)) {
+                let rows: Vec<usize> = dense.iter().map(|&j| c0 + j).collect();
+                let sub = queries.select(Axis(0), &rows);
+                let masks: Vec<&[u64]> = dense
+                    .iter()
+                    .filter_map(|&j| self.mask_of(&allowed[j]))
+                    .collect();
+                if let Some(found) = self.certified_masked(sub.view(), k, |j| masks[j]) {
+                    for (&j, hits) in dense.iter().zip(found) {
+                        out[c0 + j] = hits;
+                        done[j] = true;
+                    }
+                }
+            }
+            let rest: Vec<(usize, Vec<Hit>)> = (0..c1 - c0)
+                .into_par_iter()
+                .filter(|&j| !done[j])
+                .map(|j| {
+                    let row = queries.row(c0 + j);
+                    let q = match row.to_slice() {
+                        Some(s) => Cow::Borrowed(s),
+                        None => Cow::Owned(row.to_vec()),
+                    };
+                    (j, self.cpu_search(&q, k, &allowed[j]))
+                })
+                .collect();
+            for (j, hits) in rest {
+                out[c0 + j] = hits;
+            }
+        }
+        Some(out)
+    }
+
+    /// [`Index::certified_search`] with query `j`'s rows given by the bitset
+    /// `mask_of(j)`.
+    fn certified_masked<'m>(
+        &self,
+        queries: ArrayView2<'_, f32>,
+        k: usize,
+        mask_of: impl Fn(usize) -> &'m [u64] + Sync,
+    ) -> Option<Vec<Vec<Hit>>> {
         let stored = self.ids.len();
         let k = k.min(stored);
         if !BatchGemm::for_dim(self.dim).pays(queries.nrows(), stored, self.dim, k) {
@@ -385,9 +473,10 @@ impl Index {
         }
         let corpus = CorpusRef::new(&self.data, self.metric, &self.norms).ok()?;
         let rows = self.certified_rows(corpus)?;
-        let admit = |_: usize, row: u32| {
+        let admit = |j: usize, row: u32| {
             let r = row as usize;
-            mask.get(r / BLOCK)
+            mask_of(j)
+                .get(r / BLOCK)
                 .is_some_and(|w| w >> (r % BLOCK) & 1 == 1)
         };
         let pick = || IdPick {

@@ -138,7 +138,11 @@ impl Subject {
         let view = ArrayView2::from_shape((q, d), &qs).expect("shape");
         let dense = self.filter(70);
         let sparse = self.filter(10);
-        let per: Vec<Filter> = (0..q).map(|i| self.filter(20 + 60 * (i % 2))).collect();
+        // A quarter sparse (gathered), the rest dense (certified together
+        // once 16 or more of them share a chunk).
+        let per: Vec<Filter> = (0..q)
+            .map(|i| self.filter(if i % 4 == 0 { 10 } else { 60 }))
+            .collect();
         let ctx = format!("{} {:?} {step}", self.metric, self.dtype);
         for k in [1, 10, 100] {
             let runs: [(&str, FilterSpec<'_>); 4] = [
@@ -193,7 +197,7 @@ fn batches_follow_every_change_of_the_rows() {
             let mut s = Subject::new(d, metric, dtype, 3);
             s.add(2_000);
             assert_eq!(s.index.certified_coverage(), None);
-            s.check("built", MIN_QUERIES + 4, 0, true);
+            s.check("built", 2 * MIN_QUERIES + 8, 0, true);
             // Across the 512-row blocks of the state, in several appends.
             s.add(700);
             s.add(1);
@@ -240,4 +244,31 @@ fn single_queries_over_many_values_follow_the_rows() {
         s.remove(40);
         s.check("changed", 2, 2, int8);
     }
+}
+
+/// Filters given per query, past one chunk of queries held at once: each
+/// query under its own filter, dense and sparse ones mixed, bit for bit the
+/// oracle's.
+#[test]
+fn per_query_filters_across_chunks() {
+    let d = 16;
+    let mut s = Subject::new(d, Metric::Dot, Dtype::F32, 21);
+    s.add(3_000);
+    s.remove(9);
+    let truth = s.oracle();
+    let q = 300;
+    let qs = corpora::queries(22, q, d, &KINDS, &s.earlier);
+    let view = ArrayView2::from_shape((q, d), &qs).expect("shape");
+    let per: Vec<Filter> = (0..q).map(|i| s.filter([5, 40, 90, 100][i % 4])).collect();
+    for k in [1, 7, 100] {
+        let got = s
+            .index
+            .search_batch(view, k, FilterSpec::PerQuery(&per))
+            .expect("batch");
+        for (i, (g, query)) in got.iter().zip(qs.chunks_exact(d)).enumerate() {
+            let want = truth.search(query, k, Some(&per[i])).expect("oracle");
+            same(g, &want).unwrap_or_else(|e| panic!("K={k} query {i}: {e}"));
+        }
+    }
+    assert_eq!(s.index.certified_coverage(), Some(s.index.stored_rows()));
 }
