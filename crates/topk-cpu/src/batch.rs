@@ -8,11 +8,12 @@
 //! [`Selector`] per query, and the tasks' selectors are merged per query with
 //! the same comparator.
 //!
-//! Batches of at least [`certified::MIN_QUERIES`] queries (of dimension at
-//! most [`certified::MAX_DIM`], with `4K ≤ N`) take the certified GEMM path
+//! Batches of at least [`crate::certified::MIN_QUERIES`] queries (of dimension at
+//! most [`crate::certified::MAX_DIM`], with `4K ≤ N`) take the certified GEMM path
 //! of [`crate::certified`] instead, and so do smaller ones over
-//! [`certified::MIN_INT8_VALUES`] corpus values (`N × D`) or more when the product is int8; both
-//! return the oracle's bytes.
+//! [`crate::certified::MIN_INT8_VALUES`] corpus values (`N × D`) or more when the
+//! product is int8 and the row state exists
+//! ([`CpuRetriever::prepare_certified`]); both return the oracle's bytes.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -22,7 +23,6 @@ use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{validate, Metric, Neighbor, Result, Retriever};
 
-use crate::certified;
 use crate::kernels::{finish, Kernels, TileOut, MAX_TILE_ROWS, TILE_QUERIES};
 use crate::retriever::CpuRetriever;
 use crate::select::Selector;
@@ -117,7 +117,7 @@ impl CpuRetriever {
             return Ok(());
         }
         let batch = self.prepare_batch(queries);
-        let sels = if certified::applies(nq, self.len(), self.dim(), k, self.batch_gemm()) {
+        let sels = if self.takes_certified(nq, k) {
             self.select_certified(&batch, k).0
         } else {
             self.select_batch(&batch, k)

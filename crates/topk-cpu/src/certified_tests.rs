@@ -406,9 +406,10 @@ fn rows_within_the_int8_width_stay_exact() {
 }
 
 /// Single queries and batches under [`MIN_QUERIES`] take the int8 path over
-/// [`MIN_INT8_VALUES`] corpus values or more: rows of small integers (ties at the K-th
-/// score) with duplicates, f32 and f16 storage, every metric, through
-/// `search` and batches of 2 and 5; the oracle's bytes every time.
+/// [`MIN_INT8_VALUES`] corpus values or more once the row state exists:
+/// rows of small integers (ties at the K-th score) with duplicates, f32 and
+/// f16 storage, every metric, through `search` and batches of 2 and 5; the
+/// oracle's bytes every time.
 #[test]
 fn single_queries_over_many_rows_match_the_oracle() {
     let d = 20;
@@ -428,6 +429,11 @@ fn single_queries_over_many_rows_match_the_oracle() {
                     .unwrap()
                     .with_batch_gemm(gemm)
                     .unwrap();
+                // Before the row state exists small batches scan; a batch of
+                // 16 or more, or `prepare_certified`, builds it.
+                assert!(!cpu.takes_certified(1, 10));
+                cpu.prepare_certified();
+                assert_eq!(cpu.takes_certified(1, 10), gemm == BatchGemm::Int8);
                 for k in [1, 10, 100] {
                     let want: Vec<Vec<Neighbor>> = queries
                         .chunks_exact(d)

@@ -1,9 +1,10 @@
 //! `CpuRetriever`, the fast exact backend: rayon over row blocks, SIMD
 //! canonical scores, per-block bounded selection merged with the one
 //! comparator. The batch path lives in [`crate::batch`]; a single query over
-//! [`crate::certified::MIN_INT8_VALUES`] corpus values or more takes the certified int8
-//! path of [`crate::certified`] where the CPU runs it (a quarter of the
-//! bytes read, and canonical scores for the rows its bounds keep).
+//! [`crate::certified::MIN_INT8_VALUES`] corpus values or more takes the
+//! certified int8 path of [`crate::certified`] where the CPU runs it and
+//! its row state exists (a quarter of the bytes read, and canonical scores
+//! for the rows its bounds keep; see [`CpuRetriever::prepare_certified`]).
 
 use std::sync::{Arc, OnceLock};
 
@@ -171,6 +172,34 @@ impl CpuRetriever {
             .get_or_init(|| self.install(|| CorpusCodes::of(self.corpus.view())))
     }
 
+    /// Builds the certified path's row state now: the rows' upward norms
+    /// and, where the batch product is int8, the int8 codes (`N × ⌈D/4⌉·4`
+    /// bytes beside the rows, a quarter of an f32 corpus). The first batch
+    /// of [`certified::MIN_QUERIES`] or more queries builds it anyway;
+    /// single queries and smaller batches use it once it exists (over
+    /// [`certified::MIN_INT8_VALUES`] values) but never build it, so that
+    /// memory grows only where asked for or where batches run
+    /// (docs/CONTRACTS.md §2.1). The answers are the same bytes either way.
+    pub fn prepare_certified(&self) {
+        self.bound_norms();
+        if self.batch_gemm() == BatchGemm::Int8 {
+            self.corpus_codes();
+        }
+    }
+
+    /// Whether `queries` queries for the top `k` take the certified path:
+    /// where it pays, and for fewer than [`certified::MIN_QUERIES`] queries
+    /// only once the row state exists.
+    pub(crate) fn takes_certified(&self, queries: usize, k: usize) -> bool {
+        let gemm = self.batch_gemm();
+        let built = || {
+            self.bound_norms.get().is_some()
+                && (gemm == BatchGemm::F32 || self.corpus_codes.get().is_some())
+        };
+        certified::applies(queries, self.len(), self.dim(), k, gemm)
+            && (queries >= certified::MIN_QUERIES || built())
+    }
+
     /// Runs `f` on this retriever's pool.
     pub(crate) fn install<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         match &self.pool {
@@ -283,7 +312,7 @@ impl Retriever for CpuRetriever {
         validate::query(query, self.dim())?;
         let k = validate::k(k, self.len())?;
         let query_norm = self.query_norm(query);
-        let sel = if certified::applies(1, self.len(), self.dim(), k, self.batch_gemm()) {
+        let sel = if self.takes_certified(1, k) {
             let batch = self.prepare_batch(aview1(query).insert_axis(Axis(0)));
             self.select_certified(&batch, k).0.pop()
         } else {

@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // each of 8 offsets), over the first 200 queries: 200 filters of N/2 ids.
     let qp = q.min(200);
     let per: Vec<Filter> = (0..qp)
-        .map(|i| Filter::new((0..n as u64).filter(|x| (x / 8 + x + i as u64) % 2 == 0)))
+        .map(|i| Filter::new((0..n as u64).filter(|x| (x / 8 + x + i as u64).is_multiple_of(2))))
         .collect();
     let sub = queries.slice(ndarray::s![..qp, ..]);
     let mut best = f64::MAX;

@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use ndarray::{ArrayView2, Axis};
 use rayon::prelude::*;
 use topk_core::{cmp_hit, hit_key, validate, Error as CoreError, Hit, HitTopK, Metric};
-use topk_cpu::{select_certified, BatchGemm, CertifiedPick, CertifiedRows, CorpusRef};
+use topk_cpu::{select_certified, BatchGemm, CertifiedPick, CertifiedRows, CorpusRef, MIN_QUERIES};
 
 use crate::error::IndexError;
 use crate::filter::{Filter, FilterSpec};
@@ -472,7 +472,13 @@ impl Index {
             return None;
         }
         let corpus = CorpusRef::new(&self.data, self.metric, &self.norms).ok()?;
-        let rows = self.certified_rows(corpus)?;
+        // Small batches use the state but never build it (memory grows
+        // only where batches run or where asked for).
+        let rows = match self.certified.get() {
+            Some(rows) => rows,
+            None if queries.nrows() >= MIN_QUERIES => self.certified_rows(corpus)?,
+            None => return None,
+        };
         let admit = |j: usize, row: u32| {
             let r = row as usize;
             mask_of(j)
@@ -509,6 +515,19 @@ impl Index {
                 })
                 .collect(),
         )
+    }
+
+    /// Builds the `cpu` backend's certified-path state of the stored rows
+    /// now (upward norms and, where the CPU runs the int8 product, int8
+    /// codes: a quarter of the bytes of f32 rows). The first batch of 16 or
+    /// more queries builds it anyway; single queries and smaller batches
+    /// over 2^20 stored values use it once it exists but never build it
+    /// (docs/CONTRACTS.md §10). Every change of the rows keeps it up to
+    /// date from then on. Results are the same bytes either way.
+    pub fn prepare_certified(&self) {
+        if let Ok(corpus) = CorpusRef::new(&self.data, self.metric, &self.norms) {
+            self.certified_rows(corpus);
+        }
     }
 
     /// The certified state of the stored rows, built on first use.

@@ -118,6 +118,14 @@ pub struct Options {
     /// `cuda` (on the device) hold them at half the bytes; `hnsw` holds them
     /// widened to `f32` (the same answers, not yet the smaller footprint).
     pub dtype: Dtype,
+    /// Builds the `cpu` backend's certified-path state at open
+    /// ([`CpuRetriever::prepare_certified`]: int8 codes, a quarter of the
+    /// bytes of f32 rows, where the CPU runs the int8 product), so that
+    /// single queries over 2^20 values or more take the int8 path from the
+    /// first one. Off by default: the first batch of 16 or more queries
+    /// builds it, and memory grows only then. The answers are the same
+    /// bytes either way; the other backends ignore it.
+    pub prepare_certified: bool,
 }
 
 /// A callback told the rows inserted so far while a long build runs (every
@@ -175,6 +183,13 @@ impl Options {
     /// Stores the corpus as `dtype`.
     pub fn dtype(mut self, dtype: Dtype) -> Self {
         self.dtype = dtype;
+        self
+    }
+
+    /// Builds the `cpu` backend's certified-path state at open (see
+    /// [`Options::prepare_certified`]).
+    pub fn prepare_certified(mut self, on: bool) -> Self {
+        self.prepare_certified = on;
         self
     }
 
@@ -243,14 +258,17 @@ pub fn open<'a>(
         return open_stored(backend, corpus, metric, options);
     }
     Ok(match backend {
-        Backend::Cpu => Box::new(match corpus {
-            Corpus::View(v) => CpuRetriever::new(v, metric)?,
-            Corpus::Owned(a) => {
-                let dim = a.ncols();
-                CpuRetriever::from_rowmajor(into_rowmajor(a), dim, metric)?
-            }
-            Corpus::RowMajor { data, dim } => CpuRetriever::from_rowmajor(data, dim, metric)?,
-        }),
+        Backend::Cpu => Box::new(prepared(
+            match corpus {
+                Corpus::View(v) => CpuRetriever::new(v, metric)?,
+                Corpus::Owned(a) => {
+                    let dim = a.ncols();
+                    CpuRetriever::from_rowmajor(into_rowmajor(a), dim, metric)?
+                }
+                Corpus::RowMajor { data, dim } => CpuRetriever::from_rowmajor(data, dim, metric)?,
+            },
+            options,
+        )),
         Backend::Oracle => Box::new(match corpus {
             Corpus::View(v) => Oracle::new(v, metric)?,
             Corpus::Owned(a) => {
@@ -302,6 +320,14 @@ pub fn open<'a>(
     })
 }
 
+/// `cpu` with its certified-path state built when the options ask for it.
+fn prepared(cpu: CpuRetriever, options: &Options) -> CpuRetriever {
+    if options.prepare_certified {
+        cpu.prepare_certified();
+    }
+    cpu
+}
+
 /// [`open`] for a half-width `options.dtype`: the corpus is rounded and
 /// checked once, as stored; the host exact backends keep the store, the
 /// others the widened values.
@@ -327,7 +353,7 @@ fn open_stored(
     };
     let dim = store.dim();
     Ok(match backend {
-        Backend::Cpu => Box::new(CpuRetriever::from_store(store, metric)?),
+        Backend::Cpu => Box::new(prepared(CpuRetriever::from_store(store, metric)?, options)),
         Backend::Oracle => Box::new(Oracle::from_store(store, metric)?),
         Backend::Hnsw => {
             let data = store.to_f32();
