@@ -400,6 +400,21 @@ impl PyIndex {
         py.detach(|| self.write().compact());
     }
 
+    /// Builds the `cpu` backend's certified-path state now (int8 codes, a
+    /// quarter of the bytes of f32 rows), so that single queries over 2^20
+    /// stored values take the int8 path from the first one; the first batch
+    /// of 16 or more queries builds it anyway (changes no result).
+    fn prepare_certified(&self, py: Python<'_>) {
+        py.detach(|| self.read().prepare_certified());
+    }
+
+    /// Stored rows the certified-path state covers, ``None`` before it is
+    /// built.
+    #[getter]
+    fn certified_coverage(&self) -> Option<usize> {
+        self.read().certified_coverage()
+    }
+
     /// The live ids, ascending, as int64.
     fn ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
         let ids: Array1<i64> = py

@@ -116,6 +116,35 @@ def test_cpu_and_oracle_are_the_same_bytes(rng: np.random.Generator, metric: str
     same_bytes(cpu.search(q, 600, filter=per), oracle.search(q, 600, filter=per))
 
 
+@pytest.mark.parametrize("metric", ["cosine", "dot", "l2"])
+def test_the_certified_path_returns_the_oracles_bytes(
+    rng: np.random.Generator, metric: str
+) -> None:
+    # 2**20 values and more: single queries take the int8 path once the
+    # state is prepared; batches of 16 or more build it themselves.
+    n, d = 53_000, 20
+    rows = np.round(rng.standard_normal((n, d), dtype=np.float32) * 2)
+    ids = rng.permutation(np.unique(rng.integers(0, 1 << 40, 2 * n))[:n])
+    cpu = topk.Index(d, metric=metric, backend="cpu")
+    oracle = topk.Index(d, metric=metric, backend="oracle")
+    cpu.add(rows, ids=ids)
+    oracle.add(rows, ids=ids)
+    q = np.vstack([rows[:3], rng.standard_normal((17, d), dtype=np.float32)])
+    assert cpu.certified_coverage is None
+    same_bytes(cpu.search(q[:2], 10), oracle.search(q[:2], 10))
+    assert cpu.certified_coverage is None
+    cpu.prepare_certified()
+    assert cpu.certified_coverage == n
+    same_bytes(cpu.search(q[0], 10), oracle.search(q[0], 10))
+    same_bytes(cpu.search(q, 50), oracle.search(q, 50))
+    allowed = ids[::2]
+    same_bytes(cpu.search(q, 50, filter=allowed), oracle.search(q, 50, filter=allowed))
+    cpu.add(rows[:5], ids=(1 << 41) + np.arange(5))
+    oracle.add(rows[:5], ids=(1 << 41) + np.arange(5))
+    assert cpu.certified_coverage == n + 5
+    same_bytes(cpu.search(q, 50), oracle.search(q, 50))
+
+
 def test_filters_shared_and_per_query() -> None:
     idx = topk.Index(1, metric="dot")
     idx.add(np.arange(1, 11, dtype=np.float32)[:, None])

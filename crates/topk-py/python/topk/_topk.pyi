@@ -150,6 +150,16 @@ class Index:
         over it), checksummed."""
     def compact(self) -> None:
         """Drops removed rows now (removals compact by themselves past a quarter)."""
+    def prepare_certified(self) -> None:
+        """Builds the ``cpu`` backend's certified-path state now (int8 codes,
+        a quarter of the bytes of float32 rows), so that single queries over
+        2**20 stored values take the fast exact path from the first one. The
+        first batch of 16 or more queries builds it anyway; every change of
+        the rows keeps it up to date. Results are the same bytes either way."""
+    @property
+    def certified_coverage(self) -> int | None:
+        """Stored rows the certified-path state covers; ``None`` before it is
+        built."""
     def ids(self) -> npt.NDArray[np.int64]:
         """The live ids, ascending."""
     def get(self, id: int) -> npt.NDArray[np.float32] | None:
