@@ -464,20 +464,6 @@ pub(crate) struct Engine<'a> {
 }
 
 impl Engine<'_> {
-    /// The canonical score of row `i` for a query and its cosine norm.
-    #[inline]
-    fn score(&self, query: &[f32], query_norm: f32, i: u32) -> f32 {
-        let i = i as usize;
-        self.kernels.score_stored_row(
-            self.corpus.metric(),
-            query,
-            query_norm,
-            self.corpus.store(),
-            i,
-            self.corpus.norm(i),
-        )
-    }
-
     /// One selection per query of a validated batch, by certified bounds
     /// and canonical scores of the admitted rows they cannot rule out.
     pub(crate) fn select<P: CertifiedPick>(
@@ -582,7 +568,10 @@ impl Engine<'_> {
             let (params, states) = (&params[q0..q1], &states[q0..q1]);
             let score = |j: usize, row: u32| {
                 if admit(j, row) {
-                    Some(self.score(batch.query(j), batch.norm(j), row))
+                    Some(
+                        self.corpus
+                            .score(self.kernels, batch.query(j), batch.norm(j), row),
+                    )
                 } else {
                     None
                 }

@@ -8,6 +8,8 @@ use std::ops::Range;
 use ndarray::ArrayView2;
 use topk_core::{validate, Dtype, Metric, Result, RowStore};
 
+use crate::kernels::Kernels;
+
 /// Values widened per step when a pass over a half-width corpus needs it
 /// as `f32` (norms at ingest, the certified path's bound norms).
 const WIDEN_VALUES: usize = 1 << 20;
@@ -217,12 +219,6 @@ impl<'a> CorpusRef<'a> {
         self.metric
     }
 
-    /// The stored rows.
-    #[inline]
-    pub(crate) fn store(&self) -> &'a RowStore {
-        self.store
-    }
-
     /// Calls `f(first_row, rows)` over rows `range` as `f32`, in order: one
     /// call for `f32` storage, widened chunks of about a million values
     /// otherwise.
@@ -264,5 +260,13 @@ impl<'a> CorpusRef<'a> {
         } else {
             &self.norms[range]
         }
+    }
+
+    /// The canonical score of row `i` for a query and its cosine norm, by
+    /// `kernels` (every path gives the same bits).
+    #[inline]
+    pub(crate) fn score(&self, kernels: Kernels, query: &[f32], query_norm: f32, i: u32) -> f32 {
+        let i = i as usize;
+        kernels.score_stored_row(self.metric, query, query_norm, self.store, i, self.norm(i))
     }
 }

@@ -219,15 +219,7 @@ impl CpuRetriever {
 
     /// The score of row `i`, for the exact bits of the selected results.
     pub(crate) fn score_one(&self, query: &[f32], query_norm: f32, i: u32) -> f32 {
-        let i = i as usize;
-        self.kernels.score_stored_row(
-            self.corpus.metric(),
-            query,
-            query_norm,
-            self.corpus.store(),
-            i,
-            self.corpus.norm(i),
-        )
+        self.corpus.view().score(self.kernels, query, query_norm, i)
     }
 
     /// Offers rows `range` to `sel`.

@@ -36,23 +36,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "N={n} D={d} K={k}: first batch of {q}: {:.1} ms",
         secs(t) * 1e3
     );
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t = Instant::now();
-        index.search_batch(queries.view(), k, FilterSpec::None)?;
-        best = best.min(secs(t));
-    }
+    let best = best_of(3, || {
+        index.search_batch(queries.view(), k, FilterSpec::None)
+    })?;
     println!(
         "  batch of {q}: {:.1} ms, {:.0} queries/s",
         best * 1e3,
         q as f64 / best
     );
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t = Instant::now();
-        index.search_batch(queries.view(), k, FilterSpec::Shared(&half))?;
-        best = best.min(secs(t));
-    }
+    let best = best_of(3, || {
+        index.search_batch(queries.view(), k, FilterSpec::Shared(&half))
+    })?;
     println!("  batch of {q}, half the ids allowed: {:.1} ms", best * 1e3);
     // A filter per query, each allowing half the ids (a different half for
     // each of 8 offsets), over the first 200 queries: 200 filters of N/2 ids.
@@ -61,27 +55,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|i| Filter::new((0..n as u64).filter(|x| (x / 8 + x + i as u64).is_multiple_of(2))))
         .collect();
     let sub = queries.slice(ndarray::s![..qp, ..]);
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t = Instant::now();
-        index.search_batch(sub, k, FilterSpec::PerQuery(&per))?;
-        best = best.min(secs(t));
-    }
+    let best = best_of(3, || index.search_batch(sub, k, FilterSpec::PerQuery(&per)))?;
     println!(
         "  batch of {qp}, a filter of half the ids per query: {:.1} ms, {:.0} queries/s",
         best * 1e3,
         qp as f64 / best
     );
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
+    let best = best_of(5, || {
         for row in queries.rows().into_iter().take(16) {
-            let query = row.to_vec();
-            std::hint::black_box(index.search(&query, k, None)?);
+            std::hint::black_box(index.search(&row.to_vec(), k, None)?);
         }
-        best = best.min(secs(t) / 16.0);
-    }
-    println!("  single query: {:.1} us", best * 1e6);
+        Ok::<_, topk_index::IndexError>(())
+    })?;
+    println!("  single query: {:.1} us", best / 16.0 * 1e6);
     let ids: Vec<u64> = (n as u64..n as u64 + 1000).collect();
     let t = Instant::now();
     index.add(&ids, more.view())?;
@@ -94,4 +80,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         secs(t) * 1e3
     );
     Ok(())
+}
+
+/// The fastest of `rounds` runs of `f`, in seconds.
+fn best_of<T, E>(rounds: usize, mut f: impl FnMut() -> Result<T, E>) -> Result<f64, E> {
+    let mut best = f64::MAX;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        std::hint::black_box(f()?);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
 }
