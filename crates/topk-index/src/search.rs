@@ -523,8 +523,13 @@ impl Index {
     /// more queries builds it anyway; single queries and smaller batches
     /// over 2^20 stored values use it once it exists but never build it
     /// (docs/CONTRACTS.md §10). Every change of the rows keeps it up to
-    /// date from then on. Results are the same bytes either way.
+    /// date from then on. Results are the same bytes either way. Does
+    /// nothing on the other backends.
     pub fn prepare_certified(&self) {
+        // The other backends never take the path: nothing to hold for them.
+        if self.backend != IndexBackend::Cpu {
+            return;
+        }
         if let Ok(corpus) = CorpusRef::new(&self.data, self.metric, &self.norms) {
             self.certified_rows(corpus);
         }

@@ -246,6 +246,20 @@ fn single_queries_over_many_values_follow_the_rows() {
     }
 }
 
+/// Only the `cpu` backend holds the state.
+#[test]
+fn other_backends_hold_no_certified_state() {
+    let rows = ndarray::Array2::<f32>::ones((100, 4));
+    for backend in [IndexBackend::Oracle, IndexBackend::Hnsw] {
+        let index = Index::from_rows(rows.view(), Metric::Dot, backend).expect("index");
+        index.prepare_certified();
+        assert_eq!(index.certified_coverage(), None, "{backend}");
+    }
+    let cpu = Index::from_rows(rows.view(), Metric::Dot, IndexBackend::Cpu).expect("index");
+    cpu.prepare_certified();
+    assert_eq!(cpu.certified_coverage(), Some(100));
+}
+
 /// Filters given per query, past one chunk of queries held at once: each
 /// query under its own filter, dense and sparse ones mixed, bit for bit the
 /// oracle's.
