@@ -88,10 +88,9 @@
 use std::sync::atomic::{AtomicU32, Ordering as Atomic};
 use std::sync::{Mutex, PoisonError};
 
-use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::order::{ordered_bits, score_from_ordered_bits};
-use topk_core::{validate, Metric, Result};
+use topk_core::{Metric, Result};
 
 use crate::batch::Batch;
 use crate::corpus::CorpusRef;
@@ -103,12 +102,14 @@ use crate::select::Selector;
 
 mod bounds;
 mod quant;
-pub(crate) use bounds::BoundNorms;
+mod rows;
+use bounds::BoundNorms;
 use bounds::{
     cut, reaches, width_factor, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds, QueryBound,
 };
-pub(crate) use quant::CorpusCodes;
+use quant::CorpusCodes;
 use quant::{QueryCodes, RowCodes};
+pub use rows::{select_certified, CertifiedRows};
 
 /// Largest dimension for which batches take the int8 product by default.
 pub const INT8_MAX_DIM: usize = 1024;
@@ -322,136 +323,6 @@ pub(crate) struct Stats {
     pub(crate) rescored: usize,
 }
 
-/// The certified path's state for one corpus, kept beside its rows: the
-/// rows' upward norms and, for the int8 product, their codes. A
-/// [`CpuRetriever`](crate::CpuRetriever) builds its own on first use; a
-/// corpus held elsewhere that changes (an index's rows) keeps one and
-/// updates it with its rows ([`CertifiedRows::update_from`],
-/// [`CertifiedRows::refresh_rows`]), so that searches never quantize rows
-/// that did not change.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CertifiedRows {
-    gemm: BatchGemm,
-    norms: BoundNorms,
-    codes: Option<CorpusCodes>,
-}
-
-impl CertifiedRows {
-    /// The state of every row of `corpus` for the product `gemm` (the int8
-    /// one quantizes every row: one pass over the rows, in parallel).
-    ///
-    /// # Errors
-    /// [`CpuError::BatchGemmUnavailable`] when this CPU does not run `gemm`.
-    pub fn build(corpus: CorpusRef<'_>, gemm: BatchGemm) -> Result<CertifiedRows> {
-        gemm.check()?;
-        let mut rows = CertifiedRows {
-            gemm,
-            norms: BoundNorms::default(),
-            codes: (gemm == BatchGemm::Int8).then(|| CorpusCodes::of(corpus)),
-        };
-        rows.norms = BoundNorms::of_corpus(corpus, 0);
-        Ok(rows)
-    }
-
-    /// Brings the state up to date after the rows from `first` on changed,
-    /// were appended or were dropped (the corpus is now `corpus`); the state
-    /// of the rows before `first` is kept.
-    pub fn update_from(&mut self, corpus: CorpusRef<'_>, first: usize) {
-        let first = first.min(self.norms.len());
-        self.norms.truncate(first);
-        self.norms.extend(BoundNorms::of_corpus(corpus, first));
-        if let Some(codes) = &mut self.codes {
-            codes.update_from(corpus, first);
-        }
-    }
-
-    /// Brings the state of `rows` up to date after their values changed
-    /// (each row block holding one is quantized again, once).
-    pub fn refresh_rows(&mut self, corpus: CorpusRef<'_>, rows: &[usize]) {
-        let n = self.norms.len().min(corpus.len());
-        let mut wide = Vec::new();
-        for &r in rows.iter().filter(|&&r| r < n) {
-            let one = BoundNorms::of(corpus.rows(r..r + 1, &mut wide), corpus.dim());
-            self.norms.set(r, one);
-        }
-        if let Some(codes) = &mut self.codes {
-            let mut blocks: Vec<usize> = rows
-                .iter()
-                .filter(|&&r| r < n)
-                .map(|r| r / BLOCK_ROWS)
-                .collect();
-            blocks.sort_unstable();
-            blocks.dedup();
-            codes.refresh_blocks(corpus, &blocks);
-        }
-    }
-
-    /// The product behind the bounds.
-    pub fn gemm(&self) -> BatchGemm {
-        self.gemm
-    }
-
-    /// Rows covered.
-    pub fn len(&self) -> usize {
-        self.norms.len()
-    }
-
-    /// Whether no row is covered.
-    pub fn is_empty(&self) -> bool {
-        self.norms.len() == 0
-    }
-
-    /// The engine over `corpus`.
-    fn engine<'a>(&'a self, corpus: CorpusRef<'a>, kernels: Kernels) -> Engine<'a> {
-        Engine {
-            corpus,
-            kernels,
-            norms: &self.norms,
-            codes: self.codes.as_ref(),
-        }
-    }
-}
-
-/// Searches every query of `queries` (`Q × D`, any layout) on the certified
-/// path over the rows of `corpus` that `admit(query, row)` lets through, and
-/// returns one `pick()` per query holding the best `k` of them under its own
-/// order (canonical scores, docs/CONTRACTS.md §2.1). `rows` must be the
-/// state of `corpus` as it is now; `kernels` scores the rows the bounds
-/// keep (any path gives the same bits). Runs on the current rayon pool.
-///
-/// # Errors
-/// The §4 errors of the queries and `k`, and
-/// [`CpuError::StaleRows`] when `rows` does not cover the corpus's rows.
-pub fn select_certified<P: CertifiedPick>(
-    corpus: CorpusRef<'_>,
-    rows: &CertifiedRows,
-    kernels: Kernels,
-    queries: ArrayView2<'_, f32>,
-    k: usize,
-    admit: impl Fn(usize, u32) -> bool + Sync,
-    pick: impl Fn() -> P,
-) -> Result<Vec<P>> {
-    validate::queries(queries, corpus.dim())?;
-    if k == 0 {
-        return Err(topk_core::Error::ZeroK);
-    }
-    if rows.len() != corpus.len() {
-        return Err(CpuError::StaleRows {
-            covered: rows.len(),
-            rows: corpus.len(),
-        }
-        .into());
-    }
-    if queries.nrows() == 0 {
-        return Ok(Vec::new());
-    }
-    let batch = Batch::new(queries, corpus.metric(), kernels);
-    Ok(rows
-        .engine(corpus, kernels)
-        .select(&batch, k, admit, pick)
-        .0)
-}
-
 /// What a certified search reads: the corpus, its state, the kernels that
 /// score the rows kept.
 #[derive(Clone, Copy)]
@@ -614,23 +485,12 @@ impl Engine<'_> {
 }
 
 impl CpuRetriever {
-    /// The certified engine over this retriever's corpus (building the
-    /// row state on first use).
-    fn engine(&self) -> Engine<'_> {
-        Engine {
-            corpus: self.corpus.view(),
-            kernels: self.kernels,
-            norms: self.bound_norms(),
-            codes: match self.batch_gemm() {
-                BatchGemm::Int8 => Some(self.corpus_codes()),
-                BatchGemm::F32 => None,
-            },
-        }
-    }
-
-    /// One selector per query of a validated batch, on the certified path.
+    /// One selector per query of a validated batch, on the certified path
+    /// (building the row state on first use).
     pub(crate) fn select_certified(&self, batch: &Batch<'_>, k: usize) -> (Vec<Selector>, Stats) {
-        let engine = self.engine();
+        let engine = self
+            .certified_rows()
+            .engine(self.corpus.view(), self.kernels);
         self.install(|| engine.select(batch, k, |_, _| true, || Selector::new(k)))
     }
 }

@@ -481,6 +481,20 @@ fn updated_row_state_equals_a_fresh_one() {
     for gemm in BatchGemm::available() {
         for dtype in [Dtype::F32, Dtype::F16] {
             for metric in [Metric::Dot, Metric::Cosine] {
+                // Runs `f` on the state and the corpus of `data` as stored,
+                // then compares the state with one built from scratch.
+                let step =
+                    |state: &mut CertifiedRows,
+                     data: &[f32],
+                     what: &str,
+                     f: &dyn Fn(&mut CertifiedRows, CorpusRef<'_>)| {
+                        let store = fresh(data, dtype, metric);
+                        let ns = norms(&store);
+                        let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
+                        f(state, corpus);
+                        let want = CertifiedRows::build(corpus, gemm).unwrap();
+                        assert_eq!(*state, want, "{what}");
+                    };
                 let mut data = corpora::corpus(5, 1300, d, &kinds);
                 let store = fresh(&data, dtype, metric);
                 let ns = norms(&store);
@@ -488,41 +502,23 @@ fn updated_row_state_equals_a_fresh_one() {
                 let mut state = CertifiedRows::build(corpus, gemm).unwrap();
                 // Appended rows: 1300 → 1900 crosses two 512-row blocks.
                 data.extend(corpora::corpus(6, 600, d, &kinds));
-                let store = fresh(&data, dtype, metric);
-                let ns = norms(&store);
-                let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
-                state.update_from(corpus, 1300);
-                assert_eq!(
-                    state,
-                    CertifiedRows::build(corpus, gemm).unwrap(),
-                    "appended"
-                );
+                step(&mut state, &data, "appended", &|s, c| {
+                    s.update_from(c, 1300)
+                });
                 // Rows replaced in place, two in one block.
                 let replaced = [3_usize, 700, 701, 1899];
                 let more = corpora::corpus(7, replaced.len(), d, &kinds);
                 for (r, v) in replaced.iter().zip(more.chunks_exact(d)) {
                     data[r * d..(r + 1) * d].copy_from_slice(v);
                 }
-                let store = fresh(&data, dtype, metric);
-                let ns = norms(&store);
-                let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
-                state.refresh_rows(corpus, &replaced);
-                assert_eq!(
-                    state,
-                    CertifiedRows::build(corpus, gemm).unwrap(),
-                    "replaced"
-                );
+                step(&mut state, &data, "replaced", &|s, c| {
+                    s.refresh_rows(c, &replaced)
+                });
                 // Rows dropped from 1000 on and the later ones moved up.
                 data.drain(1000 * d..1200 * d);
-                let store = fresh(&data, dtype, metric);
-                let ns = norms(&store);
-                let corpus = CorpusRef::new(&store, metric, &ns).unwrap();
-                state.update_from(corpus, 1000);
-                assert_eq!(
-                    state,
-                    CertifiedRows::build(corpus, gemm).unwrap(),
-                    "compacted"
-                );
+                step(&mut state, &data, "compacted", &|s, c| {
+                    s.update_from(c, 1000)
+                });
                 assert_eq!(state.len(), 1700);
             }
         }

@@ -12,7 +12,7 @@ use ndarray::{aview1, ArrayView2, Axis};
 use rayon::prelude::*;
 use topk_core::{validate, Dtype, Metric, Neighbor, Result, Retriever, RowStore};
 
-use crate::certified::{self, BatchGemm, BoundNorms, CorpusCodes};
+use crate::certified::{self, BatchGemm, CertifiedRows};
 use crate::corpus::Corpus;
 use crate::error::CpuError;
 use crate::kernels::Kernels;
@@ -34,12 +34,10 @@ pub struct CpuRetriever {
     /// batch ([`BatchGemm::for_dim`]).
     pub(crate) batch_gemm: Option<BatchGemm>,
     pool: Option<Arc<rayon::ThreadPool>>,
-    /// Upward row norms for the certified batch path, computed by the first
-    /// batch that takes it.
-    bound_norms: OnceLock<BoundNorms>,
-    /// The corpus quantized for the int8 batch product, by the first batch
-    /// that takes it.
-    corpus_codes: OnceLock<CorpusCodes>,
+    /// The certified path's row state for [`CpuRetriever::batch_gemm`]
+    /// (upward norms, int8 codes), built by the first batch that takes the
+    /// path or by [`CpuRetriever::prepare_certified`].
+    certified: OnceLock<CertifiedRows>,
 }
 
 fn norms_with(kernels: Kernels) -> impl Fn(&[f32], usize) -> Vec<f32> {
@@ -95,8 +93,7 @@ impl CpuRetriever {
             kernels,
             batch_gemm: None,
             pool: None,
-            bound_norms: OnceLock::new(),
-            corpus_codes: OnceLock::new(),
+            certified: OnceLock::new(),
         }
     }
 
@@ -113,6 +110,8 @@ impl CpuRetriever {
     /// Results are the same bytes with every product.
     pub fn with_batch_gemm(mut self, gemm: BatchGemm) -> Result<CpuRetriever> {
         self.batch_gemm = Some(gemm.check()?);
+        // A state built for the other product no longer fits.
+        self.certified = OnceLock::new();
         Ok(self)
     }
 
@@ -160,16 +159,11 @@ impl CpuRetriever {
         self.corpus.store().dtype()
     }
 
-    /// The upward row norms of the certified batch path (computed once).
-    pub(crate) fn bound_norms(&self) -> &BoundNorms {
-        self.bound_norms
-            .get_or_init(|| self.install(|| BoundNorms::of_corpus(self.corpus.view(), 0)))
-    }
-
-    /// The corpus quantized for the int8 batch product (computed once).
-    pub(crate) fn corpus_codes(&self) -> &CorpusCodes {
-        self.corpus_codes
-            .get_or_init(|| self.install(|| CorpusCodes::of(self.corpus.view())))
+    /// The certified path's row state (built on first use).
+    pub(crate) fn certified_rows(&self) -> &CertifiedRows {
+        self.certified.get_or_init(|| {
+            self.install(|| CertifiedRows::of(self.corpus.view(), self.batch_gemm()))
+        })
     }
 
     /// Builds the certified path's row state now: the rows' upward norms
@@ -181,23 +175,15 @@ impl CpuRetriever {
     /// memory grows only where asked for or where batches run
     /// (docs/CONTRACTS.md §2.1). The answers are the same bytes either way.
     pub fn prepare_certified(&self) {
-        self.bound_norms();
-        if self.batch_gemm() == BatchGemm::Int8 {
-            self.corpus_codes();
-        }
+        self.certified_rows();
     }
 
     /// Whether `queries` queries for the top `k` take the certified path:
     /// where it pays, and for fewer than [`certified::MIN_QUERIES`] queries
     /// only once the row state exists.
     pub(crate) fn takes_certified(&self, queries: usize, k: usize) -> bool {
-        let gemm = self.batch_gemm();
-        let built = || {
-            self.bound_norms.get().is_some()
-                && (gemm == BatchGemm::F32 || self.corpus_codes.get().is_some())
-        };
-        certified::applies(queries, self.len(), self.dim(), k, gemm)
-            && (queries >= certified::MIN_QUERIES || built())
+        certified::applies(queries, self.len(), self.dim(), k, self.batch_gemm())
+            && (queries >= certified::MIN_QUERIES || self.certified.get().is_some())
     }
 
     /// Runs `f` on this retriever's pool.

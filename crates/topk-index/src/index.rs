@@ -364,18 +364,6 @@ impl Index {
         self.data.dtype()
     }
 
-    /// Rows stored, tombstoned ones included (until the next compaction).
-    pub fn stored_rows(&self) -> usize {
-        self.ids.len()
-    }
-
-    /// Stored rows the `cpu` backend's certified-path state covers (every
-    /// stored row once a search has built it; it then follows every change),
-    /// `None` before (docs/CONTRACTS.md §2.1).
-    pub fn certified_coverage(&self) -> Option<usize> {
-        self.certified.get().map(CertifiedRows::len)
-    }
-
     /// Bytes the stored rows take (tombstoned rows included).
     pub fn stored_bytes(&self) -> usize {
         self.data.bytes()

@@ -54,6 +54,7 @@
 //! # Ok::<(), topk_index::IndexError>(())
 //! ```
 
+mod certified;
 mod device;
 mod error;
 mod file;

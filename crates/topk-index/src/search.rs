@@ -9,17 +9,16 @@
 //! certified path instead (docs/CONTRACTS.md §2.1) under the same mask: bounds
 //! from a fast product rule rows out, the rest are scored canonically, and
 //! the selection is this module's, by external id. Filters given per query
-//! join it too, `PER_QUERY_CHUNK` queries at a time, each query under its
+//! join it too (`crate::certified`), 256 queries at a time, each query under its
 //! own bitset, those with sparse filters gathering their rows instead. The
 //! `oracle` backend scores every live allowed row with the scalar reference
 //! and sorts. Both select under [`topk_core::hit_key`].
 
 use std::borrow::Cow;
 
-use ndarray::{ArrayView2, Axis};
+use ndarray::ArrayView2;
 use rayon::prelude::*;
 use topk_core::{cmp_hit, hit_key, validate, Error as CoreError, Hit, HitTopK, Metric};
-use topk_cpu::{select_certified, BatchGemm, CertifiedPick, CertifiedRows, CorpusRef, MIN_QUERIES};
 
 use crate::error::IndexError;
 use crate::filter::{Filter, FilterSpec};
@@ -55,7 +54,7 @@ pub const SPARSE_FRACTION: f64 = 0.25;
 pub const MERGE_FRACTION: f64 = 0.5;
 
 /// The stored rows a `cpu` search may offer.
-enum Allowed {
+pub(crate) enum Allowed {
     /// Every live row (no filter).
     Live,
     /// These rows only, gathered (a sparse filter).
@@ -64,26 +63,22 @@ enum Allowed {
     Mask(Vec<u64>),
 }
 
-/// Queries with filters of their own searched together on the certified
-/// path: their row bitsets (`N/8` bytes each) are held at once.
-const PER_QUERY_CHUNK: usize = 256;
-
 /// Rows scored per kernel call: one word of a row bitset.
-const BLOCK: usize = 64;
+pub(crate) const BLOCK: usize = 64;
 /// Values (about 1 MiB) scored per parallel task.
 const TASK_VALUES: usize = 1 << 18;
 
 /// A bounded selection of hits with an exact early reject: a score below the
 /// worst kept score cannot enter (scores are never NaN, §4.1).
 #[derive(Debug, Clone)]
-struct Selector {
-    top: HitTopK,
+pub(crate) struct Selector {
+    pub(crate) top: HitTopK,
     threshold_key: u128,
     threshold_score: f32,
 }
 
 impl Selector {
-    fn new(k: usize) -> Self {
+    pub(crate) fn new(k: usize) -> Self {
         Selector {
             top: HitTopK::new(k),
             threshold_key: 0,
@@ -92,7 +87,7 @@ impl Selector {
     }
 
     #[inline]
-    fn offer(&mut self, id: u64, score: f32) {
+    pub(crate) fn offer(&mut self, id: u64, score: f32) {
         if score < self.threshold_score {
             return;
         }
@@ -119,26 +114,6 @@ impl Selector {
             self.offer_key(key);
         }
         self
-    }
-}
-
-/// A [`Selector`] fed by row for topk-cpu's certified path: each row is
-/// offered under its external id.
-struct IdPick<'a> {
-    sel: Selector,
-    ids: &'a [u64],
-}
-
-impl CertifiedPick for IdPick<'_> {
-    fn offer(&mut self, row: u32, score: f32) {
-        // Rows come from the stored rows, so the index holds their ids.
-        if let Some(&id) = self.ids.get(row as usize) {
-            self.sel.offer(id, score);
-        }
-    }
-
-    fn kth_score(&self) -> Option<f32> {
-        self.sel.top.threshold().map(|t| Hit::from_key(t).score)
     }
 }
 
@@ -263,7 +238,7 @@ impl Index {
 
     /// Resolves a filter to the stored rows a `cpu` search may offer: a
     /// list to gather when it is sparse, a bitset to mask with otherwise.
-    fn allowed(&self, filter: Option<&Filter>) -> Allowed {
+    pub(crate) fn allowed(&self, filter: Option<&Filter>) -> Allowed {
         let Some(f) = filter else {
             return Allowed::Live;
         };
@@ -348,7 +323,7 @@ impl Index {
         mask
     }
 
-    fn cpu_search(&self, query: &[f32], k: usize, allowed: &Allowed) -> Vec<Hit> {
+    pub(crate) fn cpu_search(&self, query: &[f32], k: usize, allowed: &Allowed) -> Vec<Hit> {
         let one = ArrayView2::from_shape((1, query.len()), query).ok();
         if let Some(mut found) = one.and_then(|q| self.certified_search(q, k, allowed)) {
             return found.pop().unwrap_or_default();
@@ -366,7 +341,7 @@ impl Index {
     }
 
     /// The query's canonical norm for cosine (not needed, so 0, otherwise).
-    fn query_norm(&self, query: &[f32]) -> f32 {
+    pub(crate) fn query_norm(&self, query: &[f32]) -> f32 {
         if self.metric == Metric::Cosine {
             self.kernels.norm(query)
         } else {
@@ -374,201 +349,9 @@ impl Index {
         }
     }
 
-    /// The exact top `min(k, M)` hits of every checked query (`k ≥ 1`) over
-    /// the `M` rows `allowed` lets through, on topk-cpu's certified path;
-    /// `None` where that path does not pay (few queries over few values, a
-    /// sparse filter, which gathers its rows instead) and the scan answers:
-    /// the same bytes either way.
-    fn certified_search(
-        &self,
-        queries: ArrayView2<'_, f32>,
-        k: usize,
-        allowed: &Allowed,
-    ) -> Option<Vec<Vec<Hit>>> {
-        let mask = self.mask_of(allowed)?;
-        self.certified_masked(queries, k, |_| mask)
-    }
-
-    /// The row bitset of a resolved filter; `None` for a sparse one.
-    fn mask_of<'a>(&'a self, allowed: &'a Allowed) -> Option<&'a [u64]> {
-        match allowed {
-            Allowed::Live => Some(&self.live),
-            Allowed::Mask(mask) => Some(mask),
-            Allowed::Rows(_) => None,
-        }
-    }
-
-    /// Per-query filters on the certified path, `PER_QUERY_CHUNK` queries
-    /// at a time: each query's filter is resolved to rows (as the scan
-    /// does), the queries with dense filters are searched together, each
-    /// under its own bitset, and those with sparse filters gather their
-    /// rows. `None` where the batch is too small for the path to pay.
-    fn certified_per_query(
-        &self,
-        queries: ArrayView2<'_, f32>,
-        k: usize,
-        filters: &[Filter],
-    ) -> Option<Vec<Vec<Hit>>> {
-        let (nq, stored) = (queries.nrows(), self.ids.len());
-        let gemm = BatchGemm::for_dim(self.dim);
-        if !gemm.pays(nq, stored, self.dim, k.min(stored)) {
-            return None;
-        }
-        let mut out: Vec<Vec<Hit>> = vec![Vec::new(); nq];
-        for c0 in (0..nq).step_by(PER_QUERY_CHUNK) {
-            let c1 = (c0 + PER_QUERY_CHUNK).min(nq);
-            let allowed: Vec<Allowed> = filters[c0..c1]
-                .par_iter()
-                .map(|f| self.allowed(Some(f)))
-                .collect();
-            let dense: Vec<usize> = (0..c1 - c0)
-                .filter(|&j| self.mask_of(&allowed[j]).is_some())
-                .collect();
-            let mut done = vec![false; c1 - c0];
-            if gemm.pays(dense.len(), stored, self.dim, k.min(stored)) {
-                let rows: Vec<usize> = dense.iter().map(|&j| c0 + j).collect();
-                let sub = queries.select(Axis(0), &rows);
-                let masks: Vec<&[u64]> = dense
-                    .iter()
-                    .filter_map(|&j| self.mask_of(&allowed[j]))
-                    .collect();
-                if let Some(found) = self.certified_masked(sub.view(), k, |j| masks[j]) {
-                    for (&j, hits) in dense.iter().zip(found) {
-                        out[c0 + j] = hits;
-                        done[j] = true;
-                    }
-                }
-            }
-            let rest: Vec<(usize, Vec<Hit>)> = (0..c1 - c0)
-                .into_par_iter()
-                .filter(|&j| !done[j])
-                .map(|j| {
-                    let row = queries.row(c0 + j);
-                    let q = match row.to_slice() {
-                        Some(s) => Cow::Borrowed(s),
-                        None => Cow::Owned(row.to_vec()),
-                    };
-                    (j, self.cpu_search(&q, k, &allowed[j]))
-                })
-                .collect();
-            for (j, hits) in rest {
-                out[c0 + j] = hits;
-            }
-        }
-        Some(out)
-    }
-
-    /// [`Index::certified_search`] with query `j`'s rows given by the bitset
-    /// `mask_of(j)`.
-    fn certified_masked<'m>(
-        &self,
-        queries: ArrayView2<'_, f32>,
-        k: usize,
-        mask_of: impl Fn(usize) -> &'m [u64] + Sync,
-    ) -> Option<Vec<Vec<Hit>>> {
-        let stored = self.ids.len();
-        let k = k.min(stored);
-        if !BatchGemm::for_dim(self.dim).pays(queries.nrows(), stored, self.dim, k) {
-            return None;
-        }
-        let corpus = CorpusRef::new(&self.data, self.metric, &self.norms).ok()?;
-        // Small batches use the state but never build it (memory grows
-        // only where batches run or where asked for).
-        let rows = match self.certified.get() {
-            Some(rows) => rows,
-            None if queries.nrows() >= MIN_QUERIES => self.certified_rows(corpus)?,
-            None => return None,
-        };
-        let admit = |j: usize, row: u32| {
-            let r = row as usize;
-            mask_of(j)
-                .get(r / BLOCK)
-                .is_some_and(|w| w >> (r % BLOCK) & 1 == 1)
-        };
-        let pick = || IdPick {
-            sel: Selector::new(k),
-            ids: &self.ids,
-        };
-        let picks = match select_certified(corpus, rows, self.kernels, queries, k, admit, pick) {
-            Ok(p) => p,
-            Err(e) => {
-                // Not reachable for checked queries and a state kept with
-                // the rows; the scan gives the same bytes.
-                tracing::warn!(error = %e, "certified search declined; scanning");
-                return None;
-            }
-        };
-        Some(
-            picks
-                .into_iter()
-                .zip(queries.rows())
-                .map(|(mut p, row)| {
-                    let q = match row.to_slice() {
-                        Some(s) => Cow::Borrowed(s),
-                        None => Cow::Owned(row.to_vec()),
-                    };
-                    let qn = self.query_norm(&q);
-                    p.sel.top.drain_hits(|id| {
-                        let r = self.rows_of.get(&id).copied().unwrap_or_default();
-                        self.score_one(&q, qn, r)
-                    })
-                })
-                .collect(),
-        )
-    }
-
-    /// Builds the `cpu` backend's certified-path state of the stored rows
-    /// now (upward norms and, where the CPU runs the int8 product, int8
-    /// codes: a quarter of the bytes of f32 rows). The first batch of 16 or
-    /// more queries builds it anyway; single queries and smaller batches
-    /// over 2^20 stored values use it once it exists but never build it
-    /// (docs/CONTRACTS.md §10). Every change of the rows keeps it up to
-    /// date from then on. Results are the same bytes either way. Does
-    /// nothing on the other backends.
-    pub fn prepare_certified(&self) {
-        // The other backends never take the path: nothing to hold for them.
-        if self.backend != IndexBackend::Cpu {
-            return;
-        }
-        if let Ok(corpus) = CorpusRef::new(&self.data, self.metric, &self.norms) {
-            self.certified_rows(corpus);
-        }
-    }
-
-    /// The certified state of the stored rows, built on first use.
-    fn certified_rows(&self, corpus: CorpusRef<'_>) -> Option<&CertifiedRows> {
-        if let Some(rows) = self.certified.get() {
-            return Some(rows);
-        }
-        let built = CertifiedRows::build(corpus, BatchGemm::for_dim(self.dim)).ok()?;
-        Some(self.certified.get_or_init(|| built))
-    }
-
-    /// Brings the certified state up to date after the stored rows from
-    /// `first` on changed, were appended or were dropped.
-    pub(crate) fn rows_changed_from(&mut self, first: usize) {
-        if let Ok(corpus) = CorpusRef::new(&self.data, self.metric, &self.norms) {
-            if let Some(state) = self.certified.get_mut() {
-                state.update_from(corpus, first);
-            }
-            return;
-        }
-        self.certified = std::sync::OnceLock::new();
-    }
-
-    /// Brings the certified state of stored rows `rows` up to date after
-    /// their values changed.
-    pub(crate) fn rows_changed(&mut self, rows: &[usize]) {
-        if let Ok(corpus) = CorpusRef::new(&self.data, self.metric, &self.norms) {
-            if let Some(state) = self.certified.get_mut() {
-                state.refresh_rows(corpus, rows);
-            }
-        }
-    }
-
     /// The canonical score of stored row `r` on the SIMD path.
     #[inline]
-    fn score_one(&self, query: &[f32], qn: f32, r: usize) -> f32 {
+    pub(crate) fn score_one(&self, query: &[f32], qn: f32, r: usize) -> f32 {
         let norm = self.norms.get(r).copied().unwrap_or(0.0);
         self.kernels
             .score_stored_row(self.metric, query, qn, &self.data, r, norm)
