@@ -442,6 +442,70 @@ fn small_walks_match_the_cpu() {
     }
 }
 
+/// Routed launches (every launch routed first, its queries walked in the
+/// order of their routes) give the CPU walk's bits at every metric and
+/// width, unfiltered, filtered and with deletions, and the same answers as
+/// unrouted launches, whatever the batch.
+#[test]
+fn routed_walks_give_the_cpu_bits() {
+    let Some(()) = gpu_or_skip() else { return };
+    let (n, dim, nq) = (6_000, 24, 400);
+    let data = synth::gaussian_clusters(n, dim, 30, 0.5, 61);
+    let queries = synth::cluster_queries(nq, dim, 30, 0.5, 62);
+    let qs = ArrayView2::from_shape((nq, dim), &queries[..]).unwrap();
+    let filter = SlotFilter::from_fn(n, |s| s % 3 != 0);
+    for metric in Metric::ALL {
+        let mut index = Hnsw::build(&data, dim, metric, params(8, 5)).unwrap();
+        for s in (0..n as u32).step_by(13) {
+            index.mark_deleted(s).unwrap();
+        }
+        let engine_with = |route_min| {
+            let mut config = CudaConfig::default();
+            config.tuning.walk_route_min = route_min;
+            CudaRetriever::from_rowmajor(data.clone(), dim, metric, config).unwrap()
+        };
+        let (routed, plain) = (engine_with(1), engine_with(usize::MAX));
+        let (gr, gp) = (
+            index.upload_graph(&routed).unwrap(),
+            index.upload_graph(&plain).unwrap(),
+        );
+        for width in [1, 4] {
+            for allow in [None, Some(&filter)] {
+                let case = format!("{metric} width {width} filtered {}", allow.is_some());
+                let want = index.search_batch_wide(qs, 10, 50, width, allow).unwrap();
+                let (got, counts) = index
+                    .search_graph_gpu_counted(&gr, qs, 10, 50, width, allow)
+                    .unwrap();
+                assert_eq!(counts.device + counts.host, nq, "{case}");
+                let (unrouted, _) = index
+                    .search_graph_gpu_counted(&gp, qs, 10, 50, width, allow)
+                    .unwrap();
+                for (i, ((a, b), c)) in got.iter().zip(&want).zip(&unrouted).enumerate() {
+                    assert_eq!(bits(a), bits(b), "{case} query {i}");
+                    assert_eq!(bits(a), bits(c), "{case} query {i} unrouted");
+                }
+                // The reversed batch, and a batch of every third query.
+                let rev: Vec<f32> = queries.chunks(dim).rev().flatten().copied().collect();
+                let rq = ArrayView2::from_shape((nq, dim), &rev[..]).unwrap();
+                let (got_rev, _) = index
+                    .search_graph_gpu_counted(&gr, rq, 10, 50, width, allow)
+                    .unwrap();
+                for (i, a) in got_rev.iter().enumerate() {
+                    assert_eq!(bits(a), bits(&want[nq - 1 - i]), "{case} reversed {i}");
+                }
+                let third: Vec<f32> = queries.chunks(dim).step_by(3).flatten().copied().collect();
+                let tq = ArrayView2::from_shape((third.len() / dim, dim), &third[..]).unwrap();
+                let (got_third, _) = index
+                    .search_graph_gpu_counted(&gr, tq, 10, 50, width, allow)
+                    .unwrap();
+                for (i, a) in got_third.iter().enumerate() {
+                    assert_eq!(bits(a), bits(&want[3 * i]), "{case} third {i}");
+                }
+            }
+        }
+    }
+}
+
 /// More queries than one launch takes (65,536): the batch is walked in
 /// launches of that size and every answer is still the CPU walk's.
 #[test]
