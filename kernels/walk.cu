@@ -63,13 +63,6 @@
 #define WALK_STATUS_OK 0u
 #define WALK_STATUS_OVERFLOW 1u
 #define WALK_STATUS_SHORT 2u
-// What a launch does (`phase`): the whole walk of each query; only its
-// descent through the upper layers, writing the node it ends on at each
-// layer into `route`; or the beam search of layer 0 from the node a route
-// launch ended on (the descent is not repeated: its end is the same node).
-#define WALK_PHASE_WHOLE 0u
-#define WALK_PHASE_ROUTE 1u
-#define WALK_PHASE_FROM_ROUTE 2u
 // An empty slot of the seen-set table (never a node: ids are below n < 2^32 - 1).
 #define WALK_EMPTY 0xffffffffu
 // Slots probed before a node is taken as unseen (wide table), and the slots
@@ -232,10 +225,7 @@ __device__ __forceinline__ void walk_score_rows(const float* qs, const float* __
     }
 }
 
-// The walk of query q (blockIdx.x, or order[blockIdx.x] where an order is
-// given: the host orders a large batch so that walks through the same part
-// of the graph run side by side and share the rows they read in L2; which
-// block walks a query never changes its answer) by a block of THREADS threads (at least
+// The walk of query blockIdx.x by a block of THREADS threads (at least
 // max(m0, m): the descent reads a list with a thread per slot), expanding
 // `width` nodes per step. With deg = max(m0 * width, m) (the most
 // neighbours one step scores), the dynamic shared memory holds, in
@@ -251,7 +241,6 @@ __device__ __forceinline__ void walk_query(
     const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off, unsigned m,
     unsigned entry, unsigned top, const unsigned* __restrict__ allow, unsigned ef,
     unsigned width, unsigned want, unsigned cap, unsigned mask, unsigned id_bits,
-    const unsigned* __restrict__ order, unsigned* __restrict__ route, unsigned phase,
     TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {
     constexpr unsigned WARPS = THREADS / TOPK_WARP;
     constexpr int STEPS = THREADS == WALK_MAX_THREADS ? WALK_LOAD_STEPS_ALONE : WALK_LOAD_STEPS;
@@ -260,7 +249,7 @@ __device__ __forceinline__ void walk_query(
     const unsigned tid = threadIdx.x;
     const unsigned lane = tid & (TOPK_WARP - 1);
     const unsigned warp = tid / TOPK_WARP;
-    const size_t q = order != nullptr ? order[blockIdx.x] : blockIdx.x;
+    const size_t q = blockIdx.x;
     const unsigned deg = max(m0 * width, m);
 
     float* qs = reinterpret_cast<float*>(walk_smem);
@@ -301,20 +290,17 @@ __device__ __forceinline__ void walk_query(
     __syncthreads();
     const float qn = (METRIC == TOPK_COSINE) ? s_qn : 0.0f;
 
-    // Greedy descent through layers top..1 (every node navigates), or its
-    // end as a route launch wrote it (route[q * top + top - 1], top >= 1).
-    const bool from_route = phase == WALK_PHASE_FROM_ROUTE && top > 0u;
+    // Greedy descent through layers top..1 (every node navigates).
     if (warp == 0) {
-        const unsigned first = from_route ? route[q * top + top - 1u] : entry;
-        const float s = walk_score<METRIC>(qs, corpus, rnorm, d, qn, first, lane);
+        const float s = walk_score<METRIC>(qs, corpus, rnorm, d, qn, entry, lane);
         if (lane == 0) {
-            s_cur.key = topk_rank_key(s, first);
+            s_cur.key = topk_rank_key(s, entry);
             s_cur.score = s;
             s_cur.flags = 0u;
         }
     }
     __syncthreads();
-    for (unsigned level = from_route ? 0u : top; level >= 1u; --level) {
+    for (unsigned level = top; level >= 1u; --level) {
         for (;;) {
             const unsigned cur = topk_key_index(s_cur.key);
             const unsigned* list = upper + upper_off[cur] + (size_t)(level - 1u) * (1u + m);
@@ -355,14 +341,6 @@ __device__ __forceinline__ void walk_query(
                 break;
             }
         }
-        // The route, the top layer's end first: routes that share a prefix
-        // pass through the same part of the graph.
-        if (phase == WALK_PHASE_ROUTE && tid == 0) {
-            route[q * top + (top - level)] = topk_key_index(s_cur.key);
-        }
-    }
-    if (phase == WALK_PHASE_ROUTE) {
-        return;
     }
 
     // Beam search of layer 0 from the node the descent ended on.
@@ -613,11 +591,10 @@ __device__ __forceinline__ void walk_query(
         const unsigned* __restrict__ upper, const unsigned* __restrict__ upper_off,           \
         unsigned m, unsigned entry, unsigned top, const unsigned* __restrict__ allow,         \
         unsigned ef, unsigned width, unsigned want, unsigned cap, unsigned mask,              \
-        unsigned id_bits, const unsigned* __restrict__ order, unsigned* __restrict__ route,   \
-        unsigned phase, TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {      \
+        unsigned id_bits, TopkNeighbor* __restrict__ out, unsigned* __restrict__ status) {    \
         walk_query<METRIC, THREADS>(corpus, rnorm, d, queries, qrows, layer0, m0, upper,      \
                                     upper_off, m, entry, top, allow, ef, width, want, cap,    \
-                                    mask, id_bits, order, route, phase, out, status);         \
+                                    mask, id_bits, out, status);                              \
     }
 #define TOPK_WALK_TEAMS(NAME, METRIC)    \
     TOPK_WALK_KERNEL(NAME, METRIC, 32)   \

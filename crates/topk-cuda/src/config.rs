@@ -153,14 +153,6 @@ pub struct Tuning {
     /// How a graph walk keeps the set of nodes it has seen. The answers
     /// do not depend on it.
     pub walk_seen: SeenSet,
-    /// Fewest queries of one walk launch for which the engine routes the
-    /// batch first: one launch descends the upper layers of every query,
-    /// the host orders the queries by the nodes their descents passed
-    /// through, and the walks of layer 0 run in that order, so that walks
-    /// of the same region share a multiprocessor's turn and the rows they
-    /// read in L2. The answers do not depend on it; `usize::MAX` never
-    /// routes.
-    pub walk_route_min: usize,
 }
 
 /// How a graph walk keeps the set of nodes it has seen, in shared memory
@@ -215,13 +207,9 @@ impl Default for Tuning {
             shadow_min_dim: DEFAULT_SHADOW_MIN_DIM,
             walk_threads: 0,
             walk_seen: SeenSet::Auto,
-            walk_route_min: DEFAULT_WALK_ROUTE_MIN,
         }
     }
 }
-
-/// Default of `Tuning::walk_route_min`.
-pub const DEFAULT_WALK_ROUTE_MIN: usize = 2048;
 
 /// Default of `Tuning::batch_scratch`: 1 GiB, what a whole default batch
 /// of 256 queries needs at 1M rows (2^20): a filtered batch then reads the

@@ -12,7 +12,7 @@ use crate::device::{pinned, Ctx, DevNeighbor, OwnedDevice};
 use crate::driver::{alloc, DevSlice};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
-use crate::launch::{self, PruneArgs, Queue, WalkArgs, WalkGraph, WalkPhase};
+use crate::launch::{self, PruneArgs, Queue, WalkArgs, WalkGraph};
 use crate::walk_layout::{GraphLayout, WalkQueries, WalkStatus};
 
 /// Queries per launch: bounds the staging buffers of a very large batch.
@@ -95,11 +95,6 @@ struct Scratch {
     kept_scores_host: LockedBuffer<f32>,
     kept_counts: DeviceBuffer<u32>,
     kept_counts_host: LockedBuffer<u32>,
-    /// Routes of a routed chunk (`top` nodes per query) and its order.
-    route: DeviceBuffer<u32>,
-    route_host: LockedBuffer<u32>,
-    order: DeviceBuffer<u32>,
-    order_host: LockedBuffer<u32>,
 }
 
 /// The neighbour selection run on the results of every finished walk of
@@ -121,7 +116,6 @@ impl Scratch {
         nq: usize,
         words: usize,
         kept: usize,
-        route: usize,
     ) -> Result<Self, CudaError> {
         Ok(Scratch {
             stream: Stream::new(StreamFlags::NON_BLOCKING, None).op("cuStreamCreate")?,
@@ -141,54 +135,16 @@ impl Scratch {
             kept_scores_host: pinned(kept)?,
             kept_counts: alloc("selected counts", nq)?,
             kept_counts_host: pinned(nq)?,
-            route: alloc("walk routes", route)?,
-            route_host: pinned(route)?,
-            order: alloc("walk order", nq)?,
-            order_host: pinned(nq)?,
         })
     }
 
-    fn fits(
-        &self,
-        values: usize,
-        results: usize,
-        nq: usize,
-        words: usize,
-        kept: usize,
-        route: usize,
-    ) -> bool {
+    fn fits(&self, values: usize, results: usize, nq: usize, words: usize, kept: usize) -> bool {
         self.kept.len() >= kept
-            && self.route.len() >= route
             && self.queries.len() >= values
             && self.qrows.len() >= nq
             && self.out.len() >= results
             && self.status.len() >= nq
             && self.allow.len() >= words
-    }
-}
-
-/// Route nodes (from the top layer down) that order a routed chunk.
-const ROUTE_KEY_LEVELS: usize = 3;
-
-/// The order in which a routed chunk's queries are walked, into `order`
-/// (one slot per query): by the first [`ROUTE_KEY_LEVELS`] nodes of their
-/// routes (`top` nodes each, the top layer's first), then by query. The
-/// layers below split the batch into groups too small to matter.
-fn route_order(routes: &[u32], top: usize, order: &mut [u32]) {
-    let mut keys: Vec<u128> = routes
-        .chunks_exact(top)
-        .enumerate()
-        .map(|(q, route)| {
-            let mut key = 0u128;
-            for level in 0..ROUTE_KEY_LEVELS {
-                key = (key << 32) | u128::from(route.get(level).copied().unwrap_or(0));
-            }
-            (key << 32) | q as u128
-        })
-        .collect();
-    keys.sort_unstable();
-    for (o, k) in order.iter_mut().zip(&keys) {
-        *o = *k as u32;
     }
 }
 
@@ -334,21 +290,12 @@ impl Engine {
         let results = chunk * want;
         let allow_words = if allow.is_some() { words } else { 1 };
         let kept = select.as_ref().map_or(1, |sel| chunk * sel.cap);
-        let routed = graph.top > 0 && chunk >= self.config.tuning.walk_route_min;
-        let route = if routed { chunk * graph.top } else { 1 };
         let sc = match &mut *guard {
-            Some(s) if s.fits(values, results, chunk, allow_words, kept, route) => s,
+            Some(s) if s.fits(values, results, chunk, allow_words, kept) => s,
             slot => {
                 // The old buffers go before the larger ones are allocated.
                 *slot = None;
-                slot.insert(Scratch::new(
-                    values,
-                    results,
-                    chunk,
-                    allow_words,
-                    kept,
-                    route,
-                )?)
+                slot.insert(Scratch::new(values, results, chunk, allow_words, kept)?)
             }
         };
         let s = Queue::Stream(sc.stream.as_inner());
@@ -379,7 +326,7 @@ impl Engine {
             };
             let out = DevSlice::of(&sc.out).range("walk results", 0, cq * want)?;
             let st = DevSlice::of(&sc.status).range("walk status", 0, cq)?;
-            let mut args = WalkArgs {
+            let args = WalkArgs {
                 corpus: self.corpus.view().as_f32("graph corpus")?,
                 rnorm: DevSlice::of(&self.rnorm),
                 n: n as u32,
@@ -407,26 +354,9 @@ impl Engine {
                 table_slots: table_slots(ef) as u32,
                 seen: self.config.tuning.walk_seen,
                 threads: self.config.tuning.walk_threads,
-                phase: WalkPhase::Whole,
                 out,
                 status: st,
             };
-            if routed && cq >= self.config.tuning.walk_route_min {
-                let routes = cq * graph.top;
-                let route = DevSlice::of(&sc.route).range("walk routes", 0, routes)?;
-                let order = DevSlice::of(&sc.order).range("walk order", 0, cq)?;
-                args.phase = WalkPhase::Route(route);
-                self.kernels.walk(s, self.metric(), &args)?;
-                launch::d2h(s, &mut sc.route_host, route)?;
-                sc.stream.synchronize().op("cuStreamSynchronize")?;
-                route_order(
-                    &sc.route_host.as_slice()[..routes],
-                    graph.top,
-                    &mut sc.order_host.as_mut_slice()[..cq],
-                );
-                launch::h2d(s, order, &sc.order_host, 0, cq)?;
-                args.phase = WalkPhase::FromRoute { route, order };
-            }
             self.kernels.walk(s, self.metric(), &args)?;
             if let (Some(sel), Some(base)) = (select.as_mut(), qrows) {
                 let kept = cq * sel.cap;
@@ -539,24 +469,6 @@ mod tests {
         }
         assert_eq!(table_slots(64), 1024);
         assert_eq!(table_slots(100), 2048);
-    }
-
-    #[test]
-    fn routes_order_by_their_first_levels_then_by_query() {
-        // Four queries, routes of 4 levels (top first).
-        let routes = [
-            7, 1, 2, 9, // q0
-            3, 5, 5, 0, // q1
-            7, 1, 0, 8, // q2
-            3, 5, 5, 1, // q3: ties q1 on the three levels that order
-        ];
-        let mut order = [0u32; 4];
-        route_order(&routes, 4, &mut order);
-        assert_eq!(order, [1, 3, 2, 0]);
-        // Routes shorter than the key (a graph of one upper layer).
-        let mut order = [0u32; 3];
-        route_order(&[4, 2, 4], 1, &mut order);
-        assert_eq!(order, [1, 0, 2]);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub(crate) use graph::{GraphBuild, Replay};
 pub(crate) use prune::{PruneArgs, SetListsArgs, PRUNE_MAX_CANDS, PRUNE_MAX_CAP};
 pub(crate) use rows::FROM_B;
 pub(crate) use score::{single_path, FusedThreshold, ScorePlan};
-pub(crate) use walk::{WalkArgs, WalkGraph, WalkPhase};
+pub(crate) use walk::{WalkArgs, WalkGraph};
 
 /// Threads per block of the scoring kernels (8 warps).
 const SCORE_THREADS: u32 = 256;

@@ -54,23 +54,6 @@ pub(crate) struct WalkGraph<'a> {
     pub(crate) top: u32,
 }
 
-/// What a walk launch does (`WALK_PHASE_*` in `kernels/walk.cu`).
-#[derive(Clone, Copy)]
-pub(crate) enum WalkPhase<'a> {
-    /// The whole walk of query `b` by block `b`.
-    Whole,
-    /// Only the descent through the upper layers of each query, the node
-    /// it ends on at each layer written into the `nq × top` route, the top
-    /// layer's first.
-    Route(DevSlice<'a, u32>),
-    /// Layer 0 from the end of each query's route, block `b` walking query
-    /// `order[b]` (a permutation of the batch).
-    FromRoute {
-        route: DevSlice<'a, u32>,
-        order: DevSlice<'a, u32>,
-    },
-}
-
 /// One walk launch: `nq` queries (`queries`, nq × d, or the corpus rows
 /// `qrows` where given) against the corpus
 /// (`corpus`, n × d, row norms `rnorm` for cosine), results into `out`
@@ -99,7 +82,6 @@ pub(crate) struct WalkArgs<'a> {
     /// Threads of each query's block, one of [`WALK_TEAMS`], or 0 for
     /// [`walk_team`]'s choice.
     pub(crate) threads: u32,
-    pub(crate) phase: WalkPhase<'a>,
     pub(crate) out: DevSlice<'a, DevNeighbor>,
     pub(crate) status: DevSlice<'a, u32>,
 }
@@ -161,17 +143,6 @@ impl Kernels {
         }
         a.out.need("walk results", nq * a.want as usize)?;
         a.status.need("walk status", nq)?;
-        let (route, order) = match a.phase {
-            WalkPhase::Whole => (None, None),
-            WalkPhase::Route(route) => (Some(route), None),
-            WalkPhase::FromRoute { route, order } => (Some(route), Some(order)),
-        };
-        if let Some(route) = route {
-            route.need("walk routes", nq * g.top as usize)?;
-        }
-        if let Some(order) = order {
-            order.need("walk order", nq)?;
-        }
         let bad = |name, value: usize, reason| {
             Err(CudaError::InvalidOption {
                 name,
@@ -193,14 +164,7 @@ impl Kernels {
         // `width` lists are spread over the block.
         let degree = g.m0.max(g.m);
         let step = (g.m0 * a.width).max(g.m);
-        let routing = matches!(a.phase, WalkPhase::Route(_));
         let threads = match a.threads {
-            // A route is a chain of small steps: the smallest team that
-            // reads a list at once, so that most routes run side by side.
-            _ if routing => WALK_TEAMS
-                .into_iter()
-                .find(|&t| t >= degree)
-                .unwrap_or(WALK_MAX_DEGREE as u32),
             0 => walk_team(a.nq, self.sm_count, step),
             t => t,
         };
@@ -239,19 +203,19 @@ impl Kernels {
             return Ok(());
         }
         let f = self.walk[team][metric_slot(metric)];
-        // A route launch keeps no beam and no seen set: a beam of no entries,
-        // a table of one slot, one list per step.
-        let (cap, width, table_slots, step) = if routing {
-            (0, 1, 1, degree)
-        } else {
-            (a.cap, a.width, a.table_slots, step)
+        let smem_of = |narrow| {
+            walk_smem(
+                d,
+                a.cap as usize,
+                a.table_slots as usize,
+                narrow,
+                step as usize,
+            )
         };
-        let smem_of =
-            |narrow| walk_smem(d, cap as usize, table_slots as usize, narrow, step as usize);
         let wide = smem_of(false);
-        let tag_bits = narrow_id_bits(n, table_slots as usize);
+        let tag_bits = narrow_id_bits(n, a.table_slots as usize);
         let id_bits = match a.seen {
-            _ if tag_bits == 0 || routing => 0,
+            _ if tag_bits == 0 => 0,
             SeenSet::Ids => 0,
             SeenSet::Tags => tag_bits,
             SeenSet::Auto if !fits_shared(f, wide)? => tag_bits,
@@ -291,18 +255,11 @@ impl Kernels {
                 top = g.top,
                 allow = a.allow.map_or(0, |s| s.ptr()),
                 ef = a.ef,
-                width = width,
+                width = a.width,
                 want = a.want,
-                cap = cap,
-                mask = table_slots - 1,
+                cap = a.cap,
+                mask = a.table_slots - 1,
                 id_bits = id_bits,
-                order = order.map_or(0, |s| s.ptr()),
-                route = route.map_or(0, |s| s.ptr()),
-                phase = match a.phase {
-                    WalkPhase::Whole => 0u32,
-                    WalkPhase::Route(_) => 1,
-                    WalkPhase::FromRoute { .. } => 2,
-                },
                 out = a.out.ptr(),
                 status = a.status.ptr()
             ]
@@ -310,10 +267,7 @@ impl Kernels {
         let launch = Launch::new("topk_walk", f, (a.nq, 1), threads).shared(smem);
         // SAFETY: the parameter list of topk_walk_*; every buffer checked
         // above; list ids and upper offsets in range by the upload's host
-        // check; a route's nodes are graph nodes the route launch wrote, and
-        // an order is a permutation of 0..nq (both made by
-        // `Engine::walk_graph`); the dynamic shared memory is allowed just
-        // above.
+        // check; the dynamic shared memory is allowed just above.
         unsafe { launch.run(q, &mut args) }
     }
 }
@@ -388,9 +342,6 @@ mod tests {
         assert_eq!(define(WALK_CU, "WALK_MAX_DEGREE"), WALK_MAX_DEGREE);
         assert_eq!(define(WALK_CU, "WALK_MAX_WIDTH"), WALK_MAX_WIDTH);
         assert_eq!(define(WALK_CU, "WALK_BUCKET"), WALK_BUCKET);
-        assert_eq!(define(WALK_CU, "WALK_PHASE_WHOLE"), 0);
-        assert_eq!(define(WALK_CU, "WALK_PHASE_ROUTE"), 1);
-        assert_eq!(define(WALK_CU, "WALK_PHASE_FROM_ROUTE"), 2);
         assert_eq!(1 << define(WALK_CU, "WALK_BUCKET_BITS"), WALK_BUCKET);
         assert_eq!(
             define(WALK_CU, "WALK_MAX_THREADS"),

@@ -103,11 +103,6 @@ pub(crate) struct Args {
     /// ids (32-bit) or tags (16-bit).
     #[arg(long, default_value = "auto", value_parser = parse_seen)]
     pub(crate) walk_seen: SeenSet,
-    /// Fewest queries of a GPU walk launch that are routed first and
-    /// walked in route order (`Tuning::walk_route_min`; a number above
-    /// the batch never routes).
-    #[arg(long, default_value_t = topk_cuda::DEFAULT_WALK_ROUTE_MIN)]
-    pub(crate) walk_route_min: usize,
     /// The GPU builds to time, each with its recall per ef; the first is the
     /// graph of the GPU-built points: `batched` (`Hnsw::build_batched_gpu`,
     /// the default schedule), `batched:DIVISOR:MAX_BATCH`, or `knn`

@@ -45,7 +45,6 @@ pub(crate) fn gauss(a: &Args) -> AnyResult<Dataset> {
         synth::cluster_queries(a.queries, a.d, a.clusters, a.spread, a.seed),
     )?;
     pb.finish_and_clear();
-    let queries = exp_sort(queries, a);
     Ok(Dataset {
         name: format!("gauss-{}x{}", a.n, a.d),
         corpus,
@@ -89,44 +88,4 @@ pub(crate) fn read_minilm(dir: &Path, metric: Metric) -> AnyResult<Dataset> {
         queries,
         metric,
     })
-}
-
-/// Experiment (reverted): `TOPK_EXP_SORT=cluster` orders the queries by
-/// the cluster that generated them.
-fn exp_sort(q: Array2<f32>, a: &Args) -> Array2<f32> {
-    if std::env::var("TOPK_EXP_SORT").as_deref() != Ok("cluster") {
-        return q;
-    }
-    let mut g = synth::Normal::new(a.seed);
-    let centres: Vec<f32> = (0..a.clusters * a.d).map(|_| g.sample()).collect();
-    let mut noise = synth::Normal::new(a.seed ^ 0x9E37_79B9_7F4A_7C15);
-    let mut lab = Vec::new();
-    for _ in 0..a.queries {
-        lab.push(noise.below(a.clusters));
-        for _ in 0..a.d {
-            noise.sample();
-        }
-    }
-    let mut ok = 0;
-    for (i, &l) in lab.iter().enumerate().take(100) {
-        let row = q.row(i);
-        let best = (0..a.clusters)
-            .map(|c| {
-                let d: f32 = (0..a.d)
-                    .map(|j| (row[j] - centres[c * a.d + j]).powi(2))
-                    .sum();
-                (d, c)
-            })
-            .fold((f32::MAX, 0), |x, y| if y.0 < x.0 { y } else { x });
-        ok += usize::from(best.1 == l);
-    }
-    eprintln!("EXP: {ok} of 100 labels are the nearest centre");
-    let mut order: Vec<usize> = (0..a.queries).collect();
-    order.sort_by_key(|&i| (lab[i], i));
-    let mut out = Array2::zeros(q.raw_dim());
-    for (r, &i) in order.iter().enumerate() {
-        out.row_mut(r).assign(&q.row(i));
-    }
-    eprintln!("EXP: sorted {} queries by cluster", a.queries);
-    out
 }

@@ -102,7 +102,6 @@ pub(crate) fn environment(a: &Args, threads: usize) -> Value {
             "warmup": a.warmup, "min_reps": a.min_reps, "deadline_s": a.deadline_s,
             "recall_target": a.recall_target, "exact_max_batch": a.exact_max_batch,
             "walk_threads": a.walk_threads, "walk_seen": format!("{:?}", a.walk_seen),
-            "walk_route_min": a.walk_route_min,
             "no_gpu_build": a.no_gpu_build,
             "cpu_only": a.cpu_only,
         },

@@ -70,7 +70,6 @@ pub(crate) fn run_dataset(
         config.max_batch = a.exact_max_batch;
         config.tuning.walk_threads = a.walk_threads;
         config.tuning.walk_seen = a.walk_seen;
-        config.tuning.walk_route_min = a.walk_route_min;
         let gpu = CudaRetriever::from_rowmajor(flat.clone(), d, metric, config)?;
         pb.finish_and_clear();
         let dev = gpu.info();
