@@ -103,12 +103,11 @@ use crate::select::Selector;
 mod bounds;
 mod quant;
 mod rows;
-use bounds::BoundNorms;
 use bounds::{
-    cut, reaches, width_factor, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds, QueryBound,
+    cut, reaches, width_factor, BoundNorms, Bounds, CosineBounds, DotBounds, Int8Rows, L2Bounds,
+    QueryBound,
 };
-use quant::CorpusCodes;
-use quant::{QueryCodes, RowCodes};
+use quant::{CorpusCodes, QueryCodes, RowCodes};
 pub use rows::{select_certified, CertifiedRows};
 
 /// Largest dimension for which batches take the int8 product by default.

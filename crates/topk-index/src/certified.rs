@@ -3,7 +3,6 @@
 //! filter's bitset, selecting by external id; and the row state it keeps
 //! beside the rows, following every change of them.
 
-use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use ndarray::{ArrayView2, Axis};
@@ -13,7 +12,7 @@ use topk_cpu::{select_certified, BatchGemm, CertifiedPick, CertifiedRows, Corpus
 
 use crate::filter::Filter;
 use crate::index::{Index, IndexBackend};
-use crate::search::{Allowed, Selector, BLOCK};
+use crate::search::{query_values, Allowed, Selector, BLOCK};
 
 /// Queries with filters of their own searched together on the certified
 /// path: their row bitsets (`N/8` bytes each) are held at once.
@@ -99,17 +98,15 @@ impl Index {
                 .par_iter()
                 .map(|f| self.allowed(Some(f)))
                 .collect();
-            let dense: Vec<usize> = (0..c1 - c0)
-                .filter(|&j| self.mask_of(&allowed[j]).is_some())
-                .collect();
+            let (dense, masks): (Vec<usize>, Vec<&[u64]>) = (0..c1 - c0)
+                .filter_map(|j| self.mask_of(&allowed[j]).map(|m| (j, m)))
+                .unzip();
             let mut done = vec![false; c1 - c0];
-            if gemm.pays(dense.len(), stored, self.dim, k.min(stored)) {
+            // `certified_masked` declines where the dense queries are too
+            // few for the path to pay.
+            if !dense.is_empty() {
                 let rows: Vec<usize> = dense.iter().map(|&j| c0 + j).collect();
                 let sub = queries.select(Axis(0), &rows);
-                let masks: Vec<&[u64]> = dense
-                    .iter()
-                    .filter_map(|&j| self.mask_of(&allowed[j]))
-                    .collect();
                 if let Some(found) = self.certified_masked(sub.view(), k, |j| masks[j]) {
                     for (&j, hits) in dense.iter().zip(found) {
                         out[c0 + j] = hits;
@@ -121,11 +118,7 @@ impl Index {
                 .into_par_iter()
                 .filter(|&j| !done[j])
                 .map(|j| {
-                    let row = queries.row(c0 + j);
-                    let q = match row.to_slice() {
-                        Some(s) => Cow::Borrowed(s),
-                        None => Cow::Owned(row.to_vec()),
-                    };
+                    let q = query_values(queries.row(c0 + j));
                     (j, self.cpu_search(&q, k, &allowed[j]))
                 })
                 .collect();
@@ -181,15 +174,8 @@ impl Index {
                 .into_iter()
                 .zip(queries.rows())
                 .map(|(mut p, row)| {
-                    let q = match row.to_slice() {
-                        Some(s) => Cow::Borrowed(s),
-                        None => Cow::Owned(row.to_vec()),
-                    };
-                    let qn = self.query_norm(&q);
-                    p.sel.top.drain_hits(|id| {
-                        let r = self.rows_of.get(&id).copied().unwrap_or_default();
-                        self.score_one(&q, qn, r)
-                    })
+                    let q = query_values(row);
+                    self.drain(&mut p.sel, &q, self.query_norm(&q))
                 })
                 .collect(),
         )

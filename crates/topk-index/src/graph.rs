@@ -48,6 +48,7 @@ use topk_hnsw::{Hnsw, HnswError, SlotFilter};
 use crate::error::IndexError;
 use crate::filter::{Filter, FilterSpec};
 use crate::index::{IdMap, Index, IndexBackend};
+use crate::search::query_values;
 
 /// The id a deleted slot carries in an index file's graph section.
 pub(crate) const FREE_SLOT: u64 = u64::MAX;
@@ -386,11 +387,7 @@ impl Index {
         (0..queries.nrows())
             .into_par_iter()
             .map(|i| {
-                let row = queries.row(i);
-                let q = match row.to_slice() {
-                    Some(s) => std::borrow::Cow::Borrowed(s),
-                    None => std::borrow::Cow::Owned(row.to_vec()),
-                };
+                let q = query_values(queries.row(i));
                 match &shared {
                     Some((g, plan)) => self.run_plan(g, &q, k, filter.of(i), plan),
                     None => self.graph_search(&q, k, filter.of(i)),

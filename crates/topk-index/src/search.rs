@@ -16,7 +16,7 @@
 
 use std::borrow::Cow;
 
-use ndarray::ArrayView2;
+use ndarray::{ArrayView1, ArrayView2};
 use rayon::prelude::*;
 use topk_core::{cmp_hit, hit_key, validate, Error as CoreError, Hit, HitTopK, Metric};
 
@@ -61,6 +61,15 @@ pub(crate) enum Allowed {
     Rows(Vec<usize>),
     /// The rows whose bit is set (a dense filter).
     Mask(Vec<u64>),
+}
+
+/// A query row as a slice: borrowed where its values are contiguous,
+/// copied otherwise.
+pub(crate) fn query_values(row: ArrayView1<'_, f32>) -> Cow<'_, [f32]> {
+    match row.to_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(row.to_vec()),
+    }
 }
 
 /// Rows scored per kernel call: one word of a row bitset.
@@ -190,11 +199,7 @@ impl Index {
         Ok((0..queries.nrows())
             .into_par_iter()
             .map(|i| {
-                let row = queries.row(i);
-                let q = match row.to_slice() {
-                    Some(s) => Cow::Borrowed(s),
-                    None => Cow::Owned(row.to_vec()),
-                };
+                let q = query_values(queries.row(i));
                 match &shared {
                     Some(allowed) => self.cpu_search(&q, k, allowed),
                     None => self.search_valid(&q, k, filter.of(i)),
@@ -334,6 +339,12 @@ impl Index {
             Allowed::Rows(rows) => self.scan_gathered(query, qn, k, rows),
             Allowed::Mask(mask) => self.scan_masked(query, qn, k, mask),
         };
+        self.drain(&mut sel, query, qn)
+    }
+
+    /// The hits `sel` kept, best first, each with its score's exact bits
+    /// (its key folds `-0.0` into `+0.0`).
+    pub(crate) fn drain(&self, sel: &mut Selector, query: &[f32], qn: f32) -> Vec<Hit> {
         sel.top.drain_hits(|id| {
             let r = self.rows_of.get(&id).copied().unwrap_or_default();
             self.score_one(query, qn, r)
