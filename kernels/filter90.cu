@@ -170,15 +170,20 @@ template <class SH>
 struct W9Tile {
     size_t q0, r0;
     unsigned gq, gr, warp, lane;
-    __device__ __forceinline__ W9Tile(unsigned nq) {
+    // Tile `tile` of the launch, as consumer thread `tid` of the
+    // SH::THREADS that multiply it.
+    __device__ __forceinline__ W9Tile(unsigned nq, unsigned tile, unsigned tid) {
         const unsigned qtiles = (nq + SH::BQ - 1) / SH::BQ;
-        q0 = (size_t)(blockIdx.x % qtiles) * SH::BQ;
-        r0 = (size_t)(blockIdx.x / qtiles) * SH::BR;
-        gq = (threadIdx.x / 128u) / SH::WGR;
-        gr = (threadIdx.x / 128u) % SH::WGR;
-        warp = (threadIdx.x / TOPK_WARP) % 4u;
-        lane = threadIdx.x & (TOPK_WARP - 1);
+        q0 = (size_t)(tile % qtiles) * SH::BQ;
+        r0 = (size_t)(tile / qtiles) * SH::BR;
+        gq = (tid / 128u) / SH::WGR;
+        gr = (tid / 128u) % SH::WGR;
+        warp = (tid / TOPK_WARP) % 4u;
+        lane = tid & (TOPK_WARP - 1);
     }
+    // The block's own tile (one block a tile).
+    __device__ __forceinline__ explicit W9Tile(unsigned nq)
+        : W9Tile(nq, blockIdx.x, threadIdx.x) {}
 };
 
 // The four products of one stage at shared address `st` into acc, then
@@ -393,19 +398,16 @@ struct W9Emit {
     unsigned* flag;
 };
 
-// The listing epilogue of the block's products: each consumer thread tests
-// its own 64 accumulators (fragment layout as in w9_write) against its
-// queries' T0 with bounds.cuh's test, and appends the rows that pass; no
-// bound is stored for the rest.
+// The listing epilogue of a tile's products: each consumer thread (t)
+// tests its own 64 accumulators (fragment layout as in w9_write) against
+// its queries' T0 with bounds.cuh's test, and appends the rows that pass;
+// no bound is stored for the rest.
 template <int METRIC, class SH, class T>
 __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>& t, unsigned n,
                                         unsigned d, unsigned nq, const float* __restrict__ rnorm,
                                         const float* __restrict__ qnorm,
                                         const float* __restrict__ qinv,
                                         const float* __restrict__ rinv, const W9Emit& e) {
-    if (threadIdx.x >= SH::THREADS) {
-        return;
-    }
     const unsigned g = t.lane / 4;
     const unsigned c = t.lane % 4;
 #pragma unroll
@@ -522,13 +524,113 @@ __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float*
         w9_fence_acc(acc);
     }
     if constexpr (EMIT) {
-        w9_emit<METRIC, SH, T>(acc, t, n, d, nq, rnorm, qnorm, qinv, rinv, e);
+        if (threadIdx.x < SH::THREADS) {
+            w9_emit<METRIC, SH, T>(acc, t, n, d, nq, rnorm, qnorm, qinv, rinv, e);
+        }
     } else {
         // Every copy has landed (the consumers waited for each) and every
         // product is done, so the stages hold the products' tile next.
         float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
         w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, rinv, scores, sub,
                                 sub_shift, rshift);
+    }
+}
+
+// The Hopper listing from persistent blocks: gridDim.x blocks (one an SM)
+// take tiles blockIdx.x, blockIdx.x + gridDim.x, ... (W9Tile's order), and
+// the block's NG groups of SH::THREADS consumer threads take its tiles in
+// turn (its i-th tile is group i % NG's). The producer thread issues the
+// boxes of every stage of every tile of the block in that order into one
+// ring of SH::STAGES stages (the block's stage g = i nk + kt in slot
+// g % STAGES), so the next tile's first stages load while a tile is
+// multiplied and listed. With NG = 2 the groups take turns at the tensor
+// cores: a group starts its tile's products once the other group has
+// issued all of its previous tile's (turn[grp], one arrival per warp of
+// the other group), so one group's listing epilogue runs beside the other
+// group's products. That order also keeps each slot's barrier phases
+// waited in order: every earlier use of a slot belongs to a tile whose
+// products were issued before, so its phase has completed. Block:
+// NG SH::THREADS + 32 threads; dynamic shared memory: SH::TMA_SMEM + 16.
+template <int METRIC, class SH, int NG, class T>
+__device__ void w9_list(const W9Map& qmap, const W9Map& cmap, const float* __restrict__ rnorm,
+                        unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm,
+                        const float* __restrict__ qinv, const float* __restrict__ rinv,
+                        const W9Emit& e) {
+    static_assert(NG == 1 || NG == 2, "one group, or two taking turns");
+    constexpr unsigned STAGES = SH::STAGES;
+    constexpr unsigned BK = 128u / sizeof(T);
+    constexpr unsigned GROUP_WARPS = SH::THREADS / TOPK_WARP;
+    extern __shared__ float4 topk_dyn_smem[];
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
+    const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
+    const unsigned full = sm + STAGES * SH::STAGE_BYTES;
+    const unsigned empty = full + 8u * STAGES;
+    const unsigned turn = empty + 8u * STAGES;
+    const unsigned nk = (d + BK - 1) / BK;
+    const unsigned tiles = ((nq + SH::BQ - 1) / SH::BQ) * ((n + SH::BR - 1) / SH::BR);
+    const unsigned mine =
+        blockIdx.x < tiles ? (tiles - blockIdx.x + gridDim.x - 1u) / gridDim.x : 0u;
+    if (threadIdx.x == 0) {
+        for (unsigned s = 0; s < STAGES; ++s) {
+            w9_bar_init(full + 8u * s, 1u);
+            w9_bar_init(empty + 8u * s, GROUP_WARPS);
+        }
+        w9_bar_init(turn, GROUP_WARPS);
+        w9_bar_init(turn + 8u, GROUP_WARPS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x >= NG * SH::THREADS) {
+        if (threadIdx.x == NG * SH::THREADS) {
+            for (unsigned i = 0; i < mine; ++i) {
+                const W9Tile<SH> t(nq, blockIdx.x + i * gridDim.x, 0u);
+                for (unsigned kt = 0; kt < nk; ++kt) {
+                    const unsigned g = i * nk + kt;
+                    const unsigned s = g % STAGES;
+                    if (g >= STAGES) {
+                        w9_bar_wait(empty + 8u * s, ((g / STAGES) + 1u) & 1u);
+                    }
+                    const unsigned st = sm + s * SH::STAGE_BYTES;
+                    w9_bar_expect(full + 8u * s, SH::STAGE_BYTES);
+                    w9_tma(st, &qmap, kt * BK, (unsigned)t.q0, full + 8u * s);
+                    w9_tma(st + SH::BQ * 128u, &cmap, kt * BK, (unsigned)t.r0, full + 8u * s);
+                }
+            }
+        }
+        return;
+    }
+    const unsigned grp = threadIdx.x / SH::THREADS;
+    const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
+    float acc[64];
+    for (unsigned i = grp, j = 0; i < mine; i += NG, ++j) {
+        const W9Tile<SH> t(nq, blockIdx.x + i * gridDim.x, threadIdx.x % SH::THREADS);
+#pragma unroll
+        for (int v = 0; v < 64; ++v) {
+            acc[v] = 0.0f;
+        }
+        if (NG == 2 && i > 0) {
+            // Group 0's j-th tile follows group 1's (j - 1)-th; group 1's
+            // follows group 0's j-th.
+            w9_bar_wait(turn + 8u * grp, (grp == 0 ? j - 1u : j) & 1u);
+        }
+        for (unsigned kt = 0; kt < nk; ++kt) {
+            const unsigned g = i * nk + kt;
+            const unsigned s = g % STAGES;
+            w9_bar_wait(full + 8u * s, (g / STAGES) & 1u);
+            w9_stage_products<SH, T>(acc, sm + s * SH::STAGE_BYTES, t, false);
+            if (kt > 0 && lane == 0) {
+                w9_bar_arrive(empty + 8u * ((g - 1u) % STAGES));
+            }
+        }
+        if (NG == 2 && lane == 0) {
+            w9_bar_arrive(turn + 8u * (1u - grp));
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        w9_fence_acc(acc);
+        if (lane == 0) {
+            w9_bar_arrive(empty + 8u * ((i * nk + nk - 1u) % STAGES));
+        }
+        w9_emit<METRIC, SH, T>(acc, t, n, d, nq, rnorm, qnorm, qinv, rinv, e);
     }
 }
 
@@ -591,6 +693,26 @@ __device__ void w9_halves(const float* __restrict__ vectors, unsigned nv, unsign
 #define W9_STAGES 4
 #define W9_QUERY_THREADS 256
 using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
+// The persistent listing's groups: one of W9Engine's shape, or two that
+// take turns, each 2 x 1 warpgroups (128 queries x 128 rows) over a ring of
+// W9_TURN_STAGES stages.
+#define W9_TURN_STAGES 6
+using W9Turns = W9Shape<2, 1, W9_TURN_STAGES>;
+
+// topk_list90c_* and topk_list90p_* are topk_emit90_*'s listing from
+// persistent blocks (w9_list): one group of W9Engine's shape, or two groups
+// of W9Turns' taking turns.
+#define TOPK_LIST90_KERNEL(NAME, METRIC, SH, NG)                                             \
+    extern "C" __global__ void __launch_bounds__(NG * SH::THREADS + 32, 1)                   \
+        topk_##NAME(const __grid_constant__ W9Map qmap, const __grid_constant__ W9Map cmap,  \
+                    const float* __restrict__ rnorm, unsigned n, unsigned d, unsigned nq,    \
+                    const float* __restrict__ qnorm, const float* __restrict__ qinv,         \
+                    const float* __restrict__ rinv, const TopkNeighbor* __restrict__ sel,    \
+                    unsigned k, float* __restrict__ elo, unsigned* __restrict__ erow,        \
+                    unsigned* __restrict__ ecount, unsigned cap, unsigned* __restrict__ flag) { \
+        w9_list<METRIC, SH, NG, topk_row_t>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, rinv,    \
+                                            W9Emit{sel, k, elo, erow, ecount, cap, flag});     \
+    }
 
 // topk_approx90_* writes every lower bound and the sampled ones
 // (topk_write_lower), tile row r being corpus row r << rshift for its norm
@@ -624,7 +746,9 @@ using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
         w9_scores_tma<METRIC, W9Engine, topk_row_t, true>(                                    \
             qmap, cmap, rnorm, n, d, nq, qnorm, qinv, rinv, nullptr, nullptr, 0u, 0u,         \
             W9Emit{sel, k, elo, erow, ecount, cap, flag});                                    \
-    }
+    }                                                                                        \
+    TOPK_LIST90_KERNEL(list90c_##NAME, METRIC, W9Engine, 1)                                  \
+    TOPK_LIST90_KERNEL(list90p_##NAME, METRIC, W9Turns, 2)
 
 #if TOPK_ROW_DTYPE != 0
 extern "C" __global__ void __launch_bounds__(W9_QUERY_THREADS)

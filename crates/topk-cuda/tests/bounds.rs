@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use topk_core::{Dtype, Metric, Retriever, RowStore};
 use topk_cpu::Oracle;
-use topk_cuda::{CudaConfig, CudaRetriever, PlanPath};
+use topk_cuda::{CudaConfig, CudaRetriever, ListKernel, PlanPath};
 use topk_testkit::corpora::bitwise_diff;
 use topk_testkit::{gpu_or_skip, gpu_runner};
 
@@ -85,6 +85,10 @@ fn filtered_with(wgmma: bool, small_chunks: bool, sample: bool, list: bool) -> C
     }
     c
 }
+
+/// Every kernel of the Hopper listing.
+const LIST_KERNELS: [ListKernel; 3] =
+    [ListKernel::Tiles, ListKernel::Persistent, ListKernel::Turns];
 
 /// [`filtered_with`] with the Hopper listing where it applies.
 fn filtered_as(wgmma: bool, small_chunks: bool, sample: bool) -> CudaConfig {
@@ -189,23 +193,28 @@ fn near_tie_corpora_are_exact_with_either_bound_kernel() {
             any::<bool>(),
         ),
         prop::sample::select(vec![Dtype::F32, Dtype::F16, Dtype::Bf16]),
+        prop::sample::select(LIST_KERNELS.to_vec()),
     );
     runner
-        .run(&strategy, |(seed, n, d, e, dup, nq, k, m, flags, dtype)| {
-            let (wgmma, small, sample, list, shadow) = flags;
-            let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
-            let data = near_ties(seed, n, d, e, dup);
-            let qs = queries(seed, nq, d, &data);
-            let ctx = format!(
-                "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} {dtype} wgmma {wgmma} \
-                 small {small} sample {sample} list {list} shadow {shadow}"
-            );
-            let mut config = filtered_with(wgmma, small, sample, list);
-            config.tuning.shadow_bounds = shadow;
-            check(&data, d, dtype, metric, config, &qs, k, &ctx)
-                .map(|_| ())
-                .map_err(TestCaseError::fail)
-        })
+        .run(
+            &strategy,
+            |(seed, n, d, e, dup, nq, k, m, flags, dtype, lk)| {
+                let (wgmma, small, sample, list, shadow) = flags;
+                let metric = [Metric::Dot, Metric::Cosine, Metric::L2][m];
+                let data = near_ties(seed, n, d, e, dup);
+                let qs = queries(seed, nq, d, &data);
+                let ctx = format!(
+                    "n {n} d {d} e {e} dup {dup} nq {nq} k {k} {metric} {dtype} wgmma {wgmma} \
+                 small {small} sample {sample} list {list} {lk:?} shadow {shadow}"
+                );
+                let mut config = filtered_with(wgmma, small, sample, list);
+                config.tuning.shadow_bounds = shadow;
+                config.tuning.list_kernel = lk;
+                check(&data, d, dtype, metric, config, &qs, k, &ctx)
+                    .map(|_| ())
+                    .map_err(TestCaseError::fail)
+            },
+        )
         .expect("near ties");
 }
 
@@ -314,15 +323,19 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         // rows a query), none runs again, whatever the metric and storage.
         let data = near_ties(21, n, d, -2, 5);
         let qs = queries(22, 150, d, &data);
-        for (metric, dtype, k) in [
+        for ((metric, dtype, k), lk) in [
             (Metric::Dot, Dtype::F32, 100),
             (Metric::Cosine, Dtype::F16, 10),
             (Metric::L2, Dtype::Bf16, 100),
             (Metric::L2, Dtype::F32, 1),
-        ] {
-            let ctx = format!("spread rows {metric} {dtype} k {k} small {small}");
-            let got = check_counts(&data, d, dtype, metric, filtered(true, small), &qs, k, &ctx)
-                .expect("listed");
+        ]
+        .into_iter()
+        .flat_map(|case| LIST_KERNELS.map(|lk| (case, lk)))
+        {
+            let ctx = format!("spread rows {metric} {dtype} k {k} small {small} {lk:?}");
+            let mut config = filtered(true, small);
+            config.tuning.list_kernel = lk;
+            let got = check_counts(&data, d, dtype, metric, config, &qs, k, &ctx).expect("listed");
             assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
             if hopper {
                 assert!(
@@ -341,23 +354,18 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         let qs: Vec<f32> = (0..70)
             .flat_map(|i| far[(32 * i + 1) * d..(32 * i + 2) * d].to_vec())
             .collect();
-        let ctx = format!("sampled rows far, small {small}");
-        let got = check_counts(
-            &far,
-            d,
-            Dtype::F32,
-            Metric::Dot,
-            filtered(true, small),
-            &qs,
-            100,
-            &ctx,
-        )
-        .expect("overflow");
-        if hopper {
-            assert!(
-                got.listed > 0 && got.reruns > 0,
-                "{ctx}: the listing must overflow"
-            );
+        for lk in LIST_KERNELS {
+            let ctx = format!("sampled rows far, small {small} {lk:?}");
+            let mut config = filtered(true, small);
+            config.tuning.list_kernel = lk;
+            let got = check_counts(&far, d, Dtype::F32, Metric::Dot, config, &qs, 100, &ctx)
+                .expect("overflow");
+            if hopper {
+                assert!(
+                    got.listed > 0 && got.reruns > 0,
+                    "{ctx}: the listing must overflow"
+                );
+            }
         }
         // Rows within 2^-22 of each other: every row is listed, and the
         // listing (or the list after it) overflows; exact either way.

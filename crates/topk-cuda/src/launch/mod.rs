@@ -136,7 +136,7 @@ pub(crate) use kernel_args;
 #[derive(Clone, Copy)]
 pub(crate) struct Shadow90 {
     approx90: [cu::CUfunction; 3],
-    emit90: [cu::CUfunction; 3],
+    emit90: filter90::Listing,
     queries16: cu::CUfunction,
     rows16: cu::CUfunction,
 }
@@ -164,7 +164,7 @@ pub(crate) struct Kernels {
     /// (`kernels/filter90.cu`), where the device runs them.
     approx90: Option<[cu::CUfunction; 3]>,
     /// The Hopper bounds that list rows as they multiply (`topk_emit90_*`).
-    emit90: Option<[cu::CUfunction; 3]>,
+    emit90: Option<filter90::Listing>,
     /// The half operands of the queries of those bounds (`topk_queries16`),
     /// where the rows are a half type.
     queries16: Option<cu::CUfunction>,
@@ -231,6 +231,7 @@ macro_rules! family {
         ]
     };
 }
+use family;
 
 fn function(module: &Module, name: &'static str) -> Result<cu::CUfunction, CudaError> {
     module
@@ -584,10 +585,10 @@ impl Kernels {
         let (approx90, emit90, queries16) = match filter90 {
             Some(m) => {
                 let f = family!(m, "topk_approx90");
-                let e = family!(m, "topk_emit90");
-                for &k in f.iter().chain(&e) {
+                for &k in &f {
                     allow_shared(k, filter90::APPROX90_SMEM)?;
                 }
+                let e = filter90::Listing::load(m)?;
                 let q16 = match dtype {
                     Dtype::F32 => None,
                     _ => Some(function(m, "topk_queries16")?),
@@ -599,10 +600,10 @@ impl Kernels {
         let shadow90 = match shadow90 {
             Some(m) => {
                 let approx90 = family!(m, "topk_approx90");
-                let emit90 = family!(m, "topk_emit90");
-                for &k in approx90.iter().chain(&emit90) {
+                for &k in &approx90 {
                     allow_shared(k, filter90::APPROX90_SMEM)?;
                 }
+                let emit90 = filter90::Listing::load(m)?;
                 Some(Shadow90 {
                     approx90,
                     emit90,
