@@ -323,19 +323,15 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         // rows a query), none runs again, whatever the metric and storage.
         let data = near_ties(21, n, d, -2, 5);
         let qs = queries(22, 150, d, &data);
-        for ((metric, dtype, k), lk) in [
+        for (metric, dtype, k) in [
             (Metric::Dot, Dtype::F32, 100),
             (Metric::Cosine, Dtype::F16, 10),
             (Metric::L2, Dtype::Bf16, 100),
             (Metric::L2, Dtype::F32, 1),
-        ]
-        .into_iter()
-        .flat_map(|case| LIST_KERNELS.map(|lk| (case, lk)))
-        {
-            let ctx = format!("spread rows {metric} {dtype} k {k} small {small} {lk:?}");
-            let mut config = filtered(true, small);
-            config.tuning.list_kernel = lk;
-            let got = check_counts(&data, d, dtype, metric, config, &qs, k, &ctx).expect("listed");
+        ] {
+            let ctx = format!("spread rows {metric} {dtype} k {k} small {small}");
+            let got = check_counts(&data, d, dtype, metric, filtered(true, small), &qs, k, &ctx)
+                .expect("listed");
             assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
             if hopper {
                 assert!(
@@ -354,18 +350,23 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         let qs: Vec<f32> = (0..70)
             .flat_map(|i| far[(32 * i + 1) * d..(32 * i + 2) * d].to_vec())
             .collect();
-        for lk in LIST_KERNELS {
-            let ctx = format!("sampled rows far, small {small} {lk:?}");
-            let mut config = filtered(true, small);
-            config.tuning.list_kernel = lk;
-            let got = check_counts(&far, d, Dtype::F32, Metric::Dot, config, &qs, 100, &ctx)
-                .expect("overflow");
-            if hopper {
-                assert!(
-                    got.listed > 0 && got.reruns > 0,
-                    "{ctx}: the listing must overflow"
-                );
-            }
+        let ctx = format!("sampled rows far, small {small}");
+        let got = check_counts(
+            &far,
+            d,
+            Dtype::F32,
+            Metric::Dot,
+            filtered(true, small),
+            &qs,
+            100,
+            &ctx,
+        )
+        .expect("overflow");
+        if hopper {
+            assert!(
+                got.listed > 0 && got.reruns > 0,
+                "{ctx}: the listing must overflow"
+            );
         }
         // Rows within 2^-22 of each other: every row is listed, and the
         // listing (or the list after it) overflows; exact either way.
@@ -384,6 +385,70 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         )
         .expect("near ties");
         assert!(got.reruns > 0, "{ctx}: an overflowing list must run again");
+    }
+}
+
+#[test]
+fn every_listing_kernel_gives_the_oracles_bytes() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    if !hopper() {
+        println!("no Hopper bounds on this device: the listing kernels do not run");
+        return;
+    }
+    // 40,000 rows: K = 100 samples every 16th row (room for 10,000 listed
+    // rows a query); 150 queries, a full and a partial tile of 128, or
+    // three chunks of 64. (The near-tie property test runs the kernels
+    // over corpora of fewer tiles than the device has blocks.)
+    let (n, d) = (40_000, 64);
+    let data = near_ties(31, n, d, -2, 5);
+    let qs = queries(32, 150, d, &data);
+    let mut far = near_ties(33, n, d, 6, 0);
+    for r in (0..n).step_by(16) {
+        far[r * d..(r + 1) * d].iter_mut().for_each(|v| *v = -*v);
+    }
+    let far_qs: Vec<f32> = (0..70)
+        .flat_map(|i| far[(16 * i + 1) * d..(16 * i + 2) * d].to_vec())
+        .collect();
+    for lk in LIST_KERNELS {
+        for small in [true, false] {
+            let config = || {
+                let mut c = filtered(true, small);
+                c.tuning.list_kernel = lk;
+                c
+            };
+            for (metric, dtype, k) in [
+                (Metric::Dot, Dtype::F32, 100),
+                (Metric::Cosine, Dtype::F16, 10),
+                (Metric::L2, Dtype::Bf16, 100),
+                (Metric::L2, Dtype::F32, 1),
+            ] {
+                let ctx = format!("{lk:?} spread rows {metric} {dtype} k {k} small {small}");
+                let got =
+                    check_counts(&data, d, dtype, metric, config(), &qs, k, &ctx).expect("listed");
+                assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
+                assert!(got.listed > 0, "{ctx}: no chunk was listed");
+            }
+            // The sample far from the queries: the listing overflows and
+            // every chunk runs again, exact.
+            let ctx = format!("{lk:?} sampled rows far, small {small}");
+            let got = check_counts(
+                &far,
+                d,
+                Dtype::F32,
+                Metric::Dot,
+                config(),
+                &far_qs,
+                100,
+                &ctx,
+            )
+            .expect("overflow");
+            assert!(
+                got.listed > 0 && got.reruns > 0,
+                "{ctx}: the listing must overflow"
+            );
+        }
     }
 }
 
