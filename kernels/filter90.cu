@@ -134,32 +134,6 @@ __device__ __forceinline__ void w9_fence_acc(float (&d)[64]) {
     }
 }
 
-// Stages columns k0 .. k0 + 128 / sizeof(T) of the block's queries and rows into
-// the stage at shared address `st` (swizzled, see the top), zeros past nq,
-// n and d. A 16-byte piece is 16 / sizeof(T) values and D is a multiple of
-// it, so a piece is wholly inside a vector or past it.
-template <class SH, class T>
-__device__ __forceinline__ void w9_stage(unsigned st, const T* __restrict__ corpus, unsigned n,
-                                         unsigned d, const T* __restrict__ queries, unsigned nq,
-                                         size_t q0, size_t r0, unsigned k0) {
-    constexpr unsigned PIECES = 8;
-    constexpr unsigned PER_PIECE = 16 / sizeof(T);
-    for (unsigned i = threadIdx.x; i < (SH::BQ + SH::BR) * PIECES; i += SH::THREADS) {
-        const unsigned v = i / PIECES;
-        const unsigned c = i % PIECES;
-        const unsigned col = k0 + c * PER_PIECE;
-        const unsigned dst = st + v * 128u + ((c ^ (v & 7u)) * 16u);
-        const bool is_q = v < SH::BQ;
-        const size_t idx = is_q ? q0 + v : r0 + (v - SH::BQ);
-        if (col < d && (is_q ? idx < nq : idx < n)) {
-            topk_cp_async16_s(dst, (is_q ? queries : corpus) + idx * d + col);
-        } else {
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u));
-        }
-    }
-    topk_cp_async_commit();
-}
-
 // The block's tile: which queries and rows it multiplies, and which
 // warpgroup and warp of it a consumer thread is. Blocks take (query tile,
 // row tile) pairs with the query tile varying fastest, so the blocks that
@@ -274,70 +248,6 @@ __device__ __forceinline__ void w9_write(const float (&acc)[64], float* tile, co
                              topk_approx_lower<METRIC>(a, qnorm[q], rnorm[row << rshift], d));
         }
     }
-}
-
-// Lower bounds of the canonical scores of nq queries against n rows into
-// scores[q * n + row], as filter.cu's approx_scores, with every thread
-// copying its share of each stage (cp.async; bench/gpu/lab only, where it
-// is measured against w9_scores_tma). Rows and queries are both of type
-// T: f32 queries as they are for f32 rows; for half rows, the queries
-// topk_queries16 scaled and rounded, and `qinv` the inverse of each
-// query's scale (nullptr for f32).
-// Dynamic shared memory: STAGES stages plus W9_ALIGN bytes of slack.
-// LAB: 1 leaves the products out, 2 the copies after the first stages.
-template <int METRIC, int WGQ, int WGR, int STAGES, int LAB = 0, class T = float>
-__device__ void w9_scores(const T* __restrict__ corpus, const float* __restrict__ rnorm,
-                          unsigned n, unsigned d, const T* __restrict__ queries, unsigned nq,
-                          const float* __restrict__ qnorm, const float* __restrict__ qinv,
-                          float* __restrict__ scores, float* __restrict__ sub,
-                          unsigned sub_shift) {
-    using SH = W9Shape<WGQ, WGR, STAGES>;
-    constexpr unsigned BK = 128u / sizeof(T);
-    extern __shared__ float4 topk_dyn_smem[];
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
-    const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
-    const W9Tile<SH> t(nq);
-    const unsigned nk = (d + BK - 1) / BK;
-
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-        acc[i] = 0.0f;
-    }
-    // Stages kt + 1 .. kt + STAGES - 2 are in flight while stage kt is
-    // multiplied; the products of stage kt - 1 may still be reading theirs,
-    // so the stage refilled at step kt is kt - 2's.
-#pragma unroll
-    for (unsigned s = 0; s + 2 < STAGES; ++s) {
-        if (s < nk) {
-            w9_stage<SH>(sm + s * SH::STAGE_BYTES, corpus, n, d, queries, nq, t.q0, t.r0, s * BK);
-        } else {
-            topk_cp_async_commit();
-        }
-    }
-    for (unsigned kt = 0; kt < nk; ++kt) {
-        topk_cp_async_wait<STAGES - 3>();
-        // This thread's copies and zero stores of stage kt are done; make
-        // them visible to the tensor cores' reads, then wait for every
-        // thread's. Every warpgroup has also finished the products of stage
-        // kt - 2 (it waited for them in step kt - 1 before this barrier).
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        const unsigned next = kt + STAGES - 2;
-        if (next < nk && LAB != 2) {
-            w9_stage<SH>(sm + (next % STAGES) * SH::STAGE_BYTES, corpus, n, d, queries, nq, t.q0,
-                         t.r0, next * BK);
-        } else {
-            topk_cp_async_commit();
-        }
-        w9_stage_products<SH, T>(acc, sm + (kt % STAGES) * SH::STAGE_BYTES, t, LAB == 1);
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    w9_fence_acc(acc);
-    topk_cp_async_wait<0>();
-    float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
-    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, nullptr, scores, sub,
-                            sub_shift, 0u);
 }
 
 // A tensor map of the copy engine (CUtensorMap: 128 bytes, 64-byte
@@ -463,15 +373,14 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
 // empty[s] (one arrival per consumer warp once its products of the stage
 // are done). `qmap` and `cmap` are the queries' and the rows' tensor maps
 // (of T). Block: SH::TMA_THREADS threads; dynamic shared memory:
-// SH::TMA_SMEM bytes. EMIT: the rows are listed against `e` (w9_emit)
-// instead of every bound written (w9_write, with `rshift` its norms'
-// stride).
-template <int METRIC, class SH, class T, bool EMIT = false>
+// SH::TMA_SMEM bytes. Every bound is written (w9_write, with `rshift` its
+// norms' stride).
+template <int METRIC, class SH, class T>
 __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float* __restrict__ rnorm,
                               unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm,
                               const float* __restrict__ qinv, const float* __restrict__ rinv,
                               float* __restrict__ scores, float* __restrict__ sub,
-                              unsigned sub_shift, unsigned rshift, const W9Emit& e) {
+                              unsigned sub_shift, unsigned rshift) {
     constexpr unsigned STAGES = SH::STAGES;
     constexpr unsigned BK = 128u / sizeof(T);
     constexpr unsigned CONSUMER_WARPS = SH::THREADS / TOPK_WARP;
@@ -523,40 +432,34 @@ __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float*
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         w9_fence_acc(acc);
     }
-    if constexpr (EMIT) {
-        if (threadIdx.x < SH::THREADS) {
-            w9_emit<METRIC, SH, T>(acc, t, n, d, nq, rnorm, qnorm, qinv, rinv, e);
-        }
-    } else {
-        // Every copy has landed (the consumers waited for each) and every
-        // product is done, so the stages hold the products' tile next.
-        float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
-        w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, rinv, scores, sub,
-                                sub_shift, rshift);
-    }
+    // Every copy has landed (the consumers waited for each) and every
+    // product is done, so the stages hold the products' tile next.
+    float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
+    w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, rinv, scores, sub,
+                            sub_shift, rshift);
 }
 
-// The Hopper listing from persistent blocks: gridDim.x blocks (one an SM)
-// take tiles blockIdx.x, blockIdx.x + gridDim.x, ... (W9Tile's order), and
-// the block's NG groups of SH::THREADS consumer threads take its tiles in
-// turn (its i-th tile is group i % NG's). The producer thread issues the
-// boxes of every stage of every tile of the block in that order into one
-// ring of SH::STAGES stages (the block's stage g = i nk + kt in slot
-// g % STAGES), so the next tile's first stages load while a tile is
-// multiplied and listed. With NG = 2 the groups take turns at the tensor
-// cores: a group starts its tile's products once the other group has
-// issued all of its previous tile's (turn[grp], one arrival per warp of
+// The Hopper listing (topk_emit90_*) from persistent blocks: gridDim.x
+// blocks (one an SM) take tiles blockIdx.x, blockIdx.x + gridDim.x, ...
+// (W9Tile's order), and the block's NG = 2 groups of SH::THREADS consumer
+// threads take its tiles in turn (its i-th tile is group i % 2's). The
+// producer thread issues the boxes of every stage of every tile of the
+// block in that order into one ring of SH::STAGES stages (the block's
+// stage g = i nk + kt in slot g % STAGES), so the next tile's first stages
+// load while a tile is multiplied and listed. The groups take turns at the
+// tensor cores: a group starts its tile's products once the other group
+// has issued all of its previous tile's (turn[grp], one arrival per warp of
 // the other group), so one group's listing epilogue runs beside the other
 // group's products. That order also keeps each slot's barrier phases
 // waited in order: every earlier use of a slot belongs to a tile whose
 // products were issued before, so its phase has completed. Block:
-// NG SH::THREADS + 32 threads; dynamic shared memory: SH::TMA_SMEM + 16.
-template <int METRIC, class SH, int NG, class T>
+// 2 SH::THREADS + 32 threads; dynamic shared memory: SH::TMA_SMEM + 16.
+template <int METRIC, class SH, class T>
 __device__ void w9_list(const W9Map& qmap, const W9Map& cmap, const float* __restrict__ rnorm,
                         unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm,
                         const float* __restrict__ qinv, const float* __restrict__ rinv,
                         const W9Emit& e) {
-    static_assert(NG == 1 || NG == 2, "one group, or two taking turns");
+    constexpr unsigned NG = 2;
     constexpr unsigned STAGES = SH::STAGES;
     constexpr unsigned BK = 128u / sizeof(T);
     constexpr unsigned GROUP_WARPS = SH::THREADS / TOPK_WARP;
@@ -608,7 +511,7 @@ __device__ void w9_list(const W9Map& qmap, const W9Map& cmap, const float* __res
         for (int v = 0; v < 64; ++v) {
             acc[v] = 0.0f;
         }
-        if (NG == 2 && i > 0) {
+        if (i > 0) {
             // Group 0's j-th tile follows group 1's (j - 1)-th; group 1's
             // follows group 0's j-th.
             w9_bar_wait(turn + 8u * grp, (grp == 0 ? j - 1u : j) & 1u);
@@ -622,7 +525,7 @@ __device__ void w9_list(const W9Map& qmap, const W9Map& cmap, const float* __res
                 w9_bar_arrive(empty + 8u * ((g - 1u) % STAGES));
             }
         }
-        if (NG == 2 && lane == 0) {
+        if (lane == 0) {
             w9_bar_arrive(turn + 8u * (1u - grp));
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -693,31 +596,16 @@ __device__ void w9_halves(const float* __restrict__ vectors, unsigned nv, unsign
 #define W9_STAGES 4
 #define W9_QUERY_THREADS 256
 using W9Engine = W9Shape<W9_WGQ, W9_WGR, W9_STAGES>;
-// The persistent listing's groups: one of W9Engine's shape, or two that
-// take turns, each 2 x 1 warpgroups (128 queries x 128 rows) over a ring of
-// W9_TURN_STAGES stages.
+// The listing's two groups that take turns, each 2 x 1 warpgroups (128
+// queries x 128 rows), over a ring of W9_TURN_STAGES stages.
 #define W9_TURN_STAGES 6
 using W9Turns = W9Shape<2, 1, W9_TURN_STAGES>;
-
-// topk_list90c_* and topk_list90p_* are topk_emit90_*'s listing from
-// persistent blocks (w9_list): one group of W9Engine's shape, or two groups
-// of W9Turns' taking turns.
-#define TOPK_LIST90_KERNEL(NAME, METRIC, SH, NG)                                             \
-    extern "C" __global__ void __launch_bounds__(NG * SH::THREADS + 32, 1)                   \
-        topk_##NAME(const __grid_constant__ W9Map qmap, const __grid_constant__ W9Map cmap,  \
-                    const float* __restrict__ rnorm, unsigned n, unsigned d, unsigned nq,    \
-                    const float* __restrict__ qnorm, const float* __restrict__ qinv,         \
-                    const float* __restrict__ rinv, const TopkNeighbor* __restrict__ sel,    \
-                    unsigned k, float* __restrict__ elo, unsigned* __restrict__ erow,        \
-                    unsigned* __restrict__ ecount, unsigned cap, unsigned* __restrict__ flag) { \
-        w9_list<METRIC, SH, NG, topk_row_t>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, rinv,    \
-                                            W9Emit{sel, k, elo, erow, ecount, cap, flag});     \
-    }
 
 // topk_approx90_* writes every lower bound and the sampled ones
 // (topk_write_lower), tile row r being corpus row r << rshift for its norm
 // (rshift > 0: `cmap` maps every 2^rshift-th row); topk_emit90_* lists the
-// rows whose upper bound reaches the sample's K-th lower bound (w9_emit).
+// rows whose upper bound reaches the sample's K-th lower bound (w9_list,
+// one block an SM: its grid is at most the device's SM count).
 // `qmap` is the tensor map of the queries (f32 rows: the f32 queries; half
 // rows: topk_queries16's, with `qinv` their inverse scales, nullptr for
 // f32), `cmap` that of the rows.
@@ -731,10 +619,9 @@ using W9Turns = W9Shape<2, 1, W9_TURN_STAGES>;
                              float* __restrict__ scores, float* __restrict__ sub,           \
                              unsigned sub_shift, unsigned rshift) {                         \
         w9_scores_tma<METRIC, W9Engine, topk_row_t>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, \
-                                                   rinv, scores, sub, sub_shift, rshift,    \
-                                                   W9Emit{});                               \
+                                                   rinv, scores, sub, sub_shift, rshift);   \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(W9Engine::TMA_THREADS, 1)                  \
+    extern "C" __global__ void __launch_bounds__(2 * W9Turns::THREADS + 32, 1)               \
         topk_emit90_##NAME(const __grid_constant__ W9Map qmap,                              \
                            const __grid_constant__ W9Map cmap, const float* __restrict__ rnorm, \
                            unsigned n, unsigned d, unsigned nq, const float* __restrict__ qnorm, \
@@ -743,12 +630,9 @@ using W9Turns = W9Shape<2, 1, W9_TURN_STAGES>;
                            unsigned k, float* __restrict__ elo, unsigned* __restrict__ erow,   \
                            unsigned* __restrict__ ecount, unsigned cap,                       \
                            unsigned* __restrict__ flag) {                                     \
-        w9_scores_tma<METRIC, W9Engine, topk_row_t, true>(                                    \
-            qmap, cmap, rnorm, n, d, nq, qnorm, qinv, rinv, nullptr, nullptr, 0u, 0u,         \
-            W9Emit{sel, k, elo, erow, ecount, cap, flag});                                    \
-    }                                                                                        \
-    TOPK_LIST90_KERNEL(list90c_##NAME, METRIC, W9Engine, 1)                                  \
-    TOPK_LIST90_KERNEL(list90p_##NAME, METRIC, W9Turns, 2)
+        w9_list<METRIC, W9Turns, topk_row_t>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, rinv,   \
+                                             W9Emit{sel, k, elo, erow, ecount, cap, flag});    \
+    }
 
 #if TOPK_ROW_DTYPE != 0
 extern "C" __global__ void __launch_bounds__(W9_QUERY_THREADS)

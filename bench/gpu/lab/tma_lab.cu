@@ -22,6 +22,7 @@
 
 #include "norms.cu"
 #include "filter90.cu"
+#include "w9_copy.cuh"
 #include "lab.cuh"
 #include "w9_lab.cuh"
 
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(SH::TMA_THREADS, 1)
             const float* __restrict__ qnorm, const float* __restrict__ qinv,
             float* __restrict__ scores) {
     w9_scores_tma<TOPK_DOT, SH, T>(qmap, cmap, rnorm, n, d, nq, qnorm, qinv, nullptr, scores,
-                                   nullptr, 0, 0, W9Emit{});
+                                   nullptr, 0, 0);
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {

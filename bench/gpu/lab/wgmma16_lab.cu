@@ -23,6 +23,7 @@
 
 #include "norms.cu"
 #include "filter90.cu"
+#include "w9_copy.cuh"
 #include "lab.cuh"
 #include "w9_lab.cuh"
 

@@ -22,6 +22,7 @@
 #include "filter.cu"
 #include "norms.cu"
 #include "filter90.cu"
+#include "w9_copy.cuh"
 #include "lab.cuh"
 
 // Lab variants of the wgmma kernel's shape: (WGQ, WGR, STAGES).

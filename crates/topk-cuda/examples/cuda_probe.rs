@@ -6,7 +6,7 @@
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
 //! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]
 //! [--filter-sample S] [--filter-emit E] [--filter-emit-rows R] [--no-shadow]
-//! [--list-kernel tiles|persistent|turns] [--dtype f32|f16|bf16] [--batch-k K]`
+//! [--dtype f32|f16|bf16] [--batch-k K]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100 or `--batch-k`, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
@@ -20,8 +20,7 @@
 //! `Tuning::filter_sample` (1: off), `--filter-emit E`
 //! `Tuning::filter_emit` (0: off), `--filter-emit-rows R`
 //! `Tuning::filter_emit_rows`, `--filter-max-k K` `Tuning::filter_max_k`,
-//! `--no-shadow` clears `Tuning::shadow_bounds`, `--list-kernel
-//! tiles|persistent|turns` sets `Tuning::list_kernel`;
+//! `--no-shadow` clears `Tuning::shadow_bounds`;
 //! `--dtype` stores the rows as that type on the
 //! device, the reference and the floor taken over the stored rows). Rows are
 //! seeded Gaussian,
@@ -33,9 +32,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use topk_core::{order::sort_best_first, Dtype, Metric, Neighbor, RowStore};
-use topk_cuda::{
-    device_info, measure_d2d_bandwidth, CudaConfig, CudaRetriever, ListKernel, RoundTrip,
-};
+use topk_cuda::{device_info, measure_d2d_bandwidth, CudaConfig, CudaRetriever, RoundTrip};
 
 fn gaussian_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
     let mut v = vec![0.0f32; n * d];
@@ -143,21 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         flag_value(&args, "--filter-emit-rows").unwrap_or(opts.tuning.filter_emit_rows);
     let filter_max_k: usize =
         flag_value(&args, "--filter-max-k").unwrap_or(opts.tuning.filter_max_k);
-    let list_kernel = match args.iter().position(|a| a == "--list-kernel") {
-        None => opts.tuning.list_kernel,
-        Some(i) => match args.get(i + 1).map(String::as_str) {
-            Some("tiles") => ListKernel::Tiles,
-            Some("persistent") => ListKernel::Persistent,
-            Some("turns") => ListKernel::Turns,
-            other => {
-                return Err(
-                    format!("--list-kernel: tiles, persistent or turns, not {other:?}").into(),
-                )
-            }
-        },
-    };
     let t = &mut opts.tuning;
-    t.list_kernel = list_kernel;
     t.filter_max_k = filter_max_k;
     t.filter_sample = filter_sample;
     t.filter_emit = filter_emit;
@@ -177,8 +160,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "{}",
         serde_json::json!({"kind": "env", "device": info.name, "driver": info.driver_version,
-            "memory": info.total_memory, "sms": info.multiprocessors, "d2d_bytes_per_s": bw,
-            "list_kernel": format!("{list_kernel:?}")})
+            "memory": info.total_memory, "sms": info.multiprocessors, "d2d_bytes_per_s": bw})
     );
     let ns: Vec<usize> = if let Some(list) = flag_list(&args, "--ns") {
         list

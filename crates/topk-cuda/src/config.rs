@@ -144,9 +144,6 @@ pub struct Tuning {
     pub shadow_bounds: bool,
     /// Fewest values a row (D) for which `shadow_bounds` makes the copy.
     pub shadow_min_dim: usize,
-    /// Which kernel runs the Hopper listing (`filter_emit`). The answers
-    /// do not depend on it.
-    pub list_kernel: ListKernel,
     /// Threads of each query's block in a graph walk (one of
     /// [`WALK_TEAMS`]; at least the graph's largest degree), or 0 for the
     /// engine's choice by batch size. The answers do not depend on
@@ -156,23 +153,6 @@ pub struct Tuning {
     /// How a graph walk keeps the set of nodes it has seen. The answers
     /// do not depend on it.
     pub walk_seen: SeenSet,
-}
-
-/// The kernels of the Hopper listing (`kernels/filter90.cu`): the same
-/// products and the same listing test, so the same rows listed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ListKernel {
-    /// One block a 128-query × 256-row tile (`topk_emit90_*`): the tensor
-    /// cores idle through each block's listing and its first stages.
-    Tiles,
-    /// One block an SM, its warpgroups on one tile at a time, the next
-    /// tile's stages loading while a tile is listed (`topk_list90c_*`).
-    Persistent,
-    /// One block an SM with two groups of warpgroups, each on its own
-    /// 128 × 128 tile, taking turns at the tensor cores: one group lists
-    /// while the other multiplies (`topk_list90p_*`).
-    #[default]
-    Turns,
 }
 
 /// How a graph walk keeps the set of nodes it has seen, in shared memory
@@ -225,7 +205,6 @@ impl Default for Tuning {
             filter_emit_rows: DEFAULT_FILTER_EMIT_ROWS,
             shadow_bounds: true,
             shadow_min_dim: DEFAULT_SHADOW_MIN_DIM,
-            list_kernel: ListKernel::default(),
             walk_threads: 0,
             walk_seen: SeenSet::Auto,
         }

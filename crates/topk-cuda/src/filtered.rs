@@ -176,10 +176,7 @@ impl Engine {
             let stream = slot.stream.as_inner();
             launch::fill_neg_inf(stream, emitted.lo)?;
             launch::zero32(stream, emitted.count)?;
-            let kernel = self.config.tuning.list_kernel;
-            ks.emit90(
-                s, kernel, metric, &ops, bq, bufs.out, k32, &emitted, lists.flag,
-            )?;
+            ks.emit90(s, metric, &ops, bq, bufs.out, k32, &emitted, lists.flag)?;
             let listed_sel = SelectBufs { scores: lo, ..bufs };
             ks.hist(s, &listed_sel, cap as u32, ops.nq, k32)?;
             ks.gather(s, &listed_sel, cap as u32, ops.nq, k32)?;

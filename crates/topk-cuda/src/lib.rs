@@ -130,7 +130,7 @@ use ndarray::ArrayView2;
 use topk_core::{validate, Dtype, Metric, Neighbor, Retriever, RowStore};
 
 pub use config::{
-    CudaConfig, ListKernel, SeenSet, Tuning, DEFAULT_BATCH_SCRATCH, DEFAULT_FILTER_MAX_K,
+    CudaConfig, SeenSet, Tuning, DEFAULT_BATCH_SCRATCH, DEFAULT_FILTER_MAX_K,
     DEFAULT_FILTER_QUERIES, DEFAULT_FILTER_ROWS, DEFAULT_FUSE_ROWS, DEFAULT_SHADOW_MIN_DIM,
     DEFAULT_SINGLE_LAUNCH_ROWS, MAX_DEVICE_K, STAGED_UPLOAD_MIN_BYTES, WALK_TEAMS,
 };

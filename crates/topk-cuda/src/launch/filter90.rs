@@ -10,14 +10,10 @@ use cust::sys as cu;
 use topk_core::Metric;
 
 use super::filter::{check_aligned, Sampled};
-use super::{
-    allow_shared, family, function, kernel_args, metric_slot, Kernels, Launch, Operands, Queue,
-};
-use crate::config::ListKernel;
+use super::{kernel_args, metric_slot, Kernels, Launch, Operands, Queue};
 use crate::device::DevNeighbor;
 use crate::driver::{DPtr, DevSlice, Rows, TensorMap};
 use crate::error::CudaError;
-use cust::module::Module;
 
 /// Block tile of `topk_approx90_*` (`W9Shape<W9_WGQ, W9_WGR, W9_STAGES>`:
 /// 64 `W9_WGQ` queries × 128 `W9_WGR` rows, 128 threads a warpgroup, and
@@ -30,87 +26,16 @@ pub(super) const APPROX90_THREADS: u32 = 128 * 2 * 2 + 32;
 pub(super) const APPROX90_SMEM: usize = 4 * (128 + 256) * 128 + 1024 + 16 * 4;
 /// Threads of `topk_queries16` (`W9_QUERY_THREADS`, a warp per query).
 pub(super) const QUERIES16_THREADS: u32 = 256;
-/// The persistent listing of two groups (`topk_list90p_*`, `W9Turns`):
-/// each group 2 × 1 warpgroups on 128 queries × 128 rows, `W9_TURN_STAGES`
-/// stages of (128 + 128) × 128 bytes, two barriers a stage and two more.
+/// The Hopper listing (`topk_emit90_*`, `w9_list` over `W9Turns`): one
+/// block an SM whose two groups of 2 × 1 warpgroups take turns, each on
+/// 128 queries × 128 rows; `W9_TURN_STAGES` stages of (128 + 128) × 128
+/// bytes, two barriers a stage and two more.
 pub(super) const TURNS_QUERIES: u32 = 128;
 pub(super) const TURNS_ROWS: u32 = 128;
 pub(super) const TURNS_THREADS: u32 = 2 * 128 * 2 + 32;
 pub(super) const TURNS_STAGES: usize = 6;
 pub(super) const TURNS_SMEM: usize =
     TURNS_STAGES * (128 + 128) * 128 + 1024 + 16 * TURNS_STAGES + 16;
-/// The persistent listing of one group (`topk_list90c_*`): the shape of
-/// `topk_emit90_*` and the two barriers more.
-pub(super) const PERSISTENT_SMEM: usize = APPROX90_SMEM + 16;
-
-/// The Hopper listing's kernels of one build, one family per
-/// [`ListKernel`].
-#[derive(Clone, Copy)]
-pub(crate) struct Listing {
-    tiles: [cu::CUfunction; 3],
-    persistent: [cu::CUfunction; 3],
-    turns: [cu::CUfunction; 3],
-}
-
-impl Listing {
-    /// Looks the families up in `m` and allows each its shared memory.
-    pub(super) fn load(m: &Module) -> Result<Self, CudaError> {
-        let l = Listing {
-            tiles: family!(m, "topk_emit90"),
-            persistent: family!(m, "topk_list90c"),
-            turns: family!(m, "topk_list90p"),
-        };
-        for (fs, bytes) in [
-            (l.tiles, APPROX90_SMEM),
-            (l.persistent, PERSISTENT_SMEM),
-            (l.turns, TURNS_SMEM),
-        ] {
-            for f in fs {
-                allow_shared(f, bytes)?;
-            }
-        }
-        Ok(l)
-    }
-
-    /// `kernel`'s function for `metric`, the rows of its tensor maps' row
-    /// box, and its launch over `rows` rows of `nq` queries on `sms`
-    /// multiprocessors (a persistent kernel's grid is at most one block an
-    /// SM).
-    fn launch(
-        &self,
-        kernel: ListKernel,
-        metric: Metric,
-        nq: u32,
-        rows: u32,
-        sms: u32,
-    ) -> (u32, Launch) {
-        let slot = metric_slot(metric);
-        let (fs, qbox, rbox, threads, smem) = match kernel {
-            ListKernel::Tiles => {
-                let f = self.tiles[slot];
-                return (APPROX90_ROWS, launch90("topk_emit90", f, nq, rows));
-            }
-            ListKernel::Persistent => (
-                self.persistent,
-                APPROX90_QUERIES,
-                APPROX90_ROWS,
-                APPROX90_THREADS,
-                PERSISTENT_SMEM,
-            ),
-            ListKernel::Turns => (
-                self.turns,
-                TURNS_QUERIES,
-                TURNS_ROWS,
-                TURNS_THREADS,
-                TURNS_SMEM,
-            ),
-        };
-        let tiles = nq.div_ceil(qbox) * rows.div_ceil(rbox);
-        let blocks = tiles.clamp(1, sms.max(1));
-        let launch = Launch::new("topk_list90", fs[slot], (blocks, 1), threads).shared(smem);
-        (rbox, launch)
-    }
-}
 
 /// The tensor maps of a Hopper bound kernel: the `nq` queries and every
 /// 2^`rshift`-th row that `bq` multiplies (the operands' corpus, or its
@@ -408,15 +333,14 @@ impl Kernels {
         Ok(bq)
     }
 
-    /// The listing bound kernel (`kernel`'s): every row whose upper bound
-    /// reaches the K-th lower bound of the sample's selection in `sel`
-    /// (rows of k + 1), into `e`; `flag` becomes nonzero when a query lists
-    /// more than `e.cap` rows or its sample's selection did not finish.
+    /// The listing bound kernel: every row whose upper bound reaches the
+    /// K-th lower bound of the sample's selection in `sel` (rows of k + 1),
+    /// into `e`; `flag` becomes nonzero when a query lists more than
+    /// `e.cap` rows or its sample's selection did not finish.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn emit90(
         &self,
         q: Queue<'_>,
-        kernel: ListKernel,
         metric: Metric,
         ops: &Operands<'_>,
         bq: BoundQueries,
@@ -442,8 +366,12 @@ impl Kernels {
             });
         };
         let (d, nq) = (ops.d, ops.nq);
-        let (row_box, launch) = f.launch(kernel, metric, nq, ops.n, self.sm_count);
-        let (qmap, cmap, n) = maps90(ops, bq, 0, row_box)?;
+        let (qmap, cmap, n) = maps90(ops, bq, 0, TURNS_ROWS)?;
+        // Persistent blocks: one an SM, never more than the tiles.
+        let tiles = nq.div_ceil(TURNS_QUERIES) * n.div_ceil(TURNS_ROWS);
+        let blocks = tiles.clamp(1, self.sm_count);
+        let f = f[metric_slot(metric)];
+        let launch = Launch::new("topk_emit90", f, (blocks, 1), TURNS_THREADS).shared(TURNS_SMEM);
         kernel_args!(
             args = [
                 qmap,
@@ -464,13 +392,13 @@ impl Kernels {
                 flag = flag.ptr()
             ]
         );
-        // SAFETY: the parameter list of topk_emit90_* and topk_list90*_* (two tensor maps by
+        // SAFETY: the parameter list of topk_emit90_* (two tensor maps by
         // value, the norms, sizes, the queries' and rows' inverse scales
         // (rinv null, or checked for n rows with the copy), the sample's results, k,
         // the listing's room and counts, the flag); the maps cover the
-        // checked queries and rows, every buffer was checked above (the
-        // kernel writes at most cap entries a query); the dynamic shared
-        // memory was allowed at load; the row box of cmap is the kernel's.
+        // checked queries and rows in the kernel's boxes (128 of each), every
+        // buffer was checked above (the kernel writes at most cap entries a
+        // query); the dynamic shared memory was allowed at load.
         unsafe { launch.run(q, &mut args) }
     }
 
@@ -558,7 +486,6 @@ mod tests {
         assert_eq!(TURNS_THREADS, 2 * 128 * 2 + 32);
         let turn_stage = (64 * 2 + 128) * bk * 4;
         assert_eq!(TURNS_SMEM, turns * turn_stage + align + 16 * turns + 16);
-        assert_eq!(PERSISTENT_SMEM, APPROX90_SMEM + 16);
         const {
             assert!(
                 TURNS_SMEM <= 227 * 1024,

@@ -136,7 +136,7 @@ pub(crate) use kernel_args;
 #[derive(Clone, Copy)]
 pub(crate) struct Shadow90 {
     approx90: [cu::CUfunction; 3],
-    emit90: filter90::Listing,
+    emit90: [cu::CUfunction; 3],
     queries16: cu::CUfunction,
     rows16: cu::CUfunction,
 }
@@ -164,7 +164,7 @@ pub(crate) struct Kernels {
     /// (`kernels/filter90.cu`), where the device runs them.
     approx90: Option<[cu::CUfunction; 3]>,
     /// The Hopper bounds that list rows as they multiply (`topk_emit90_*`).
-    emit90: Option<filter90::Listing>,
+    emit90: Option<[cu::CUfunction; 3]>,
     /// The half operands of the queries of those bounds (`topk_queries16`),
     /// where the rows are a half type.
     queries16: Option<cu::CUfunction>,
@@ -231,7 +231,6 @@ macro_rules! family {
         ]
     };
 }
-use family;
 
 fn function(module: &Module, name: &'static str) -> Result<cu::CUfunction, CudaError> {
     module
@@ -585,10 +584,13 @@ impl Kernels {
         let (approx90, emit90, queries16) = match filter90 {
             Some(m) => {
                 let f = family!(m, "topk_approx90");
+                let e = family!(m, "topk_emit90");
                 for &k in &f {
                     allow_shared(k, filter90::APPROX90_SMEM)?;
                 }
-                let e = filter90::Listing::load(m)?;
+                for &k in &e {
+                    allow_shared(k, filter90::TURNS_SMEM)?;
+                }
                 let q16 = match dtype {
                     Dtype::F32 => None,
                     _ => Some(function(m, "topk_queries16")?),
@@ -600,10 +602,13 @@ impl Kernels {
         let shadow90 = match shadow90 {
             Some(m) => {
                 let approx90 = family!(m, "topk_approx90");
+                let emit90 = family!(m, "topk_emit90");
                 for &k in &approx90 {
                     allow_shared(k, filter90::APPROX90_SMEM)?;
                 }
-                let emit90 = filter90::Listing::load(m)?;
+                for &k in &emit90 {
+                    allow_shared(k, filter90::TURNS_SMEM)?;
+                }
                 Some(Shadow90 {
                     approx90,
                     emit90,

@@ -58,7 +58,6 @@ fn every_kernel_the_host_loads_is_an_entry_of_its_ptx() {
         .map(String::from)
         .to_vec();
     let filter90 = [metrics("topk_approx90"), metrics("topk_emit90")].concat();
-    let filter90 = [filter90, metrics("topk_list90c"), metrics("topk_list90p")].concat();
     let filter90_half = [filter90.clone(), vec!["topk_queries16".into()]].concat();
     let norms = ["topk_norms", "topk_row_norms", "topk_fetch_query"]
         .map(String::from)
