@@ -364,6 +364,50 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
     }
 }
 
+// The copy engine's ring of SH::STAGES stages in dynamic shared memory:
+// the stages from `sm` (W9_ALIGN-aligned, `raw` the allocation's start),
+// then a full and an empty barrier a stage (full[s]: the producer's
+// arrival and the bytes; empty[s]: one arrival per consumer warp once the
+// stage's products are done), then any barriers of the caller's own.
+template <class SH>
+struct W9Ring {
+    unsigned raw, sm, full, empty;
+    __device__ __forceinline__ W9Ring() {
+        extern __shared__ float4 topk_dyn_smem[];
+        raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
+        sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
+        full = sm + SH::STAGES * SH::STAGE_BYTES;
+        empty = full + 8u * SH::STAGES;
+    }
+    // The barriers after the ring's, 8 bytes each.
+    __device__ __forceinline__ unsigned extra() const { return empty + 8u * SH::STAGES; }
+    // Thread 0 sets up the ring's barriers (`consumers` warps release a
+    // stage) and `more` barriers after them of `count` arrivals each.
+    __device__ __forceinline__ void init(unsigned consumers, unsigned more, unsigned count) const {
+        for (unsigned s = 0; s < SH::STAGES; ++s) {
+            w9_bar_init(full + 8u * s, 1u);
+            w9_bar_init(empty + 8u * s, consumers);
+        }
+        for (unsigned b = 0; b < more; ++b) {
+            w9_bar_init(extra() + 8u * b, count);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // The producer's g-th fill of the ring: once the slot's previous use
+    // is released, the boxes of tile t's queries and rows at column k0.
+    __device__ __forceinline__ void fill(unsigned g, const W9Map& qmap, const W9Map& cmap,
+                                         unsigned k0, const W9Tile<SH>& t) const {
+        const unsigned s = g % SH::STAGES;
+        if (g >= SH::STAGES) {
+            w9_bar_wait(empty + 8u * s, ((g / SH::STAGES) + 1u) & 1u);
+        }
+        const unsigned st = sm + s * SH::STAGE_BYTES;
+        w9_bar_expect(full + 8u * s, SH::STAGE_BYTES);
+        w9_tma(st, &qmap, k0, (unsigned)t.q0, full + 8u * s);
+        w9_tma(st + SH::BQ * 128u, &cmap, k0, (unsigned)t.r0, full + 8u * s);
+    }
+};
+
 // w9_scores with the stages filled by the copy engine: the block's last
 // warp (thread SH::THREADS) issues each stage's two boxes (queries, rows;
 // zeros past nq, n and d) as soon as the consumers have released it, and
@@ -383,20 +427,15 @@ __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float*
                               unsigned sub_shift, unsigned rshift) {
     constexpr unsigned STAGES = SH::STAGES;
     constexpr unsigned BK = 128u / sizeof(T);
-    constexpr unsigned CONSUMER_WARPS = SH::THREADS / TOPK_WARP;
     extern __shared__ float4 topk_dyn_smem[];
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
-    const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
-    const unsigned full = sm + STAGES * SH::STAGE_BYTES;
-    const unsigned empty = full + 8u * STAGES;
+    const W9Ring<SH> ring;
+    const unsigned sm = ring.sm;
+    const unsigned full = ring.full;
+    const unsigned empty = ring.empty;
     const W9Tile<SH> t(nq);
     const unsigned nk = (d + BK - 1) / BK;
     if (threadIdx.x == 0) {
-        for (unsigned s = 0; s < STAGES; ++s) {
-            w9_bar_init(full + 8u * s, 1u);
-            w9_bar_init(empty + 8u * s, CONSUMER_WARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        ring.init(SH::THREADS / TOPK_WARP, 0u, 0u);
     }
     __syncthreads();
 
@@ -408,15 +447,7 @@ __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float*
     if (threadIdx.x >= SH::THREADS) {
         if (threadIdx.x == SH::THREADS) {
             for (unsigned kt = 0; kt < nk; ++kt) {
-                const unsigned s = kt % STAGES;
-                if (kt >= STAGES) {
-                    // The consumers' release of this stage's previous use.
-                    w9_bar_wait(empty + 8u * s, ((kt / STAGES) + 1u) & 1u);
-                }
-                const unsigned st = sm + s * SH::STAGE_BYTES;
-                w9_bar_expect(full + 8u * s, SH::STAGE_BYTES);
-                w9_tma(st, &qmap, kt * BK, (unsigned)t.q0, full + 8u * s);
-                w9_tma(st + SH::BQ * 128u, &cmap, kt * BK, (unsigned)t.r0, full + 8u * s);
+                ring.fill(kt, qmap, cmap, kt * BK, t);
             }
         }
     } else {
@@ -434,7 +465,7 @@ __device__ void w9_scores_tma(const W9Map& qmap, const W9Map& cmap, const float*
     }
     // Every copy has landed (the consumers waited for each) and every
     // product is done, so the stages hold the products' tile next.
-    float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - raw) / 4u;
+    float* tile = reinterpret_cast<float*>(topk_dyn_smem) + (sm - ring.raw) / 4u;
     w9_write<METRIC, SH, T>(acc, tile, t, n, d, nq, rnorm, qnorm, qinv, rinv, scores, sub,
                             sub_shift, rshift);
 }
@@ -463,24 +494,17 @@ __device__ void w9_list(const W9Map& qmap, const W9Map& cmap, const float* __res
     constexpr unsigned STAGES = SH::STAGES;
     constexpr unsigned BK = 128u / sizeof(T);
     constexpr unsigned GROUP_WARPS = SH::THREADS / TOPK_WARP;
-    extern __shared__ float4 topk_dyn_smem[];
-    const unsigned raw = (unsigned)__cvta_generic_to_shared(topk_dyn_smem);
-    const unsigned sm = (raw + W9_ALIGN - 1u) & ~(W9_ALIGN - 1u);
-    const unsigned full = sm + STAGES * SH::STAGE_BYTES;
-    const unsigned empty = full + 8u * STAGES;
-    const unsigned turn = empty + 8u * STAGES;
+    const W9Ring<SH> ring;
+    const unsigned sm = ring.sm;
+    const unsigned full = ring.full;
+    const unsigned empty = ring.empty;
+    const unsigned turn = ring.extra();
     const unsigned nk = (d + BK - 1) / BK;
     const unsigned tiles = ((nq + SH::BQ - 1) / SH::BQ) * ((n + SH::BR - 1) / SH::BR);
     const unsigned mine =
         blockIdx.x < tiles ? (tiles - blockIdx.x + gridDim.x - 1u) / gridDim.x : 0u;
     if (threadIdx.x == 0) {
-        for (unsigned s = 0; s < STAGES; ++s) {
-            w9_bar_init(full + 8u * s, 1u);
-            w9_bar_init(empty + 8u * s, GROUP_WARPS);
-        }
-        w9_bar_init(turn, GROUP_WARPS);
-        w9_bar_init(turn + 8u, GROUP_WARPS);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        ring.init(GROUP_WARPS, 2u, GROUP_WARPS);
     }
     __syncthreads();
     if (threadIdx.x >= NG * SH::THREADS) {
@@ -488,15 +512,7 @@ __device__ void w9_list(const W9Map& qmap, const W9Map& cmap, const float* __res
             for (unsigned i = 0; i < mine; ++i) {
                 const W9Tile<SH> t(nq, blockIdx.x + i * gridDim.x, 0u);
                 for (unsigned kt = 0; kt < nk; ++kt) {
-                    const unsigned g = i * nk + kt;
-                    const unsigned s = g % STAGES;
-                    if (g >= STAGES) {
-                        w9_bar_wait(empty + 8u * s, ((g / STAGES) + 1u) & 1u);
-                    }
-                    const unsigned st = sm + s * SH::STAGE_BYTES;
-                    w9_bar_expect(full + 8u * s, SH::STAGE_BYTES);
-                    w9_tma(st, &qmap, kt * BK, (unsigned)t.q0, full + 8u * s);
-                    w9_tma(st + SH::BQ * 128u, &cmap, kt * BK, (unsigned)t.r0, full + 8u * s);
+                    ring.fill(i * nk + kt, qmap, cmap, kt * BK, t);
                 }
             }
         }

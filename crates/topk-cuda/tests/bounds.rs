@@ -298,6 +298,42 @@ fn long_lists_are_rescored_and_overflowing_ones_run_again() {
     }
 }
 
+/// Spread rows (`data`, queries `qs`) under each metric and storage type:
+/// the oracle's bytes, no chunk run again, and (on Hopper) chunks listed by
+/// the bound kernel.
+fn spread_rows_are_listed(data: &[f32], d: usize, qs: &[f32], small: bool, hopper: bool) {
+    for (metric, dtype, k) in [
+        (Metric::Dot, Dtype::F32, 100),
+        (Metric::Cosine, Dtype::F16, 10),
+        (Metric::L2, Dtype::Bf16, 100),
+        (Metric::L2, Dtype::F32, 1),
+    ] {
+        let ctx = format!("spread rows {metric} {dtype} k {k} small {small}");
+        let got = check_counts(data, d, dtype, metric, filtered(true, small), qs, k, &ctx)
+            .expect("listed");
+        assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
+        if hopper {
+            assert!(
+                got.listed > 0,
+                "{ctx}: no chunk was listed by the bound kernel"
+            );
+        }
+    }
+}
+
+/// `n` near-tie rows with every `stride`-th row (the listing's sample at
+/// K = 100) negated, far from the queries: 70 rows just past sampled ones.
+fn sample_far(seed: u64, n: usize, d: usize, stride: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut far = near_ties(seed, n, d, 6, 0);
+    for r in (0..n).step_by(stride) {
+        far[r * d..(r + 1) * d].iter_mut().for_each(|v| *v = -*v);
+    }
+    let qs = (0..70)
+        .flat_map(|i| far[(stride * i + 1) * d..(stride * i + 2) * d].to_vec())
+        .collect();
+    (far, qs)
+}
+
 #[test]
 fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows() {
     if gpu_or_skip().is_none() {
@@ -314,33 +350,11 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         // rows a query), none runs again, whatever the metric and storage.
         let data = near_ties(21, n, d, -2, 5);
         let qs = queries(22, 150, d, &data);
-        for (metric, dtype, k) in [
-            (Metric::Dot, Dtype::F32, 100),
-            (Metric::Cosine, Dtype::F16, 10),
-            (Metric::L2, Dtype::Bf16, 100),
-            (Metric::L2, Dtype::F32, 1),
-        ] {
-            let ctx = format!("spread rows {metric} {dtype} k {k} small {small}");
-            let got = check_counts(&data, d, dtype, metric, filtered(true, small), &qs, k, &ctx)
-                .expect("listed");
-            assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
-            if hopper {
-                assert!(
-                    got.listed > 0,
-                    "{ctx}: no chunk was listed by the bound kernel"
-                );
-            }
-        }
+        spread_rows_are_listed(&data, d, &qs, small, hopper);
         // Every 32nd row (the sample) far from the queries, the others near
         // them: the sample's K-th bound is far below the answer's, the
         // listing overflows its room and every chunk runs again, exact.
-        let mut far = near_ties(23, n, d, 6, 0);
-        for r in (0..n).step_by(32) {
-            far[r * d..(r + 1) * d].iter_mut().for_each(|v| *v = -*v);
-        }
-        let qs: Vec<f32> = (0..70)
-            .flat_map(|i| far[(32 * i + 1) * d..(32 * i + 2) * d].to_vec())
-            .collect();
+        let (far, qs) = sample_far(23, n, d, 32);
         let ctx = format!("sampled rows far, small {small}");
         let got = check_counts(
             &far,
@@ -397,26 +411,9 @@ fn the_hopper_listing_on_a_small_corpus_gives_the_oracles_bytes() {
     let (n, d) = (40_000, 64);
     let data = near_ties(31, n, d, -2, 5);
     let qs = queries(32, 150, d, &data);
-    let mut far = near_ties(33, n, d, 6, 0);
-    for r in (0..n).step_by(16) {
-        far[r * d..(r + 1) * d].iter_mut().for_each(|v| *v = -*v);
-    }
-    let far_qs: Vec<f32> = (0..70)
-        .flat_map(|i| far[(16 * i + 1) * d..(16 * i + 2) * d].to_vec())
-        .collect();
+    let (far, far_qs) = sample_far(33, n, d, 16);
     for small in [true, false] {
-        for (metric, dtype, k) in [
-            (Metric::Dot, Dtype::F32, 100),
-            (Metric::Cosine, Dtype::F16, 10),
-            (Metric::L2, Dtype::Bf16, 100),
-            (Metric::L2, Dtype::F32, 1),
-        ] {
-            let ctx = format!("spread rows {metric} {dtype} k {k} small {small}");
-            let got = check_counts(&data, d, dtype, metric, filtered(true, small), &qs, k, &ctx)
-                .expect("listed");
-            assert_eq!(got.reruns, 0, "{ctx}: chunks ran again");
-            assert!(got.listed > 0, "{ctx}: no chunk was listed");
-        }
+        spread_rows_are_listed(&data, d, &qs, small, true);
         // The sample far from the queries: the listing overflows and every
         // chunk runs again, exact.
         let ctx = format!("sampled rows far, small {small}");
