@@ -321,6 +321,21 @@ fn spread_rows_are_listed(data: &[f32], d: usize, qs: &[f32], small: bool, hoppe
     }
 }
 
+/// [`sample_far`]'s rows and queries, K = 100: the oracle's bytes, and (on
+/// Hopper) a listing that overflows its room so that its chunk runs again.
+fn far_sample_overflows(far: &[f32], d: usize, qs: &[f32], small: bool, hopper: bool) {
+    let ctx = format!("sampled rows far, small {small}");
+    let config = filtered(true, small);
+    let got =
+        check_counts(far, d, Dtype::F32, Metric::Dot, config, qs, 100, &ctx).expect("overflow");
+    if hopper {
+        assert!(
+            got.listed > 0 && got.reruns > 0,
+            "{ctx}: the listing must overflow"
+        );
+    }
+}
+
 /// `n` near-tie rows with every `stride`-th row (the listing's sample at
 /// K = 100) negated, far from the queries: 70 rows just past sampled ones.
 fn sample_far(seed: u64, n: usize, d: usize, stride: usize) -> (Vec<f32>, Vec<f32>) {
@@ -355,24 +370,7 @@ fn the_hopper_listing_gives_the_oracles_bytes_and_runs_again_when_it_overflows()
         // them: the sample's K-th bound is far below the answer's, the
         // listing overflows its room and every chunk runs again, exact.
         let (far, qs) = sample_far(23, n, d, 32);
-        let ctx = format!("sampled rows far, small {small}");
-        let got = check_counts(
-            &far,
-            d,
-            Dtype::F32,
-            Metric::Dot,
-            filtered(true, small),
-            &qs,
-            100,
-            &ctx,
-        )
-        .expect("overflow");
-        if hopper {
-            assert!(
-                got.listed > 0 && got.reruns > 0,
-                "{ctx}: the listing must overflow"
-            );
-        }
+        far_sample_overflows(&far, d, &qs, small, hopper);
         // Rows within 2^-22 of each other: every row is listed, and the
         // listing (or the list after it) overflows; exact either way.
         let ties = near_ties(25, n, d, 22, 3);
@@ -416,14 +414,7 @@ fn the_hopper_listing_on_a_small_corpus_gives_the_oracles_bytes() {
         spread_rows_are_listed(&data, d, &qs, small, true);
         // The sample far from the queries: the listing overflows and every
         // chunk runs again, exact.
-        let ctx = format!("sampled rows far, small {small}");
-        let config = filtered(true, small);
-        let got = check_counts(&far, d, Dtype::F32, Metric::Dot, config, &far_qs, 100, &ctx)
-            .expect("overflow");
-        assert!(
-            got.listed > 0 && got.reruns > 0,
-            "{ctx}: the listing must overflow"
-        );
+        far_sample_overflows(&far, d, &far_qs, small, true);
     }
 }
 

@@ -561,6 +561,21 @@ impl Modules {
     }
 }
 
+/// The Hopper bound kernels of one build (`topk_approx90_*`,
+/// `topk_emit90_*`), each allowed its dynamic shared memory.
+type HopperBounds = ([cu::CUfunction; 3], [cu::CUfunction; 3]);
+fn hopper_bounds(m: &Module) -> Result<HopperBounds, CudaError> {
+    let approx = family!(m, "topk_approx90");
+    let emit = family!(m, "topk_emit90");
+    for &k in &approx {
+        allow_shared(k, filter90::APPROX90_SMEM)?;
+    }
+    for &k in &emit {
+        allow_shared(k, filter90::TURNS_SMEM)?;
+    }
+    Ok((approx, emit))
+}
+
 impl Kernels {
     /// Looks up every kernel of the modules.
     pub(crate) fn load(modules: &Modules, sm_count: u32) -> Result<Self, CudaError> {
@@ -583,14 +598,7 @@ impl Kernels {
         let select_listed = function(filter, "topk_select_listed")?;
         let (approx90, emit90, queries16) = match filter90 {
             Some(m) => {
-                let f = family!(m, "topk_approx90");
-                let e = family!(m, "topk_emit90");
-                for &k in &f {
-                    allow_shared(k, filter90::APPROX90_SMEM)?;
-                }
-                for &k in &e {
-                    allow_shared(k, filter90::TURNS_SMEM)?;
-                }
+                let (f, e) = hopper_bounds(m)?;
                 let q16 = match dtype {
                     Dtype::F32 => None,
                     _ => Some(function(m, "topk_queries16")?),
@@ -601,14 +609,7 @@ impl Kernels {
         };
         let shadow90 = match shadow90 {
             Some(m) => {
-                let approx90 = family!(m, "topk_approx90");
-                let emit90 = family!(m, "topk_emit90");
-                for &k in &approx90 {
-                    allow_shared(k, filter90::APPROX90_SMEM)?;
-                }
-                for &k in &emit90 {
-                    allow_shared(k, filter90::TURNS_SMEM)?;
-                }
+                let (approx90, emit90) = hopper_bounds(m)?;
                 Some(Shadow90 {
                     approx90,
                     emit90,
