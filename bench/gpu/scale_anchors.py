@@ -7,6 +7,9 @@ do not depend on the values), then, with CUDA events:
 * single query, K: ``torch.topk(corpus @ q, K)`` in fp32 with TF32 off;
 * a batch of Q queries: ``torch.topk(Q @ corpus.T, K, dim=1)`` in fp32 (TF32
   off), with TF32 on, and on a bf16 copy of the corpus;
+* the fp32 and TF32 batches again on the host clock with the queries copied
+  from pinned host memory and the answers copied back (``*_host_ms``), as a
+  caller with host queries sees them;
 * the single query and the batch again on f16 (and the single on bf16)
   copies of the corpus and queries: the anchors of half-width storage.
 
@@ -44,6 +47,20 @@ def timed(fn, warmup: int, trials: int) -> list[float]:
     return out
 
 
+def host_timed(fn, warmup: int, trials: int) -> list[float]:
+    """Host-clock milliseconds of ``fn`` through a final synchronisation."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(trials):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
 def upload_rates(gib: int = 4) -> dict:
     n = gib << 28  # float32 values
     host = torch.empty(n, dtype=torch.float32).uniform_()
@@ -71,7 +88,17 @@ def measure(n: int, d: int, k: int, batch: int, trials: int) -> dict:
     fp32 = timed(lambda: torch.topk(qs @ c.T, k, dim=1), 2, 10)
     torch.backends.cuda.matmul.allow_tf32 = True
     tf32 = timed(lambda: torch.topk(qs @ c.T, k, dim=1), 2, 10)
+    # As a caller with host queries and host answers (topk's host batches):
+    # the queries from pinned memory, the answers back to the host.
+    qs_host = qs.cpu().pin_memory()
+
+    def round_trip():
+        v, i = torch.topk(qs_host.to("cuda", non_blocking=True) @ c.T, k, dim=1)
+        return v.cpu(), i.cpu()
+
+    tf32_host = host_timed(round_trip, 2, 10)
     torch.backends.cuda.matmul.allow_tf32 = False
+    fp32_host = host_timed(round_trip, 2, 10)
     cb, qb = c.to(torch.bfloat16), qs.to(torch.bfloat16)
     bf16 = timed(lambda: torch.topk(qb @ cb.T, k, dim=1), 2, 10)
     single_bf16 = timed(lambda: torch.topk(cb @ qb[0], k), 5, trials)
@@ -87,6 +114,8 @@ def measure(n: int, d: int, k: int, batch: int, trials: int) -> dict:
         "single_fp32_ms": statistics.median(single),
         "batch_fp32_ms": statistics.median(fp32),
         "batch_tf32_ms": statistics.median(tf32),
+        "batch_fp32_host_ms": statistics.median(fp32_host),
+        "batch_tf32_host_ms": statistics.median(tf32_host),
         "batch_bf16_ms": statistics.median(bf16),
         "single_f16_ms": statistics.median(single_f16),
         "single_bf16_ms": statistics.median(single_bf16),
@@ -100,7 +129,9 @@ def main() -> None:
     ap.add_argument("--ds", default="1024")
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--batch", default="256", help="batch sizes, comma-separated")
-    ap.add_argument("--no-upload", action="store_true", help="skip the host-to-device copy rates")
+    ap.add_argument(
+        "--no-upload", action="store_true", help="skip the host-to-device copy rates"
+    )
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

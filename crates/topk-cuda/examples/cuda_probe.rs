@@ -6,7 +6,7 @@
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
 //! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]
 //! [--filter-sample S] [--filter-emit E] [--filter-emit-rows R] [--no-shadow]
-//! [--dtype f32|f16|bf16] [--batch-k K]`
+//! [--dtype f32|f16|bf16] [--batch-k K] [--device-batches]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100 or `--batch-k`, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
@@ -20,7 +20,8 @@
 //! `Tuning::filter_sample` (1: off), `--filter-emit E`
 //! `Tuning::filter_emit` (0: off), `--filter-emit-rows R`
 //! `Tuning::filter_emit_rows`, `--filter-max-k K` `Tuning::filter_max_k`,
-//! `--no-shadow` clears `Tuning::shadow_bounds`;
+//! `--no-shadow` clears `Tuning::shadow_bounds`; `--device-batches` also
+//! times each batch from device memory, alternating with the host batches;
 //! `--dtype` stores the rows as that type on the
 //! device, the reference and the floor taken over the stored rows). Rows are
 //! seeded Gaussian,
@@ -181,6 +182,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch_trials = flag_value(&args, "--batch-trials").unwrap_or(10).max(1);
     let batch_k = flag_value(&args, "--batch-k").unwrap_or(100).max(1);
     let single = !args.iter().any(|a| a == "--no-single");
+    let device_batches = args.iter().any(|a| a == "--device-batches");
     let dtype: Dtype = match args.iter().position(|a| a == "--dtype") {
         Some(i) => args.get(i + 1).map_or("", String::as_str).parse()?,
         None => Dtype::F32,
@@ -244,7 +246,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             for q in qs {
                 let trials = if batches.is_some() { batch_trials } else { 3 };
-                println!("{}", time_batch(&gpu, &corpus, d, q, batch_k, trials)?);
+                for line in time_batch(&gpu, &corpus, d, q, batch_k, trials, device_batches)? {
+                    println!("{line}");
+                }
             }
             if single && n <= 100_000 {
                 let cpu = topk_cpu_oracle(&corpus, d);
@@ -269,7 +273,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Host-clock times of `trials` batches of `q` queries (top `k`) after one
-/// untimed batch, whose first and last answers are checked bit for bit.
+/// untimed batch, whose first and last answers are checked bit for bit. With
+/// `device`, the same queries are also searched from device memory
+/// (`search_batch_device_slice`), alternating with the host batches; every
+/// device answer must equal the host batch's. One JSON line per source.
 fn time_batch(
     gpu: &CudaRetriever,
     corpus: &[f32],
@@ -277,7 +284,8 @@ fn time_batch(
     q: usize,
     k: usize,
     trials: usize,
-) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    device: bool,
+) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     let n = corpus.len() / d;
     let queries = gaussian_rows(q, d, 9);
     let first = gpu.search_batch_rowmajor(&queries, k)?;
@@ -286,17 +294,36 @@ fn time_batch(
             &first[q - 1],
             &reference(corpus, d, &queries[(q - 1) * d..], k),
         );
+    let dev = if device {
+        Some(cust::memory::DeviceBuffer::from_slice(&queries)?)
+    } else {
+        None
+    };
+    let same_as_host = |r: &[Vec<Neighbor>]| {
+        r.len() == first.len() && r.iter().zip(&first).all(|(a, b)| same_bits(a, b))
+    };
+    let mut dev_ok = true;
+    if let Some(dev) = &dev {
+        dev_ok = same_as_host(&gpu.search_batch_device_slice(dev, None, k)?);
+    }
     let mut tb = Vec::with_capacity(trials);
+    let mut td = Vec::with_capacity(trials);
     for _ in 0..trials {
         let t = Instant::now();
         let r = gpu.search_batch_rowmajor(&queries, k)?;
         tb.push(t.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(r);
+        if let Some(dev) = &dev {
+            let t = Instant::now();
+            let r = gpu.search_batch_device_slice(dev, None, k)?;
+            td.push(t.elapsed().as_secs_f64() * 1e3);
+            dev_ok &= same_as_host(&r);
+        }
     }
-    let (bm, bmin, bmax) = stats(tb);
-    Ok(
-        serde_json::json!({"kind": "batch", "dtype": gpu.dtype().as_str(), "n": n, "d": d, "k": k, "q": q,
-        "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": ok,
+    let line = |source: &str, times: Vec<f64>, correct: bool| {
+        let (bm, bmin, bmax) = stats(times);
+        serde_json::json!({"kind": "batch", "queries": source, "dtype": gpu.dtype().as_str(), "n": n, "d": d, "k": k, "q": q,
+        "trials": trials, "median_ms": bm, "min_ms": bmin, "max_ms": bmax, "correct": correct,
         "filter_rows": gpu.config().tuning.filter_rows,
         "filter_queries": gpu.config().tuning.filter_queries, "filter_reruns": gpu.filter_reruns(),
         "filter_max_k": gpu.config().tuning.filter_max_k,
@@ -306,8 +333,13 @@ fn time_batch(
         "filter_emit": gpu.config().tuning.filter_emit,
         "filter_emit_rows": gpu.config().tuning.filter_emit_rows, "filter_listed": gpu.filter_listed(),
         "shadow_bounds": gpu.shadow_bounds(), "filter_shadowed": gpu.filter_shadowed(),
-        "qps": q as f64 * 1e3 / bm}),
-    )
+        "qps": q as f64 * 1e3 / bm})
+    };
+    let mut lines = vec![line("host", tb, ok)];
+    if device {
+        lines.push(line("device", td, ok && dev_ok));
+    }
+    Ok(lines)
 }
 
 fn topk_cpu_oracle(corpus: &[f32], d: usize) -> topk_cpu::Oracle {

@@ -1,31 +1,103 @@
-//! Batches: staged a turn of up to the slot's `staged` queries at a time,
+//! Batches: staged a turn of up to the slot's `staged` queries at a time
+//! (from the host, or device to device from the caller's device memory),
 //! scored and selected a chunk at a time, each chunk by the plan for its
 //! size, with one wait per turn.
 
 use topk_core::{validate, Neighbor};
 
-use crate::driver::DevSlice;
+use crate::driver::{self, DevSlice};
 use crate::engine::Engine;
-use crate::error::CudaError;
+use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue};
 use crate::slot::{Sizes, Slot};
 
+/// Where a search's queries are (row-major, D values each).
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// Host values not checked yet: each piece is checked by the rules of
+    /// docs/CONTRACTS.md §4 as it is copied into the pinned staging buffer,
+    /// so the values are read from the caller's memory once.
+    Host(&'a [f32]),
+    /// Host values the caller has already checked.
+    Checked(&'a [f32]),
+    /// Device memory of the caller (a torch tensor, say), checked there by
+    /// [`Engine::check_device_queries`] and copied device to device.
+    Device(DevSlice<'a, f32>),
+}
+
+impl<'a> Source<'a> {
+    /// How many values of D it holds.
+    pub(crate) fn values(&self) -> usize {
+        match self {
+            Source::Host(h) | Source::Checked(h) => h.len(),
+            Source::Device(v) => v.len(),
+        }
+    }
+
+    /// Queries `first..first + count` of rows of `d`.
+    pub(crate) fn part(
+        self,
+        first: usize,
+        count: usize,
+        d: usize,
+    ) -> Result<Source<'a>, CudaError> {
+        let range = first * d..(first + count) * d;
+        let host = |h: &'a [f32]| {
+            h.get(range.clone()).ok_or(CudaError::CountMismatch {
+                what: "host query values",
+                got: h.len(),
+                expected: range.end,
+            })
+        };
+        Ok(match self {
+            Source::Host(h) => Source::Host(host(h)?),
+            Source::Checked(h) => Source::Checked(host(h)?),
+            Source::Device(v) => Source::Device(v.range("device queries", first * d, count * d)?),
+        })
+    }
+
+    /// Copies these queries, which are queries `first..` of the search (the
+    /// number an error names), into the start of the slot's query buffer.
+    pub(crate) fn stage(self, slot: &mut Slot, d: usize, first: usize) -> Result<(), CudaError> {
+        match self {
+            Source::Host(h) => Engine::stage_pieces(slot, h, Some((d, first))),
+            Source::Checked(h) => Engine::stage_pieces(slot, h, None),
+            Source::Device(v) => {
+                let dst = DevSlice::of(&slot.queries).range("query staging", 0, v.len())?;
+                launch::d2d(slot.stream.as_inner(), dst, v)
+            }
+        }
+    }
+}
+
 impl Engine {
-    /// A batch of `nq` row-major queries: staged a turn of up to the slot's
-    /// `staged` queries at a time, whose chunks are all queued before the
-    /// host waits once for the turn's results (with K past `max_k`, each
-    /// chunk's scores are read back before the next chunk overwrites them).
+    /// [`Self::search_batch_from`] host queries, their values checked as
+    /// they are staged.
     pub(crate) fn search_batch(
         &self,
         queries: &[f32],
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        self.search_batch_from(Source::Host(queries), k)
+    }
+
+    /// A batch of row-major queries from `src`: staged a turn of up to the
+    /// slot's `staged` queries at a time, whose chunks are all queued before
+    /// the host waits once for the turn's results (with K past `max_k`, each
+    /// chunk's scores are read back before the next chunk overwrites them).
+    /// A value breaking the input rules fails the whole batch, naming its
+    /// query, and returns no answer.
+    pub(crate) fn search_batch_from(
+        &self,
+        src: Source<'_>,
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
         let d = self.dim();
         let k = validate::k(k, self.len())?;
-        let nq = queries.len() / d;
+        let nq = src.values() / d;
         let mut results = Vec::with_capacity(nq);
         let mut slot = self.slot()?;
-        let outcome = self.batch_turns(&mut slot, queries, k, &mut results);
+        let outcome = self.batch_turns(&mut slot, src, nq, k, &mut results);
         if outcome.is_err() {
             // A failure part way through a turn can leave its earlier chunks
             // running; let them finish, so that none of them writes a result
@@ -42,21 +114,22 @@ impl Engine {
     fn batch_turns(
         &self,
         slot: &mut Slot,
-        queries: &[f32],
+        src: Source<'_>,
+        nq: usize,
         k: usize,
         results: &mut Vec<Vec<Neighbor>>,
     ) -> Result<(), CudaError> {
         let d = self.dim();
         let Sizes { staged, chunk } = self.sizes;
-        for (t, turn) in queries.chunks(staged * d).enumerate() {
-            let tq = turn.len() / d;
+        for (t, start) in (0..nq).step_by(staged.max(1)).enumerate() {
+            let tq = staged.min(nq - start);
             // The first chunk is the largest: a turn filters any chunk only
             // if it filters that one.
             let filtered = self.planner.filtered(k, chunk.min(tq));
             if filtered {
                 launch::zero32(slot.stream.as_inner(), DevSlice::of(&slot.fcount))?;
             }
-            Self::stage_queries(slot, turn)?;
+            src.part(start, tq, d)?.stage(slot, d, start)?;
             for first in (0..tq).step_by(chunk) {
                 let cq = chunk.min(tq - first);
                 let plan = self.planner.chunk(k, cq);
@@ -91,5 +164,61 @@ impl Engine {
             tracing::trace!(turn = t, queries = tq, chunk, "batch turn done");
         }
         Ok(())
+    }
+
+    /// Checks `nq` queries of D values in the caller's device memory by the
+    /// rules of docs/CONTRACTS.md §4, on the device after the work queued
+    /// so far on `wait_on` (a raw `CUstream`; 0 is the default stream), and
+    /// waits for the verdict: the first query at fault is the error.
+    pub(crate) fn check_device_queries(
+        &self,
+        slot: &mut Slot,
+        view: DevSlice<'_, f32>,
+        nq: usize,
+        wait_on: u64,
+    ) -> Result<(), CudaError> {
+        driver::wait_for_stream(&slot.stream, wait_on)?;
+        slot.check_host.as_mut_slice()[0] = u32::MAX;
+        let s = Queue::Stream(slot.stream.as_inner());
+        let check = DevSlice::of(&slot.check);
+        launch::h2d(s, check, &slot.check_host, 0, 1)?;
+        let d = self.dim() as u32;
+        self.kernels.check_queries(s, view, nq as u32, d, check)?;
+        launch::d2h(s, &mut slot.check_host, check)?;
+        slot.stream
+            .synchronize()
+            .op("cuStreamSynchronize (query check)")?;
+        match slot.check_host.as_slice()[0] {
+            u32::MAX => Ok(()),
+            bad => Err(CudaError::BadDeviceQuery {
+                query: bad as usize,
+            }),
+        }
+    }
+
+    /// [`Self::search_batch`] of the `queries.len() / D` queries in the
+    /// caller's device memory, after the work queued on `wait_on` (a raw
+    /// `CUstream`; 0 is the default stream), their values checked on the
+    /// device first.
+    pub(crate) fn search_batch_device(
+        &self,
+        queries: DevSlice<'_, f32>,
+        wait_on: u64,
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        let d = self.dim();
+        if queries.len() % d != 0 {
+            return Err(CudaError::DeviceBatchLength {
+                got: queries.len(),
+                expected: d,
+            });
+        }
+        validate::k(k, self.len())?;
+        let nq = queries.len() / d;
+        if nq == 0 {
+            return Ok(Vec::new());
+        }
+        self.check_device_queries(&mut *self.slot()?, queries, nq, wait_on)?;
+        self.search_batch_from(Source::Device(queries), k)
     }
 }

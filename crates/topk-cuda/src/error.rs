@@ -76,6 +76,16 @@ pub enum CudaError {
         /// The corpus dimension.
         expected: usize,
     },
+    /// A device-resident batch whose length is not a whole number of queries.
+    #[error(
+        "device batch of {got} values is not a whole number of queries of D = {expected} values"
+    )]
+    DeviceBatchLength {
+        /// Values in the device slice.
+        got: usize,
+        /// The corpus dimension.
+        expected: usize,
+    },
     /// A row id given to `score_ids` is outside the corpus.
     #[error("row id {id} at position {position} is out of range for a corpus of N = {n} rows")]
     RowIdOutOfRange {

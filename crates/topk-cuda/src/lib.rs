@@ -353,9 +353,30 @@ impl CudaRetriever {
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
         let d = self.engine.dim();
-        validate::queries_rowmajor(queries, d)?;
+        validate::batch_shape(queries, d)?;
         validate::k(k, self.engine.len())?;
+        // The values are checked piece by piece as they are staged.
         self.engine.search_batch(queries, k)
+    }
+
+    /// A batch of row-major queries already in device memory
+    /// (`queries.len() / D` of them, e.g. an embedding model's output): read
+    /// there after the work queued on `stream` (waited for on the device,
+    /// never on the host), copied device to device, never through the host;
+    /// only the K results of each come back. The values are checked on the
+    /// device by docs/CONTRACTS.md §4 first, and a query at fault is
+    /// [`CudaError::BadDeviceQuery`]. Answers are bit-identical to
+    /// [`CudaRetriever::search_batch_rowmajor`]'s for the same values.
+    #[cfg(feature = "cuda")]
+    pub fn search_batch_device_slice(
+        &self,
+        queries: &cust::memory::DeviceSlice<f32>,
+        stream: Option<&cust::stream::Stream>,
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        let wait_on = stream.map_or(0, |s| s.as_inner() as u64);
+        let view = driver::detached(queries);
+        self.engine.search_batch_device(view, wait_on, k)
     }
 
     /// Canonical scores of listed rows, per query: query `i` (row `i` of the
@@ -539,8 +560,9 @@ impl Retriever for CudaRetriever {
         queries: ArrayView2<'_, f32>,
         k: usize,
     ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
-        validate::queries(queries, self.engine.dim())?;
+        validate::queries_shape(queries, self.engine.dim())?;
         validate::k(k, self.engine.len())?;
+        // The values are checked piece by piece as they are staged.
         let res = match queries.as_slice() {
             Some(flat) => self.engine.search_batch(flat, k),
             None => {

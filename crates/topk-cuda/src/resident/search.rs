@@ -6,6 +6,7 @@
 use topk_core::{validate, Hit, Metric, Neighbor};
 
 use super::ResidentCorpus;
+use crate::batch::Source;
 use crate::driver::{self, DevSlice, Rows};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
@@ -13,40 +14,9 @@ use crate::launch::{self, Queue, STATUS_OK, STATUS_OVERFLOW};
 use crate::slot::Slot;
 use crate::{IdFilter, GATHER_FRACTION};
 
-/// Where a search's queries are: host memory, or device memory of the
-/// caller (a torch tensor, say), copied device to device into the slot.
-#[derive(Clone, Copy)]
-enum Source<'a> {
-    Host(&'a [f32]),
-    Device(DevSlice<'a, f32>),
-}
-
-impl<'a> Source<'a> {
-    /// Queries `first..first + count` of rows of `d`.
-    fn part(self, first: usize, count: usize, d: usize) -> Result<Source<'a>, CudaError> {
-        Ok(match self {
-            Source::Host(h) => Source::Host(&h[first * d..(first + count) * d]),
-            Source::Device(v) => Source::Device(v.range("device queries", first * d, count * d)?),
-        })
-    }
-
-    /// Copies these queries into the start of the slot's query buffer.
-    fn stage(self, slot: &mut Slot) -> Result<(), CudaError> {
-        match self {
-            Source::Host(h) => Engine::stage_queries(slot, h),
-            Source::Device(v) => {
-                let dst = DevSlice::of(&slot.queries).range("query staging", 0, v.len())?;
-                launch::d2d(slot.stream.as_inner(), dst, v)
-            }
-        }
-    }
-}
-
 /// Which rows a scan of every stored row may return.
 #[derive(Clone, Copy)]
 enum Allowed {
-    /// Every stored row (no row removed).
-    Every,
     /// The live rows, under the corpus's live bitset.
     Live,
     /// The rows of the slot's allow set, built by the device resolution of
@@ -65,8 +35,14 @@ impl ResidentCorpus {
         filter: IdFilter<'_>,
     ) -> Result<Vec<Vec<Hit>>, CudaError> {
         let d = self.dim();
-        let nq = validate::queries_rowmajor(queries, d)?;
-        self.search_source(Source::Host(queries), nq, k, filter)
+        let nq = validate::batch_shape(queries, d)?;
+        if matches!(filter, IdFilter::All) && self.dead == 0 && !self.is_empty() {
+            // The engine's batch path checks the values as it stages them,
+            // reading them once.
+            return self.search_every(Source::Host(queries), nq, k);
+        }
+        validate::queries_from(queries, d, 0)?;
+        self.search_source(Source::Checked(queries), nq, k, filter)
     }
 
     /// [`Self::search`] of `nq` queries of D values already in device memory
@@ -100,28 +76,8 @@ impl ResidentCorpus {
             return Ok(Vec::new());
         }
         let view = driver::external::<f32>(queries, values)?;
-        {
-            let mut slot = self.engine.slot()?;
-            let slot = &mut *slot;
-            driver::wait_for_stream(&slot.stream, stream)?;
-            slot.check_host.as_mut_slice()[0] = u32::MAX;
-            let s = Queue::Stream(slot.stream.as_inner());
-            let check = DevSlice::of(&slot.check);
-            launch::h2d(s, check, &slot.check_host, 0, 1)?;
-            self.engine
-                .kernels
-                .check_queries(s, view, nq as u32, d as u32, check)?;
-            launch::d2h(s, &mut slot.check_host, check)?;
-            slot.stream
-                .synchronize()
-                .op("cuStreamSynchronize (query check)")?;
-            let bad = slot.check_host.as_slice()[0];
-            if bad != u32::MAX {
-                return Err(CudaError::BadDeviceQuery {
-                    query: bad as usize,
-                });
-            }
-        }
+        self.engine
+            .check_device_queries(&mut *self.engine.slot()?, view, nq, stream)?;
         self.search_source(Source::Device(view), nq, k, filter)
     }
 
@@ -164,16 +120,11 @@ impl ResidentCorpus {
         if live == 0 {
             return Ok(vec![Vec::new(); nq]);
         }
-        let allowed = if self.dead == 0 {
-            if let Source::Host(queries) = src {
-                return self.search_every(queries, nq, k);
-            }
-            Allowed::Every
-        } else {
-            Allowed::Live
-        };
+        if self.dead == 0 {
+            return self.search_every(src, nq, k);
+        }
         let mut slot = self.engine.slot()?;
-        self.search_masked(&mut slot, src, nq, k.min(live), allowed)
+        self.search_masked(&mut slot, src, nq, k.min(live), Allowed::Live)
     }
 
     /// Whether `allowed` of `n` stored rows are scored as a list (else
@@ -250,11 +201,8 @@ impl ResidentCorpus {
             return Ok(vec![Vec::new(); nq]);
         }
         if allowed == n {
-            if let Source::Host(queries) = src {
-                drop(guard);
-                return self.search_every(queries, nq, k);
-            }
-            return self.search_masked(slot, src, nq, k, Allowed::Every);
+            drop(guard);
+            return self.search_every(src, nq, k);
         }
         let k = k.min(allowed);
         if Self::gathers(allowed, n) {
@@ -268,22 +216,23 @@ impl ResidentCorpus {
     /// the id order.
     fn search_every(
         &self,
-        queries: &[f32],
+        src: Source<'_>,
         nq: usize,
         k: usize,
     ) -> Result<Vec<Vec<Hit>>, CudaError> {
-        let found = if nq == 1 {
-            let mut v = Vec::with_capacity(k.min(self.ids.len()));
-            self.engine.search_host(queries, k, &mut v)?;
-            vec![v]
-        } else {
-            self.engine.search_batch(queries, k)?
+        let found = match src {
+            Source::Host(query) | Source::Checked(query) if nq == 1 => {
+                let mut v = Vec::with_capacity(k.min(self.ids.len()));
+                self.engine.search_host(query, k, &mut v)?;
+                vec![v]
+            }
+            _ => self.engine.search_batch_from(src, k)?,
         };
         Ok(found.into_iter().map(|v| self.hits(&v)).collect())
     }
 
-    /// Scores every stored row, hides the excluded ones (none under
-    /// `Allowed::Every`), selects `k` (at most the allowed count).
+    /// Scores every stored row, hides the excluded ones, selects `k` (at
+    /// most the allowed count).
     fn search_masked(
         &self,
         slot: &mut Slot,
@@ -298,7 +247,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk;
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot)?;
+            src.part(first, cq, d)?.stage(slot, d, first)?;
             if e.planner.filtered(k, cq) && self.bounded_chunk(slot, cq, k, allowed, &mut out)? {
                 continue;
             }
@@ -306,23 +255,22 @@ impl ResidentCorpus {
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);
             e.enqueue_scores(s, &ops, None)?;
-            if let Some(words_dev) = self.allow_words(slot, allowed) {
-                let scores = DevSlice::of(&slot.scores);
-                e.kernels
-                    .mask_scores(s, scores, n as u32, cq as u32, words_dev, 0)?;
-            }
+            let words = self.allow_words(slot, allowed);
+            let scores = DevSlice::of(&slot.scores);
+            e.kernels
+                .mask_scores(s, scores, n as u32, cq as u32, words, 0)?;
             self.select_chunk(slot, n, cq, k, &mut out, |row| self.ids[row as usize])?;
         }
         Ok(out)
     }
 
     /// The device bitset of the allowed rows: the slot's allow set for a
-    /// filter, the live rows for removed ones, none when every row is.
-    fn allow_words<'s>(&'s self, slot: &'s Slot, allowed: Allowed) -> Option<DevSlice<'s, u64>> {
+    /// filter, the live rows for removed ones. (With every row allowed, the
+    /// search takes the engine's own batch path instead.)
+    fn allow_words<'s>(&'s self, slot: &'s Slot, allowed: Allowed) -> DevSlice<'s, u64> {
         match allowed {
-            Allowed::Filter => Some(DevSlice::of(&slot.allow)),
-            Allowed::Live => Some(DevSlice::of(&self.live_dev)),
-            Allowed::Every => None,
+            Allowed::Filter => DevSlice::of(&slot.allow),
+            Allowed::Live => DevSlice::of(&self.live_dev),
         }
     }
 
@@ -345,7 +293,7 @@ impl ResidentCorpus {
             let stream = slot.stream.as_inner();
             launch::zero32(stream, DevSlice::of(&slot.fcount))?;
             let qv = slot.queries_at(d, 0, cq)?;
-            let words = self.allow_words(slot, allowed);
+            let words = Some(self.allow_words(slot, allowed));
             e.enqueue_filtered_masked(slot, qv, 0, cq, k, words)?;
             let counts = DevSlice::of(&slot.fcount);
             launch::d2h(Queue::Stream(stream), &mut slot.fcount_host, counts)?;
@@ -390,7 +338,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk.min(fit);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot)?;
+            src.part(first, cq, d)?.stage(slot, d, first)?;
             let s = Queue::Stream(slot.stream.as_inner());
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);
@@ -460,7 +408,7 @@ impl ResidentCorpus {
         let mut out = Vec::with_capacity(nq);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot)?;
+            src.part(first, cq, d)?.stage(slot, d, first)?;
             let stream = slot.stream.as_inner();
             let s = Queue::Stream(stream);
             let qv = slot.queries_at(d, 0, cq)?;

@@ -1,0 +1,273 @@
+//! Batches whose queries come from device memory (an embedding model's
+//! output, say) and host batches whose values are checked piece by piece as
+//! they are staged: the same bytes as the oracle and as each other, on the
+//! canonical and the filtered paths, over several turns, and every bad input
+//! a typed error that names its query, after which the engine still answers.
+//!
+//! Without a device each case prints why and passes, unless
+//! `TOPK_REQUIRE_GPU=1`, under which a missing device fails.
+#![cfg(feature = "cuda")]
+
+use cust::memory::DeviceBuffer;
+use cust::stream::{Stream, StreamFlags};
+use ndarray::ArrayView2;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use topk_core::{Hit, Metric, Neighbor, Retriever};
+use topk_cpu::Oracle;
+use topk_cuda::{CudaConfig, CudaError, CudaRetriever, IdFilter, ResidentCorpus};
+use topk_testkit::gpu_or_skip;
+
+/// Rows of small integers (many exact ties) or plain floats.
+fn rows(seed: u64, n: usize, d: usize, ties: bool) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n * d)
+        .map(|_| {
+            if ties {
+                rng.random_range(-2i32..=2) as f32
+            } else {
+                rng.random_range(-1.0f32..1.0)
+            }
+        })
+        .collect()
+}
+
+fn assert_bits(got: &[Vec<Neighbor>], want: &[Vec<Neighbor>], ctx: &str) {
+    assert_eq!(got.len(), want.len(), "{ctx}: query count");
+    for (q, (g, w)) in got.iter().zip(want).enumerate() {
+        let g: Vec<(u32, u32)> = g.iter().map(|n| (n.index, n.score.to_bits())).collect();
+        let w: Vec<(u32, u32)> = w.iter().map(|n| (n.index, n.score.to_bits())).collect();
+        assert_eq!(g, w, "{ctx}: query {q}");
+    }
+}
+
+fn oracle_batch(oracle: &Oracle, queries: &[f32], d: usize, k: usize) -> Vec<Vec<Neighbor>> {
+    queries
+        .chunks_exact(d)
+        .map(|q| oracle.search(q, k).expect("oracle"))
+        .collect()
+}
+
+/// Device batches give the oracle's bytes, and the host batch's, on the
+/// canonical path (small corpus) and the filtered path (past
+/// `filter_rows`), in turns of a few staged queries and in one turn, with
+/// and without a caller's stream to wait on.
+#[test]
+fn device_batches_give_the_host_batches_bytes() {
+    let Some(()) = gpu_or_skip() else { return };
+    for (n, d, ties) in [(3_000, 40, true), (40_000, 96, false), (40_000, 64, true)] {
+        let data = rows(n as u64 + d as u64, n, d, ties);
+        let nq = 150;
+        let mut queries = rows(7, nq, d, ties);
+        // A query equal to a stored row, and a zero query.
+        queries[..d].copy_from_slice(&data[5 * d..6 * d]);
+        queries[d..2 * d].fill(0.0);
+        for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+            for max_batch in [64, 256] {
+                let mut config = CudaConfig::default();
+                config.max_batch = max_batch;
+                let gpu =
+                    CudaRetriever::from_rowmajor(data.clone(), d, metric, config).expect("engine");
+                let oracle = Oracle::from_rowmajor(data.clone(), d, metric).expect("oracle");
+                let dev = DeviceBuffer::from_slice(&queries).expect("device queries");
+                for k in [1, 10, 100] {
+                    let ctx = format!("n {n} d {d} {metric} max_batch {max_batch} k {k}");
+                    let want = oracle_batch(&oracle, &queries, d, k);
+                    let host = gpu.search_batch_rowmajor(&queries, k).expect("host batch");
+                    assert_bits(&host, &want, &format!("{ctx} host"));
+                    let got = gpu
+                        .search_batch_device_slice(&dev, None, k)
+                        .expect("device batch");
+                    assert_bits(&got, &want, &format!("{ctx} device"));
+                }
+            }
+        }
+    }
+}
+
+/// With a caller's stream, the batch reads the queries only after the work
+/// queued there: the buffer is filled on that stream just before the call.
+#[test]
+fn a_device_batch_waits_for_the_callers_stream() {
+    let Some(()) = gpu_or_skip() else { return };
+    let (n, d) = (40_000, 128);
+    let data = rows(3, n, d, false);
+    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, CudaConfig::default())
+        .expect("engine");
+    let oracle = Oracle::from_rowmajor(data, d, Metric::Dot).expect("oracle");
+    let stream = Stream::new(StreamFlags::NON_BLOCKING, None).expect("stream");
+    let nq = 64;
+    let mut dev = DeviceBuffer::from_slice(&vec![0.0f32; nq * d]).expect("device queries");
+    for (round, value) in [0.25f32, -0.5, 1.0].into_iter().enumerate() {
+        // SAFETY: `dev` outlives the stream's work (the search waits for it,
+        // and the buffer is dropped after the stream is synchronised below).
+        unsafe { dev.set_32_async(value.to_bits(), &stream) }.expect("fill");
+        let got = gpu
+            .search_batch_device_slice(&dev, Some(&stream), 10)
+            .expect("device batch");
+        let want = oracle_batch(&oracle, &vec![value; nq * d], d, 10);
+        assert_bits(&got, &want, &format!("round {round}"));
+    }
+    stream.synchronize().expect("stream");
+}
+
+/// Bad device batches are typed errors naming the query or the length, and
+/// the engine answers the next batch exactly.
+#[test]
+fn bad_device_batches_are_refused() {
+    let Some(()) = gpu_or_skip() else { return };
+    let (n, d) = (40_000, 64);
+    let data = rows(9, n, d, false);
+    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Cosine, CudaConfig::default())
+        .expect("engine");
+    let oracle = Oracle::from_rowmajor(data, d, Metric::Cosine).expect("oracle");
+    let queries = rows(10, 300, d, false);
+    for (at, value) in [
+        (0, f32::NAN),
+        (7 * d + 3, f32::INFINITY),
+        (299 * d, f32::NEG_INFINITY),
+    ] {
+        let mut bad = queries.clone();
+        bad[at] = value;
+        let dev = DeviceBuffer::from_slice(&bad).expect("device queries");
+        let e = gpu
+            .search_batch_device_slice(&dev, None, 10)
+            .expect_err("non-finite device query");
+        assert!(
+            matches!(e, CudaError::BadDeviceQuery { query } if query == at / d),
+            "value at {at}: {e}"
+        );
+    }
+    // A query over the overflow rule (every value finite).
+    let mut big = queries.clone();
+    big[40 * d..41 * d].fill(1e15);
+    let dev = DeviceBuffer::from_slice(&big).expect("device queries");
+    let e = gpu
+        .search_batch_device_slice(&dev, None, 10)
+        .expect_err("overflow");
+    assert!(matches!(e, CudaError::BadDeviceQuery { query: 40 }), "{e}");
+    let dev = DeviceBuffer::from_slice(&queries).expect("device queries");
+    let e = gpu
+        .search_batch_device_slice(&dev.index(..d * 3 + 5), None, 10)
+        .expect_err("partial query");
+    assert!(
+        matches!(e, CudaError::DeviceBatchLength { got, expected } if got == 3 * d + 5 && expected == d)
+    );
+    assert!(e.to_string().contains(&format!("{}", 3 * d + 5)), "{e}");
+    let e = gpu
+        .search_batch_device_slice(&dev, None, 0)
+        .expect_err("k = 0");
+    assert!(
+        matches!(e, CudaError::Input(topk_core::Error::ZeroK)),
+        "{e}"
+    );
+    assert!(gpu
+        .search_batch_device_slice(&dev.index(..0), None, 10)
+        .expect("empty batch")
+        .is_empty());
+    let got = gpu
+        .search_batch_device_slice(&dev, None, 10)
+        .expect("good batch");
+    assert_bits(
+        &got,
+        &oracle_batch(&oracle, &queries, d, 10),
+        "after the errors",
+    );
+}
+
+/// A host batch checked piece by piece as it is staged: a bad value in a
+/// late piece of a late turn is named by its query in the whole batch, as
+/// the whole-batch check names it, and the next batch is exact.
+#[test]
+fn host_batches_are_checked_as_they_are_staged() {
+    let Some(()) = gpu_or_skip() else { return };
+    let (n, d) = (40_000, 384);
+    let data = rows(11, n, d, false);
+    let mut config = CudaConfig::default();
+    config.max_batch = 256;
+    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, config).expect("engine");
+    let oracle = Oracle::from_rowmajor(data, d, Metric::Dot).expect("oracle");
+    // 700 queries: turns of 256, staging pieces of 170 queries at D = 384.
+    let nq = 700;
+    let queries = rows(12, nq, d, false);
+    for (q, column, value) in [
+        (0, 0, f32::NAN),
+        (171, 5, f32::INFINITY),
+        (699, 383, f32::NAN),
+    ] {
+        let mut bad = queries.clone();
+        bad[q * d + column] = value;
+        let e = gpu.search_batch_rowmajor(&bad, 10).expect_err("non-finite");
+        let whole = topk_core::validate::queries_rowmajor(&bad, d).expect_err("whole check");
+        assert_eq!(e.to_string(), CudaError::from(whole).to_string());
+        assert!(
+            matches!(&e, CudaError::Input(topk_core::Error::NonFinite { at: topk_core::Located::Query(i), column: c, .. }) if *i == q && *c == column),
+            "{e}"
+        );
+        let view = ArrayView2::from_shape((nq, d), &bad[..]).expect("shape");
+        let e = gpu.search_batch(view, 10).expect_err("non-finite view");
+        assert!(e.to_string().contains(&format!("query {q}")), "{e}");
+    }
+    let mut big = queries.clone();
+    big[520 * d..521 * d].fill(1e15);
+    let e = gpu.search_batch_rowmajor(&big, 10).expect_err("overflow");
+    assert!(
+        matches!(
+            &e,
+            CudaError::Input(topk_core::Error::NormTooLarge {
+                at: topk_core::Located::Query(520),
+                ..
+            })
+        ),
+        "{e}"
+    );
+    let got = gpu.search_batch_rowmajor(&queries, 10).expect("good batch");
+    assert_bits(
+        &got,
+        &oracle_batch(&oracle, &queries, d, 10),
+        "after the errors",
+    );
+}
+
+/// The resident corpus with no row removed hands device batches to the
+/// engine's batch path: the same hits as its host queries, and a NaN is
+/// refused before anything is searched.
+#[test]
+fn resident_device_batches_take_the_engines_path() {
+    let Some(()) = gpu_or_skip() else { return };
+    let (n, d) = (40_000, 64);
+    let data = rows(13, n, d, true);
+    let mut c = ResidentCorpus::new(d, Metric::L2, CudaConfig::default(), n).expect("corpus");
+    let ids: Vec<u64> = (0..n as u64).map(|i| i * 3 + 1).collect();
+    c.add(&ids, &data).expect("add");
+    let nq = 200;
+    let queries = rows(14, nq, d, true);
+    let dev = DeviceBuffer::from_slice(&queries).expect("device queries");
+    let ptr = dev.as_device_ptr().as_raw();
+    let oracle = Oracle::from_rowmajor(data, d, Metric::L2).expect("oracle");
+    for k in [1, 10, 100] {
+        // Ids ascend with the rows, so the oracle's row order is the id order.
+        let want: Vec<Vec<Hit>> = oracle_batch(&oracle, &queries, d, k)
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .map(|h| Hit::new(ids[h.index as usize], h.score))
+                    .collect()
+            })
+            .collect();
+        let host = c.search(&queries, k, IdFilter::All).expect("host");
+        assert_eq!(host, want, "k {k} host");
+        // SAFETY: `dev` lives past the call and nothing writes it.
+        let got = unsafe { c.search_device(ptr, nq, k, IdFilter::All, 0) }.expect("device");
+        assert_eq!(got, want, "k {k}");
+    }
+    let mut bad = queries.clone();
+    bad[77 * d] = f32::NAN;
+    let e = c.search(&bad, 10, IdFilter::All).expect_err("host NaN");
+    assert!(e.to_string().contains("query 77"), "{e}");
+    let bad_dev = DeviceBuffer::from_slice(&bad).expect("device queries");
+    // SAFETY: as above.
+    let e = unsafe { c.search_device(bad_dev.as_device_ptr().as_raw(), nq, 10, IdFilter::All, 0) }
+        .expect_err("device NaN");
+    assert!(matches!(e, CudaError::BadDeviceQuery { query: 77 }), "{e}");
+}
