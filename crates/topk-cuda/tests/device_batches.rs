@@ -63,22 +63,25 @@ fn device_batches_give_the_host_batches_bytes() {
         queries[..d].copy_from_slice(&data[5 * d..6 * d]);
         queries[d..2 * d].fill(0.0);
         for metric in [Metric::Dot, Metric::Cosine, Metric::L2] {
+            let oracle = Oracle::from_rowmajor(data.clone(), d, metric).expect("oracle");
+            let wants: Vec<(usize, Vec<Vec<Neighbor>>)> = [1, 10, 100]
+                .into_iter()
+                .map(|k| (k, oracle_batch(&oracle, &queries, d, k)))
+                .collect();
             for max_batch in [64, 256] {
                 let mut config = CudaConfig::default();
                 config.max_batch = max_batch;
                 let gpu =
                     CudaRetriever::from_rowmajor(data.clone(), d, metric, config).expect("engine");
-                let oracle = Oracle::from_rowmajor(data.clone(), d, metric).expect("oracle");
                 let dev = DeviceBuffer::from_slice(&queries).expect("device queries");
-                for k in [1, 10, 100] {
+                for (k, want) in &wants {
                     let ctx = format!("n {n} d {d} {metric} max_batch {max_batch} k {k}");
-                    let want = oracle_batch(&oracle, &queries, d, k);
-                    let host = gpu.search_batch_rowmajor(&queries, k).expect("host batch");
-                    assert_bits(&host, &want, &format!("{ctx} host"));
+                    let host = gpu.search_batch_rowmajor(&queries, *k).expect("host batch");
+                    assert_bits(&host, want, &format!("{ctx} host"));
                     let got = gpu
-                        .search_batch_device_slice(&dev, None, k)
+                        .search_batch_device_slice(&dev, None, *k)
                         .expect("device batch");
-                    assert_bits(&got, &want, &format!("{ctx} device"));
+                    assert_bits(&got, want, &format!("{ctx} device"));
                 }
             }
         }
@@ -175,58 +178,66 @@ fn bad_device_batches_are_refused() {
     );
 }
 
-/// A host batch checked piece by piece as it is staged: a bad value in a
-/// late piece of a late turn is named by its query in the whole batch, as
-/// the whole-batch check names it, and the next batch is exact.
+/// A host batch checked piece by piece as it is staged, on the calling
+/// thread or on several: a bad value in a late piece of a late turn is
+/// named by its query in the whole batch, as the whole-batch check names
+/// it (the first at fault where there are two), and the next batch is exact.
 #[test]
 fn host_batches_are_checked_as_they_are_staged() {
     let Some(()) = gpu_or_skip() else { return };
     let (n, d) = (40_000, 384);
     let data = rows(11, n, d, false);
-    let mut config = CudaConfig::default();
-    config.max_batch = 256;
-    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, config).expect("engine");
-    let oracle = Oracle::from_rowmajor(data, d, Metric::Dot).expect("oracle");
-    // 700 queries: turns of 256, staging pieces of 170 queries at D = 384.
+    let oracle = Oracle::from_rowmajor(data.clone(), d, Metric::Dot).expect("oracle");
+    // 700 queries: turns of 256, staging pieces of 170 queries at D = 384
+    // (42 on each thread's pieces).
     let nq = 700;
     let queries = rows(12, nq, d, false);
-    for (q, column, value) in [
-        (0, 0, f32::NAN),
-        (171, 5, f32::INFINITY),
-        (699, 383, f32::NAN),
-    ] {
-        let mut bad = queries.clone();
-        bad[q * d + column] = value;
-        let e = gpu.search_batch_rowmajor(&bad, 10).expect_err("non-finite");
-        let whole = topk_core::validate::queries_rowmajor(&bad, d).expect_err("whole check");
-        assert_eq!(e.to_string(), CudaError::from(whole).to_string());
+    let want = oracle_batch(&oracle, &queries, d, 10);
+    for threads in [1, 4] {
+        let mut config = CudaConfig::default();
+        config.max_batch = 256;
+        config.tuning.stage_threads = threads;
+        let gpu =
+            CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, config).expect("engine");
+        let cases: [&[(usize, usize, f32)]; 4] = [
+            &[(0, 0, f32::NAN)],
+            &[(171, 5, f32::INFINITY)],
+            &[(699, 383, f32::NAN)],
+            &[(600, 1, f32::NAN), (213, 7, f32::NEG_INFINITY)],
+        ];
+        for case in cases {
+            let mut bad = queries.clone();
+            for &(q, column, value) in case {
+                bad[q * d + column] = value;
+            }
+            let (q, column) = case.iter().map(|&(q, c, _)| (q, c)).min().expect("a value");
+            let e = gpu.search_batch_rowmajor(&bad, 10).expect_err("non-finite");
+            let whole = topk_core::validate::queries_rowmajor(&bad, d).expect_err("whole check");
+            assert_eq!(e.to_string(), CudaError::from(whole).to_string());
+            assert!(
+                matches!(&e, CudaError::Input(topk_core::Error::NonFinite { at: topk_core::Located::Query(i), column: c, .. }) if *i == q && *c == column),
+                "threads {threads}: {e}"
+            );
+            let view = ArrayView2::from_shape((nq, d), &bad[..]).expect("shape");
+            let e = gpu.search_batch(view, 10).expect_err("non-finite view");
+            assert!(e.to_string().contains(&format!("query {q},")), "{e}");
+        }
+        let mut big = queries.clone();
+        big[520 * d..521 * d].fill(1e15);
+        let e = gpu.search_batch_rowmajor(&big, 10).expect_err("overflow");
         assert!(
-            matches!(&e, CudaError::Input(topk_core::Error::NonFinite { at: topk_core::Located::Query(i), column: c, .. }) if *i == q && *c == column),
-            "{e}"
+            matches!(
+                &e,
+                CudaError::Input(topk_core::Error::NormTooLarge {
+                    at: topk_core::Located::Query(520),
+                    ..
+                })
+            ),
+            "threads {threads}: {e}"
         );
-        let view = ArrayView2::from_shape((nq, d), &bad[..]).expect("shape");
-        let e = gpu.search_batch(view, 10).expect_err("non-finite view");
-        assert!(e.to_string().contains(&format!("query {q}")), "{e}");
+        let got = gpu.search_batch_rowmajor(&queries, 10).expect("good batch");
+        assert_bits(&got, &want, &format!("threads {threads}, after the errors"));
     }
-    let mut big = queries.clone();
-    big[520 * d..521 * d].fill(1e15);
-    let e = gpu.search_batch_rowmajor(&big, 10).expect_err("overflow");
-    assert!(
-        matches!(
-            &e,
-            CudaError::Input(topk_core::Error::NormTooLarge {
-                at: topk_core::Located::Query(520),
-                ..
-            })
-        ),
-        "{e}"
-    );
-    let got = gpu.search_batch_rowmajor(&queries, 10).expect("good batch");
-    assert_bits(
-        &got,
-        &oracle_batch(&oracle, &queries, d, 10),
-        "after the errors",
-    );
 }
 
 /// The resident corpus with no row removed hands device batches to the
