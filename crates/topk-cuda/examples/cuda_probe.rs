@@ -6,7 +6,7 @@
 //! [--copy-queries] [--batches Q1,…] [--batch-trials B] [--no-single]
 //! [--filter-rows F] [--filter-queries FQ] [--batch-scratch BYTES] [--no-wgmma]
 //! [--filter-sample S] [--filter-emit E] [--filter-emit-rows R] [--no-shadow]
-//! [--dtype f32|f16|bf16] [--batch-k K] [--device-batches] [--stage-threads T]`
+//! [--dtype f32|f16|bf16] [--batch-k K] [--device-batches]`
 //! (`--ns`, `--ds` and `--ks` pick the corpus sizes, dimensions and K;
 //! `--batches` times batches of those sizes (K = 100 or `--batch-k`, B trials, default 10)
 //! at every corpus, instead of Q = 256 at 1M × 1024 only; `--no-single`
@@ -22,7 +22,6 @@
 //! `Tuning::filter_emit_rows`, `--filter-max-k K` `Tuning::filter_max_k`,
 //! `--no-shadow` clears `Tuning::shadow_bounds`; `--device-batches` also
 //! times each batch from device memory, alternating with the host batches;
-//! `--stage-threads T` sets `Tuning::stage_threads`;
 //! `--dtype` stores the rows as that type on the
 //! device, the reference and the floor taken over the stored rows). Rows are
 //! seeded Gaussian,
@@ -150,8 +149,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     t.filter_rows = filter_rows;
     t.filter_queries = filter_queries;
     t.batch_scratch = batch_scratch;
-    t.stage_threads =
-        flag_value(&args, "--stage-threads").unwrap_or(topk_cuda::DEFAULT_STAGE_THREADS);
     t.fuse_rows = fuse_rows;
     t.single_launch_rows = single_launch_rows;
     t.graphs = graphs;
@@ -331,7 +328,6 @@ fn time_batch(
         "filter_queries": gpu.config().tuning.filter_queries, "filter_reruns": gpu.filter_reruns(),
         "filter_max_k": gpu.config().tuning.filter_max_k,
         "batch_scratch": gpu.config().tuning.batch_scratch,
-        "stage_threads": gpu.config().tuning.stage_threads,
         "wgmma_bounds": gpu.config().tuning.wgmma_bounds,
         "filter_sample": gpu.config().tuning.filter_sample,
         "filter_emit": gpu.config().tuning.filter_emit,

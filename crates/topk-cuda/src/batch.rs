@@ -58,17 +58,10 @@ impl<'a> Source<'a> {
 
     /// Copies these queries, which are queries `first..` of the search (the
     /// number an error names), into the start of the slot's query buffer.
-    /// `threads` is `Tuning::stage_threads`.
-    pub(crate) fn stage(
-        self,
-        slot: &mut Slot,
-        d: usize,
-        first: usize,
-        threads: usize,
-    ) -> Result<(), CudaError> {
+    pub(crate) fn stage(self, slot: &mut Slot, d: usize, first: usize) -> Result<(), CudaError> {
         match self {
-            Source::Host(h) => Engine::stage_pieces(slot, h, Some((d, first)), threads),
-            Source::Checked(h) => Engine::stage_pieces(slot, h, None, 1),
+            Source::Host(h) => Engine::stage_pieces(slot, h, Some((d, first))),
+            Source::Checked(h) => Engine::stage_pieces(slot, h, None),
             Source::Device(v) => {
                 let dst = DevSlice::of(&slot.queries).range("query staging", 0, v.len())?;
                 launch::d2d(slot.stream.as_inner(), dst, v)
@@ -136,8 +129,7 @@ impl Engine {
             if filtered {
                 launch::zero32(slot.stream.as_inner(), DevSlice::of(&slot.fcount))?;
             }
-            let threads = self.config().tuning.stage_threads;
-            src.part(start, tq, d)?.stage(slot, d, start, threads)?;
+            src.part(start, tq, d)?.stage(slot, d, start)?;
             for first in (0..tq).step_by(chunk) {
                 let cq = chunk.min(tq - first);
                 let plan = self.planner.chunk(k, cq);

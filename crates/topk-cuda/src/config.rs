@@ -153,13 +153,6 @@ pub struct Tuning {
     /// How a graph walk keeps the set of nodes it has seen. The answers
     /// do not depend on it.
     pub walk_seen: SeenSet,
-    /// A host batch of more than one staging piece (256 KiB) copies its
-    /// values into the pinned staging buffer, and checks them (§4), on up
-    /// to this many threads of the rayon pool, in pieces of 64 KiB, then
-    /// queues one copy to the device. 1 copies them on the calling thread,
-    /// each 256 KiB piece queued for the device as soon as it is written.
-    /// The answers and errors do not depend on it.
-    pub stage_threads: usize,
 }
 
 /// How a graph walk keeps the set of nodes it has seen, in shared memory
@@ -214,7 +207,6 @@ impl Default for Tuning {
             shadow_min_dim: DEFAULT_SHADOW_MIN_DIM,
             walk_threads: 0,
             walk_seen: SeenSet::Auto,
-            stage_threads: DEFAULT_STAGE_THREADS,
         }
     }
 }
@@ -224,9 +216,6 @@ impl Default for Tuning {
 /// corpus once for all of them (`bench/gpu/NOTES.md`, "wgmma bounds").
 /// Larger corpora get smaller chunks, never fewer than 64 queries.
 pub const DEFAULT_BATCH_SCRATCH: usize = 1 << 30;
-
-/// Default of `Tuning::stage_threads`.
-pub const DEFAULT_STAGE_THREADS: usize = 1;
 
 /// Default of `Tuning::filter_rows` and `Tuning::filter_queries`: where the
 /// filtered path was as fast as the canonical one or faster on an H200

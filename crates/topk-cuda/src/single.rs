@@ -5,7 +5,6 @@
 use cust::event::{Event, EventFlags};
 use cust::memory::DeviceSlice;
 use cust::stream::{Stream, StreamWaitEventFlags};
-use rayon::prelude::*;
 use topk_core::{validate, Neighbor};
 
 use crate::driver::{self, DevSlice};
@@ -20,17 +19,12 @@ use crate::slot::Slot;
 /// for the device (see [`Engine::stage_pieces`]).
 const STAGE_PIECE_BYTES: usize = 256 * 1024;
 
-/// Bytes of each piece a thread copies and checks at a time in
-/// [`Engine::stage_parallel`] (within the core's L2, so the check reads
-/// what the copy just wrote there).
-const PARALLEL_PIECE_BYTES: usize = 64 * 1024;
-
 impl Engine {
     /// Copies `queries` (at most `staged` rows of D) through the pinned
     /// staging buffer to the slot's device query buffer, on its stream. The
     /// caller has checked the values.
     pub(crate) fn stage_queries(slot: &mut Slot, queries: &[f32]) -> Result<(), CudaError> {
-        Self::stage_pieces(slot, queries, None, 1)
+        Self::stage_pieces(slot, queries, None)
     }
 
     /// [`Self::stage_queries`] in pieces of about [`STAGE_PIECE_BYTES`], each
@@ -47,7 +41,6 @@ impl Engine {
         slot: &mut Slot,
         queries: &[f32],
         check: Option<(usize, usize)>,
-        threads: usize,
     ) -> Result<(), CudaError> {
         let total = queries.len();
         if total > slot.q_host.len() {
@@ -59,9 +52,6 @@ impl Engine {
         }
         let row = check.map_or(1, |(d, _)| d.max(1));
         let piece = (STAGE_PIECE_BYTES / 4 / row).max(1) * row;
-        if let (Some((d, first)), true) = (check, threads > 1 && total > piece) {
-            return Self::stage_parallel(slot, queries, d, first, threads);
-        }
         for start in (0..total).step_by(piece) {
             let len = piece.min(total - start);
             let staged = &mut slot.q_host.as_mut_slice()[start..start + len];
@@ -74,48 +64,6 @@ impl Engine {
             launch::h2d(s, dst, &slot.q_host, start, len)?;
         }
         Ok(())
-    }
-
-    /// [`Self::stage_pieces`] of checked values on up to `threads` threads of
-    /// the rayon pool (`Tuning::stage_threads`): pieces of whole queries of
-    /// about [`PARALLEL_PIECE_BYTES`] are copied and checked side by side,
-    /// then one copy to the device is queued. Where a value is at fault,
-    /// the whole staging is checked again in order, so the error names the
-    /// first query at fault whatever the threads' timing.
-    fn stage_parallel(
-        slot: &mut Slot,
-        queries: &[f32],
-        d: usize,
-        first: usize,
-        threads: usize,
-    ) -> Result<(), CudaError> {
-        let total = queries.len();
-        let piece = (PARALLEL_PIECE_BYTES / 4 / d).max(1) * d;
-        let pieces = total.div_ceil(piece);
-        let per_thread = pieces.div_ceil(threads.min(pieces)) * piece;
-        let staged = &mut slot.q_host.as_mut_slice()[..total];
-        let fault = staged
-            .par_chunks_mut(per_thread)
-            .zip(queries.par_chunks(per_thread))
-            .any(|(dst, src)| {
-                dst.chunks_mut(piece)
-                    .zip(src.chunks(piece))
-                    .any(|(dst, src)| {
-                        dst.copy_from_slice(src);
-                        validate::queries_from(dst, d, 0).is_err()
-                    })
-            });
-        if fault {
-            validate::queries_from(queries, d, first)?;
-        }
-        let dst = DevSlice::of(&slot.queries).range("query staging", 0, total)?;
-        launch::h2d(
-            Queue::Stream(slot.stream.as_inner()),
-            dst,
-            &slot.q_host,
-            0,
-            total,
-        )
     }
 
     /// One host query, end to end.

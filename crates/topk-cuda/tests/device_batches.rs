@@ -178,66 +178,64 @@ fn bad_device_batches_are_refused() {
     );
 }
 
-/// A host batch checked piece by piece as it is staged, on the calling
-/// thread or on several: a bad value in a late piece of a late turn is
-/// named by its query in the whole batch, as the whole-batch check names
-/// it (the first at fault where there are two), and the next batch is exact.
+/// A host batch checked piece by piece as it is staged: a bad value in a
+/// late piece of a late turn is named by its query in the whole batch, as
+/// the whole-batch check names it (the first at fault where there are
+/// two), and the next batch is exact.
 #[test]
 fn host_batches_are_checked_as_they_are_staged() {
     let Some(()) = gpu_or_skip() else { return };
     let (n, d) = (40_000, 384);
     let data = rows(11, n, d, false);
     let oracle = Oracle::from_rowmajor(data.clone(), d, Metric::Dot).expect("oracle");
-    // 700 queries: turns of 256, staging pieces of 170 queries at D = 384
-    // (42 on each thread's pieces).
+    let mut config = CudaConfig::default();
+    config.max_batch = 256;
+    let gpu = CudaRetriever::from_rowmajor(data, d, Metric::Dot, config).expect("engine");
+    // 700 queries: turns of 256, staging pieces of 170 queries at D = 384.
     let nq = 700;
     let queries = rows(12, nq, d, false);
-    let want = oracle_batch(&oracle, &queries, d, 10);
-    for threads in [1, 4] {
-        let mut config = CudaConfig::default();
-        config.max_batch = 256;
-        config.tuning.stage_threads = threads;
-        let gpu =
-            CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, config).expect("engine");
-        let cases: [&[(usize, usize, f32)]; 4] = [
-            &[(0, 0, f32::NAN)],
-            &[(171, 5, f32::INFINITY)],
-            &[(699, 383, f32::NAN)],
-            &[(600, 1, f32::NAN), (213, 7, f32::NEG_INFINITY)],
-        ];
-        for case in cases {
-            let mut bad = queries.clone();
-            for &(q, column, value) in case {
-                bad[q * d + column] = value;
-            }
-            let (q, column) = case.iter().map(|&(q, c, _)| (q, c)).min().expect("a value");
-            let e = gpu.search_batch_rowmajor(&bad, 10).expect_err("non-finite");
-            let whole = topk_core::validate::queries_rowmajor(&bad, d).expect_err("whole check");
-            assert_eq!(e.to_string(), CudaError::from(whole).to_string());
-            assert!(
-                matches!(&e, CudaError::Input(topk_core::Error::NonFinite { at: topk_core::Located::Query(i), column: c, .. }) if *i == q && *c == column),
-                "threads {threads}: {e}"
-            );
-            let view = ArrayView2::from_shape((nq, d), &bad[..]).expect("shape");
-            let e = gpu.search_batch(view, 10).expect_err("non-finite view");
-            assert!(e.to_string().contains(&format!("query {q},")), "{e}");
+    let cases: [&[(usize, usize, f32)]; 4] = [
+        &[(0, 0, f32::NAN)],
+        &[(171, 5, f32::INFINITY)],
+        &[(699, 383, f32::NAN)],
+        &[(600, 1, f32::NAN), (213, 7, f32::NEG_INFINITY)],
+    ];
+    for case in cases {
+        let mut bad = queries.clone();
+        for &(q, column, value) in case {
+            bad[q * d + column] = value;
         }
-        let mut big = queries.clone();
-        big[520 * d..521 * d].fill(1e15);
-        let e = gpu.search_batch_rowmajor(&big, 10).expect_err("overflow");
+        let (q, column) = case.iter().map(|&(q, c, _)| (q, c)).min().expect("a value");
+        let e = gpu.search_batch_rowmajor(&bad, 10).expect_err("non-finite");
+        let whole = topk_core::validate::queries_rowmajor(&bad, d).expect_err("whole check");
+        assert_eq!(e.to_string(), CudaError::from(whole).to_string());
         assert!(
-            matches!(
-                &e,
-                CudaError::Input(topk_core::Error::NormTooLarge {
-                    at: topk_core::Located::Query(520),
-                    ..
-                })
-            ),
-            "threads {threads}: {e}"
+            matches!(&e, CudaError::Input(topk_core::Error::NonFinite { at: topk_core::Located::Query(i), column: c, .. }) if *i == q && *c == column),
+            "{e}"
         );
-        let got = gpu.search_batch_rowmajor(&queries, 10).expect("good batch");
-        assert_bits(&got, &want, &format!("threads {threads}, after the errors"));
+        let view = ArrayView2::from_shape((nq, d), &bad[..]).expect("shape");
+        let e = gpu.search_batch(view, 10).expect_err("non-finite view");
+        assert!(e.to_string().contains(&format!("query {q},")), "{e}");
     }
+    let mut big = queries.clone();
+    big[520 * d..521 * d].fill(1e15);
+    let e = gpu.search_batch_rowmajor(&big, 10).expect_err("overflow");
+    assert!(
+        matches!(
+            &e,
+            CudaError::Input(topk_core::Error::NormTooLarge {
+                at: topk_core::Located::Query(520),
+                ..
+            })
+        ),
+        "{e}"
+    );
+    let got = gpu.search_batch_rowmajor(&queries, 10).expect("good batch");
+    assert_bits(
+        &got,
+        &oracle_batch(&oracle, &queries, d, 10),
+        "after the errors",
+    );
 }
 
 /// The resident corpus with no row removed hands device batches to the

@@ -247,7 +247,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk;
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot, d, first, 1)?;
+            src.part(first, cq, d)?.stage(slot, d, first)?;
             if e.planner.filtered(k, cq) && self.bounded_chunk(slot, cq, k, allowed, &mut out)? {
                 continue;
             }
@@ -338,7 +338,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk.min(fit);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot, d, first, 1)?;
+            src.part(first, cq, d)?.stage(slot, d, first)?;
             let s = Queue::Stream(slot.stream.as_inner());
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);
@@ -408,7 +408,7 @@ impl ResidentCorpus {
         let mut out = Vec::with_capacity(nq);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot, d, first, 1)?;
+            src.part(first, cq, d)?.stage(slot, d, first)?;
             let stream = slot.stream.as_inner();
             let s = Queue::Stream(stream);
             let qv = slot.queries_at(d, 0, cq)?;
