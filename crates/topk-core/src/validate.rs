@@ -106,16 +106,6 @@ pub fn query_at(q: &[f32], dim: usize, which: usize) -> Result<()> {
 /// Checks a row-major buffer of queries of `dim` values each, query by
 /// query as [`query_at`] does, and returns how many it holds.
 pub fn queries_rowmajor(queries: &[f32], dim: usize) -> Result<usize> {
-    let nq = batch_shape(queries, dim)?;
-    queries_from(queries, dim, 0)?;
-    Ok(nq)
-}
-
-/// The shape half of [`queries_rowmajor`]: `dim` is a valid dimension and
-/// the buffer holds whole queries; returns how many. The values are left to
-/// [`queries_from`] (a backend that copies the queries anyway checks each
-/// piece as it copies it, so the values are read once).
-pub fn batch_shape(queries: &[f32], dim: usize) -> Result<usize> {
     check_dim(dim)?;
     if queries.len() % dim != 0 {
         return Err(Error::DimensionMismatch {
@@ -124,34 +114,14 @@ pub fn batch_shape(queries: &[f32], dim: usize) -> Result<usize> {
             got: queries.len() % dim,
         });
     }
-    Ok(queries.len() / dim)
-}
-
-/// The value half of [`queries_rowmajor`] for whole queries of `dim` values
-/// (`queries.len()` a multiple of `dim`, as [`batch_shape`] checks) that are
-/// queries `first..` of a batch: an error names the query by its place in
-/// the whole batch.
-pub fn queries_from(queries: &[f32], dim: usize, first: usize) -> Result<()> {
-    check_dim(dim)?;
-    if queries.len() % dim != 0 {
-        return Err(Error::DimensionMismatch {
-            what: format!("a piece of {} query values", queries.len()),
-            expected: dim,
-            got: queries.len() % dim,
-        });
+    for (i, q) in queries.chunks_exact(dim).enumerate() {
+        query_at(q, dim, i)?;
     }
-    bounded(queries, dim, |i| Located::Query(first + i))
+    Ok(queries.len() / dim)
 }
 
 /// Checks a `Q × D` batch of queries (any layout).
 pub fn queries(qs: ArrayView2<'_, f32>, dim: usize) -> Result<()> {
-    queries_shape(qs, dim)?;
-    bounded_view(qs, Located::Query)
-}
-
-/// The shape half of [`queries`]: `dim` columns. The values are left to a
-/// backend that checks them as it copies them ([`queries_from`]).
-pub fn queries_shape(qs: ArrayView2<'_, f32>, dim: usize) -> Result<()> {
     if qs.ncols() != dim {
         return Err(Error::DimensionMismatch {
             what: format!("a batch of {} queries", qs.nrows()),
@@ -159,7 +129,7 @@ pub fn queries_shape(qs: ArrayView2<'_, f32>, dim: usize) -> Result<()> {
             got: qs.ncols(),
         });
     }
-    Ok(())
+    bounded_view(qs, Located::Query)
 }
 
 /// Checks K and returns the number of results a search yields: `min(k, n)`.
@@ -576,67 +546,6 @@ mod tests {
             ),
             "{e:?}"
         );
-    }
-
-    /// Checking a batch piece by piece (as a backend does while it copies
-    /// the pieces) gives the whole batch's verdict, and an error names the
-    /// query by its place in the whole batch.
-    #[test]
-    fn pieces_of_a_batch_name_the_query_in_the_batch() {
-        let d = 3;
-        let mut qs: Vec<f32> = (0..7 * d).map(|i| i as f32 * 0.25 - 2.0).collect();
-        for piece in 1..=7 {
-            for (p, part) in qs.chunks(piece * d).enumerate() {
-                queries_from(part, d, p * piece).unwrap();
-            }
-        }
-        qs[5 * d + 2] = f32::INFINITY;
-        assert!(matches!(
-            queries_rowmajor(&qs, d).unwrap_err(),
-            Error::NonFinite {
-                at: Located::Query(5),
-                column: 2,
-                ..
-            }
-        ));
-        for piece in 1..=7 {
-            let found = qs
-                .chunks(piece * d)
-                .enumerate()
-                .find_map(|(p, part)| queries_from(part, d, p * piece).err())
-                .expect("the infinite value is found");
-            assert!(
-                matches!(
-                    found,
-                    Error::NonFinite {
-                        at: Located::Query(5),
-                        column: 2,
-                        ..
-                    }
-                ),
-                "piece {piece}: {found:?}"
-            );
-        }
-        // An overflowing norm, with no value above the quick check's limit
-        // on its own, is named too.
-        let big = (MAX_SQUARED_NORM / 2.0).sqrt() as f32;
-        let mut qs = vec![0.5f32; 4 * d];
-        qs[2 * d..3 * d].fill(big);
-        let e = queries_from(&qs[2 * d..], d, 2).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::NormTooLarge {
-                    at: Located::Query(2),
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
-        let e = queries_from(&qs[..d + 1], d, 0).unwrap_err();
-        assert!(message(&e).contains("a piece of 4 query values"), "{e}");
-        assert_eq!(batch_shape(&qs, d).unwrap(), 4);
-        assert!(matches!(batch_shape(&qs, 0), Err(Error::ZeroDimension)));
     }
 
     #[test]

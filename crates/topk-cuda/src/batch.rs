@@ -11,17 +11,13 @@ use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue};
 use crate::slot::{Sizes, Slot};
 
-/// Where a search's queries are (row-major, D values each).
+/// Where a search's queries are (row-major, D values each): host memory
+/// (checked by docs/CONTRACTS.md §4 by the caller), or device memory of the
+/// caller (a torch tensor, say), checked there by
+/// [`Engine::check_device_queries`] and copied device to device.
 #[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
-    /// Host values not checked yet: each piece is checked by the rules of
-    /// docs/CONTRACTS.md §4 as it is copied into the pinned staging buffer,
-    /// so the values are read from the caller's memory once.
     Host(&'a [f32]),
-    /// Host values the caller has already checked.
-    Checked(&'a [f32]),
-    /// Device memory of the caller (a torch tensor, say), checked there by
-    /// [`Engine::check_device_queries`] and copied device to device.
     Device(DevSlice<'a, f32>),
 }
 
@@ -29,7 +25,7 @@ impl<'a> Source<'a> {
     /// How many values of D it holds.
     pub(crate) fn values(&self) -> usize {
         match self {
-            Source::Host(h) | Source::Checked(h) => h.len(),
+            Source::Host(h) => h.len(),
             Source::Device(v) => v.len(),
         }
     }
@@ -41,27 +37,22 @@ impl<'a> Source<'a> {
         count: usize,
         d: usize,
     ) -> Result<Source<'a>, CudaError> {
-        let range = first * d..(first + count) * d;
-        let host = |h: &'a [f32]| {
-            h.get(range.clone()).ok_or(CudaError::CountMismatch {
-                what: "host query values",
-                got: h.len(),
-                expected: range.end,
-            })
-        };
         Ok(match self {
-            Source::Host(h) => Source::Host(host(h)?),
-            Source::Checked(h) => Source::Checked(host(h)?),
+            Source::Host(h) => Source::Host(h.get(first * d..(first + count) * d).ok_or(
+                CudaError::CountMismatch {
+                    what: "host query values",
+                    got: h.len(),
+                    expected: (first + count) * d,
+                },
+            )?),
             Source::Device(v) => Source::Device(v.range("device queries", first * d, count * d)?),
         })
     }
 
-    /// Copies these queries, which are queries `first..` of the search (the
-    /// number an error names), into the start of the slot's query buffer.
-    pub(crate) fn stage(self, slot: &mut Slot, d: usize, first: usize) -> Result<(), CudaError> {
+    /// Copies these queries into the start of the slot's query buffer.
+    pub(crate) fn stage(self, slot: &mut Slot) -> Result<(), CudaError> {
         match self {
-            Source::Host(h) => Engine::stage_pieces(slot, h, Some((d, first))),
-            Source::Checked(h) => Engine::stage_pieces(slot, h, None),
+            Source::Host(h) => Engine::stage_queries(slot, h),
             Source::Device(v) => {
                 let dst = DevSlice::of(&slot.queries).range("query staging", 0, v.len())?;
                 launch::d2d(slot.stream.as_inner(), dst, v)
@@ -71,8 +62,7 @@ impl<'a> Source<'a> {
 }
 
 impl Engine {
-    /// [`Self::search_batch_from`] host queries, their values checked as
-    /// they are staged.
+    /// [`Self::search_batch_from`] host queries, checked by the caller.
     pub(crate) fn search_batch(
         &self,
         queries: &[f32],
@@ -85,8 +75,6 @@ impl Engine {
     /// slot's `staged` queries at a time, whose chunks are all queued before
     /// the host waits once for the turn's results (with K past `max_k`, each
     /// chunk's scores are read back before the next chunk overwrites them).
-    /// A value breaking the input rules fails the whole batch, naming its
-    /// query, and returns no answer.
     pub(crate) fn search_batch_from(
         &self,
         src: Source<'_>,
@@ -129,7 +117,7 @@ impl Engine {
             if filtered {
                 launch::zero32(slot.stream.as_inner(), DevSlice::of(&slot.fcount))?;
             }
-            src.part(start, tq, d)?.stage(slot, d, start)?;
+            src.part(start, tq, d)?.stage(slot)?;
             for first in (0..tq).step_by(chunk) {
                 let cq = chunk.min(tq - first);
                 let plan = self.planner.chunk(k, cq);

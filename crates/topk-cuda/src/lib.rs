@@ -353,9 +353,8 @@ impl CudaRetriever {
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
         let d = self.engine.dim();
-        validate::batch_shape(queries, d)?;
+        validate::queries_rowmajor(queries, d)?;
         validate::k(k, self.engine.len())?;
-        // The values are checked piece by piece as they are staged.
         self.engine.search_batch(queries, k)
     }
 
@@ -560,9 +559,8 @@ impl Retriever for CudaRetriever {
         queries: ArrayView2<'_, f32>,
         k: usize,
     ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
-        validate::queries_shape(queries, self.engine.dim())?;
+        validate::queries(queries, self.engine.dim())?;
         validate::k(k, self.engine.len())?;
-        // The values are checked piece by piece as they are staged.
         let res = match queries.as_slice() {
             Some(flat) => self.engine.search_batch(flat, k),
             None => {

@@ -16,32 +16,19 @@ use crate::plan::Plan;
 use crate::slot::Slot;
 
 /// Bytes of the pinned staging buffer copied before each piece is queued
-/// for the device (see [`Engine::stage_pieces`]).
+/// for the device (see [`Engine::stage_queries`]).
 const STAGE_PIECE_BYTES: usize = 256 * 1024;
 
 impl Engine {
     /// Copies `queries` (at most `staged` rows of D) through the pinned
-    /// staging buffer to the slot's device query buffer, on its stream. The
-    /// caller has checked the values.
-    pub(crate) fn stage_queries(slot: &mut Slot, queries: &[f32]) -> Result<(), CudaError> {
-        Self::stage_pieces(slot, queries, None)
-    }
-
-    /// [`Self::stage_queries`] in pieces of about [`STAGE_PIECE_BYTES`], each
+    /// staging buffer to the slot's device query buffer, on its stream. A
+    /// large batch goes in pieces of about [`STAGE_PIECE_BYTES`], each
     /// queued for the device as soon as it is in the staging buffer, so the
-    /// device copies one piece while the host writes the next. With
-    /// `check = Some((d, first))`, the pieces are whole queries of `d`
-    /// values, the first being query `first` of the search, and each is
-    /// checked by docs/CONTRACTS.md §4 in the staging buffer before it is
-    /// queued (while it is still in the host's cache): a value at fault is
-    /// the error, and no kernel has read any query of this staging. The
-    /// previous search on the slot was waited for, so no queued copy still
-    /// reads the staging buffer.
-    pub(crate) fn stage_pieces(
-        slot: &mut Slot,
-        queries: &[f32],
-        check: Option<(usize, usize)>,
-    ) -> Result<(), CudaError> {
+    /// device copies one piece while the host writes the next. The previous
+    /// search on the slot was waited for, so no queued copy still reads the
+    /// staging buffer.
+    pub(crate) fn stage_queries(slot: &mut Slot, queries: &[f32]) -> Result<(), CudaError> {
+        let piece = STAGE_PIECE_BYTES / 4;
         let total = queries.len();
         if total > slot.q_host.len() {
             return Err(CudaError::OverCapacity {
@@ -50,15 +37,10 @@ impl Engine {
                 max: slot.q_host.len(),
             });
         }
-        let row = check.map_or(1, |(d, _)| d.max(1));
-        let piece = (STAGE_PIECE_BYTES / 4 / row).max(1) * row;
-        for start in (0..total).step_by(piece) {
+        for start in (0..total).step_by(piece.max(1)) {
             let len = piece.min(total - start);
-            let staged = &mut slot.q_host.as_mut_slice()[start..start + len];
-            staged.copy_from_slice(&queries[start..start + len]);
-            if let Some((d, first)) = check {
-                validate::queries_from(staged, d, first + start / d)?;
-            }
+            slot.q_host.as_mut_slice()[start..start + len]
+                .copy_from_slice(&queries[start..start + len]);
             let dst = DevSlice::of(&slot.queries).range("query staging", start, len)?;
             let s = Queue::Stream(slot.stream.as_inner());
             launch::h2d(s, dst, &slot.q_host, start, len)?;

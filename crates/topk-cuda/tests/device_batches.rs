@@ -1,8 +1,8 @@
 //! Batches whose queries come from device memory (an embedding model's
-//! output, say) and host batches whose values are checked piece by piece as
-//! they are staged: the same bytes as the oracle and as each other, on the
-//! canonical and the filtered paths, over several turns, and every bad input
-//! a typed error that names its query, after which the engine still answers.
+//! output, say) against host batches: the same bytes as the oracle and as
+//! each other, on the canonical and the filtered paths, over several turns,
+//! and every bad input a typed error that names its query, after which the
+//! engine still answers.
 //!
 //! Without a device each case prints why and passes, unless
 //! `TOPK_REQUIRE_GPU=1`, under which a missing device fails.
@@ -178,12 +178,11 @@ fn bad_device_batches_are_refused() {
     );
 }
 
-/// A host batch checked piece by piece as it is staged: a bad value in a
-/// late piece of a late turn is named by its query in the whole batch, as
-/// the whole-batch check names it (the first at fault where there are
-/// two), and the next batch is exact.
+/// A bad value in a late query of a late turn of a host batch fails the
+/// whole batch, named by its query in the whole batch (the first at fault
+/// where there are two), and the next batch is exact.
 #[test]
-fn host_batches_are_checked_as_they_are_staged() {
+fn host_batches_name_the_query_at_fault() {
     let Some(()) = gpu_or_skip() else { return };
     let (n, d) = (40_000, 384);
     let data = rows(11, n, d, false);
@@ -191,7 +190,7 @@ fn host_batches_are_checked_as_they_are_staged() {
     let mut config = CudaConfig::default();
     config.max_batch = 256;
     let gpu = CudaRetriever::from_rowmajor(data, d, Metric::Dot, config).expect("engine");
-    // 700 queries: turns of 256, staging pieces of 170 queries at D = 384.
+    // 700 queries: turns of 256.
     let nq = 700;
     let queries = rows(12, nq, d, false);
     let cases: [&[(usize, usize, f32)]; 4] = [

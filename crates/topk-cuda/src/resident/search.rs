@@ -35,14 +35,8 @@ impl ResidentCorpus {
         filter: IdFilter<'_>,
     ) -> Result<Vec<Vec<Hit>>, CudaError> {
         let d = self.dim();
-        let nq = validate::batch_shape(queries, d)?;
-        if matches!(filter, IdFilter::All) && self.dead == 0 && !self.is_empty() {
-            // The engine's batch path checks the values as it stages them,
-            // reading them once.
-            return self.search_every(Source::Host(queries), nq, k);
-        }
-        validate::queries_from(queries, d, 0)?;
-        self.search_source(Source::Checked(queries), nq, k, filter)
+        let nq = validate::queries_rowmajor(queries, d)?;
+        self.search_source(Source::Host(queries), nq, k, filter)
     }
 
     /// [`Self::search`] of `nq` queries of D values already in device memory
@@ -221,7 +215,7 @@ impl ResidentCorpus {
         k: usize,
     ) -> Result<Vec<Vec<Hit>>, CudaError> {
         let found = match src {
-            Source::Host(query) | Source::Checked(query) if nq == 1 => {
+            Source::Host(query) if nq == 1 => {
                 let mut v = Vec::with_capacity(k.min(self.ids.len()));
                 self.engine.search_host(query, k, &mut v)?;
                 vec![v]
@@ -247,7 +241,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk;
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot, d, first)?;
+            src.part(first, cq, d)?.stage(slot)?;
             if e.planner.filtered(k, cq) && self.bounded_chunk(slot, cq, k, allowed, &mut out)? {
                 continue;
             }
@@ -338,7 +332,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk.min(fit);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot, d, first)?;
+            src.part(first, cq, d)?.stage(slot)?;
             let s = Queue::Stream(slot.stream.as_inner());
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);
@@ -408,7 +402,7 @@ impl ResidentCorpus {
         let mut out = Vec::with_capacity(nq);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot, d, first)?;
+            src.part(first, cq, d)?.stage(slot)?;
             let stream = slot.stream.as_inner();
             let s = Queue::Stream(stream);
             let qv = slot.queries_at(d, 0, cq)?;
