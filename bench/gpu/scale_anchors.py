@@ -29,12 +29,21 @@ import time
 import torch
 
 
-def timed(fn, warmup: int, trials: int) -> list[float]:
+def timed(fn, warmup: int, trials: int, host_clock: bool = False) -> list[float]:
+    """Milliseconds of ``fn`` per trial after ``warmup`` runs: between CUDA
+    events recorded around it, or with ``host_clock`` on the host clock
+    through a final synchronisation (copies to and from the host included)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     out = []
     for _ in range(trials):
+        if host_clock:
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            out.append((time.perf_counter() - t) * 1e3)
+            continue
         a, b = (
             torch.cuda.Event(enable_timing=True),
             torch.cuda.Event(enable_timing=True),
@@ -44,20 +53,6 @@ def timed(fn, warmup: int, trials: int) -> list[float]:
         b.record()
         b.synchronize()
         out.append(a.elapsed_time(b))
-    return out
-
-
-def host_timed(fn, warmup: int, trials: int) -> list[float]:
-    """Host-clock milliseconds of ``fn`` through a final synchronisation."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(trials):
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) * 1e3)
     return out
 
 
@@ -96,9 +91,9 @@ def measure(n: int, d: int, k: int, batch: int, trials: int) -> dict:
         v, i = torch.topk(qs_host.to("cuda", non_blocking=True) @ c.T, k, dim=1)
         return v.cpu(), i.cpu()
 
-    tf32_host = host_timed(round_trip, 2, 10)
+    tf32_host = timed(round_trip, 2, 10, host_clock=True)
     torch.backends.cuda.matmul.allow_tf32 = False
-    fp32_host = host_timed(round_trip, 2, 10)
+    fp32_host = timed(round_trip, 2, 10, host_clock=True)
     cb, qb = c.to(torch.bfloat16), qs.to(torch.bfloat16)
     bf16 = timed(lambda: torch.topk(qb @ cb.T, k, dim=1), 2, 10)
     single_bf16 = timed(lambda: torch.topk(cb @ qb[0], k), 5, trials)

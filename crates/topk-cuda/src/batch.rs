@@ -184,7 +184,7 @@ impl Engine {
         }
     }
 
-    /// [`Self::search_batch`] of the `queries.len() / D` queries in the
+    /// [`Self::search_batch_from`] the `queries.len() / D` queries in the
     /// caller's device memory, after the work queued on `wait_on` (a raw
     /// `CUstream`; 0 is the default stream), their values checked on the
     /// device first.
