@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """The torch anchor of the GPU campaign: `torch.topk(corpus @ q)` in fp32
 with TF32 off, end to end, on the very files `topk_bench campaign` wrote.
+Batches are also timed the two inexact ways a user picks for throughput:
+with TF32 tensor cores (`torch_tf32`) and over a bf16 copy of the corpus
+with the queries cast to bf16 (`torch_bf16`).
 
 Each timed call: the query goes from pinned host memory to the device, the
 matrix-vector product (or `Q @ corpus.T` for a batch) and `torch.topk` run,
@@ -48,7 +51,8 @@ def d2d_bandwidth(device, nbytes=1 << 30):
 
 
 def time_config(corpus, q_pinned, cfg, device, stream):
-    """Host-clock and CUDA-event times (ms) of one configuration."""
+    """Host-clock and CUDA-event times (ms) of one configuration: the
+    corpus's dtype is the products' (a bf16 corpus gets bf16 queries)."""
     k, batch = cfg["k"], cfg["batch"]
     pool = q_pinned.shape[0]
     vals_h = torch.empty((batch, k), dtype=torch.float32).pin_memory()
@@ -59,13 +63,13 @@ def time_config(corpus, q_pinned, cfg, device, stream):
         start = (i % pool) if batch == 1 else 0
         q = q_pinned[start:start + batch]
         with torch.cuda.stream(stream):
-            qd = q.to(device, non_blocking=True)
+            qd = q.to(device, non_blocking=True).to(corpus.dtype)
             if batch == 1:
                 scores = torch.mv(corpus, qd[0]).unsqueeze(0)
             else:
                 scores = qd @ corpus.T
             vals, idx = torch.topk(scores, k, dim=1)
-            vals_h.copy_(vals, non_blocking=True)
+            vals_h.copy_(vals.float(), non_blocking=True)
             idx_h.copy_(idx, non_blocking=True)
         stream.synchronize()
 
@@ -95,7 +99,8 @@ def main():
 
     if not torch.cuda.is_available():
         sys.exit("torch_anchor: no CUDA device visible to torch")
-    # fp32 as written: no TF32 tensor-core shortcut in the matrix products.
+    # fp32 as written: no TF32 tensor-core shortcut in the matrix products
+    # (the torch_tf32 rows turn it on for their own calls only).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
@@ -123,15 +128,23 @@ def main():
             queries_np = np.load(os.path.join(args.data, manifest["queries"][d]), mmap_mode="r")
             full = torch.from_numpy(np.ascontiguousarray(corpus_np)).to(device)
             q_pinned = torch.from_numpy(np.ascontiguousarray(queries_np)).pin_memory()
+            half = None
             for cfg in configs:
-                corpus = full[: cfg["n"]]
                 cfg = dict(cfg, trials=max(cfg["trials"], args.min_trials))
-                host, event = time_config(corpus, q_pinned, cfg, device, stream)
-                ev = summary(event)
-                emit(out, record(cfg, manifest, "torch", "resident", host,
-                                 event_median_ms=ev["median_ms"], event_min_ms=ev["min_ms"],
-                                 timer="host clock; event_* from CUDA events"))
-            del full, q_pinned
+                variants = [("torch", full, False)]
+                if cfg["batch"] > 1:
+                    if half is None:
+                        half = full.to(torch.bfloat16)
+                    variants += [("torch_tf32", full, True), ("torch_bf16", half, False)]
+                for backend, corpus, tf32 in variants:
+                    torch.backends.cuda.matmul.allow_tf32 = tf32
+                    host, event = time_config(corpus[: cfg["n"]], q_pinned, cfg, device, stream)
+                    torch.backends.cuda.matmul.allow_tf32 = False
+                    ev = summary(event)
+                    emit(out, record(cfg, manifest, backend, "resident", host,
+                                     event_median_ms=ev["median_ms"], event_min_ms=ev["min_ms"],
+                                     timer="host clock; event_* from CUDA events"))
+            del full, half, q_pinned
             torch.cuda.empty_cache()
 
 

@@ -1,7 +1,8 @@
 //! The campaign of docs/CONTRACTS.md §6 in one process: every (N, D, K) and the batch
 //! sweep, gated against the oracle, timed on the GPU-resident path, the
 //! device-query path and the CPU round-trip baseline (batches: the resident
-//! path and the CPU backend's host batch), or on the CPU path alone with
+//! path, the batch already on the device and the CPU backend's host batch),
+//! or on the CPU path alone with
 //! `--backend cpu`, written row by row to `results.jsonl` / `results.csv`.
 //!
 //! Each D's largest corpus is generated once; smaller N are its prefixes.
@@ -208,8 +209,7 @@ impl Spec {
         self.configs(1, 1, backend)
             .iter()
             .map(|c| match (backend, c.batch) {
-                (Backend::Cuda, 1) => 3,
-                (Backend::Cuda, _) => 2,
+                (Backend::Cuda, _) => 3,
                 _ => 1,
             })
             .sum()
@@ -510,12 +510,12 @@ impl Group<'_> {
             // The CPU paths are checked against the oracle only: checking the
             // CPU backend against itself would prove nothing.
             let cpu_refs = [oracle_ref];
+            let plan = self.plan(cfg, TimedPath::Device, &refs, self.gpu_bw);
+            emit(match &mut device {
+                Ok(dev) => measure(&plan, dev),
+                Err(e) => failed(&plan, e),
+            })?;
             if cfg.batch == 1 {
-                let plan = self.plan(cfg, TimedPath::Device, &refs, self.gpu_bw);
-                emit(match &mut device {
-                    Ok(dev) => measure(&plan, dev),
-                    Err(e) => failed(&plan, e),
-                })?;
                 let rt_cfg = self.cpu_cfg(cfg, Backend::Cuda);
                 let plan = self.plan(&rt_cfg, TimedPath::CpuRoundtrip, &cpu_refs, self.gpu_bw);
                 emit(match &mut trip {
@@ -583,7 +583,7 @@ impl Group<'_> {
                     TimedPath::Device,
                     TimedPath::CpuRoundtrip,
                 ],
-                (Backend::Cuda, _) => &[TimedPath::Resident, TimedPath::Cpu],
+                (Backend::Cuda, _) => &[TimedPath::Resident, TimedPath::Device, TimedPath::Cpu],
                 _ => &[TimedPath::Cpu],
             };
             for &path in paths {

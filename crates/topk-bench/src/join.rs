@@ -30,6 +30,10 @@ pub const TOPK_DEVICE: &str = "topk_device";
 pub const CPU_ROUNDTRIP: &str = "cpu_roundtrip";
 /// Contender label of our CPU backend on host queries.
 pub const TOPK_CPU: &str = "topk_cpu";
+/// Contender label of torch's batches with TF32 tensor-core products (inexact).
+pub const TORCH_TF32: &str = "torch_tf32";
+/// Contender label of torch's batches over a bf16 copy of the corpus (inexact).
+pub const TORCH_BF16: &str = "torch_bf16";
 
 /// The contender name of a record: ours are `topk` (GPU-resident),
 /// `cpu_roundtrip` and `topk_cpu`; an anchor is its backend name.
@@ -180,7 +184,9 @@ pub fn contenders(rows: &[Row]) -> Vec<String> {
         TOPK_CPU => 2,
         CPU_ROUNDTRIP => 3,
         "torch" => 4,
-        _ => 5,
+        TORCH_TF32 => 5,
+        TORCH_BF16 => 6,
+        _ => 7,
     };
     all.sort_by_key(|c| (rank(c), c.clone()));
     all

@@ -22,7 +22,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::{BenchError, Result};
-use crate::join::{contenders, Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_DEVICE, TOPK_GPU};
+use crate::join::{
+    contenders, Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_DEVICE, TOPK_GPU, TORCH_BF16, TORCH_TF32,
+};
 
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
@@ -52,6 +54,8 @@ fn colour(c: &str) -> RGBColor {
         TOPK_GPU | TOPK_CPU => RGBColor(0x1f, 0x77, 0xb4),
         TOPK_DEVICE => RGBColor(0x17, 0xbe, 0xcf),
         "torch" => RGBColor(0xd6, 0x27, 0x28),
+        TORCH_TF32 => RGBColor(0xe3, 0x77, 0xc2),
+        TORCH_BF16 => RGBColor(0xbc, 0xbd, 0x22),
         CPU_ROUNDTRIP => RGBColor(0x7f, 0x7f, 0x7f),
         "numpy" => RGBColor(0x2c, 0xa0, 0x2c),
         "faiss-1t" => RGBColor(0xff, 0x7f, 0x0e),

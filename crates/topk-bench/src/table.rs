@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::error::{BenchError, Result};
-use crate::join::{Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_DEVICE, TOPK_GPU};
+use crate::join::{Row, CPU_ROUNDTRIP, TOPK_CPU, TOPK_DEVICE, TOPK_GPU, TORCH_BF16, TORCH_TF32};
 
 /// Marker before the generated README table.
 pub const START: &str = "<!-- bench-table:start -->";
@@ -231,9 +231,25 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
     if !batches.is_empty() {
         let _ = writeln!(md, "\n**Batches** (Q queries per call):\n");
         let cpu_col = gpu && batches.iter().any(|r| r.cpu_baseline().is_some());
+        let on_device = batches
+            .iter()
+            .any(|r| r.median_ms.contains_key(TOPK_DEVICE));
+        let inexact: Vec<(&str, &str, &str)> = [
+            (TORCH_TF32, "torch TF32", "vs TF32"),
+            (TORCH_BF16, "torch bf16", "vs bf16"),
+        ]
+        .into_iter()
+        .filter(|(c, _, _)| has(rows, c))
+        .collect();
         let mut head = vec!["N", "D", "K", "Q", "topk", "topk queries/s"];
+        if on_device {
+            head.push("queries on device");
+        }
         if torch {
             head.extend(["torch", "vs torch"]);
+        }
+        for (_, name, vs) in &inexact {
+            head.extend([*name, *vs]);
         }
         if cpu_col {
             head.extend(["CPU (host batch)", "vs CPU"]);
@@ -252,9 +268,16 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
                     .map(|q| format!("{q:.0}"))
                     .unwrap_or_else(|| "–".into()),
             ];
+            if on_device {
+                cells.push(cell(r.median_ms.get(TOPK_DEVICE).copied()));
+            }
             if torch {
                 cells.push(cell(r.median_ms.get("torch").copied()));
                 cells.push(fmt_x(r.speedup_vs("torch")));
+            }
+            for (c, _, _) in &inexact {
+                cells.push(cell(r.median_ms.get(*c).copied()));
+                cells.push(fmt_x(r.speedup_vs(c)));
             }
             if cpu_col {
                 let base = r.cpu_baseline();
@@ -291,6 +314,24 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
             "No torch anchor in this folder: the GPU comparison is against the CPU baseline only."
                 .to_owned(),
         );
+    }
+    for (c, name) in [
+        (TORCH_TF32, "torch TF32"),
+        (TORCH_BF16, "torch over a bf16 copy"),
+    ] {
+        let timed: Vec<&Row> = rows.iter().filter(|r| r.speedup_vs(c).is_some()).collect();
+        if timed.is_empty() {
+            continue;
+        }
+        let wins = timed
+            .iter()
+            .filter(|r| r.speedup_vs(c).is_some_and(|s| s >= 1.0))
+            .count();
+        caveats.push(format!(
+            "Against {name} (tensor-core products, not exact): topk's batches from host \
+             queries are at least as fast in {wins} of {} configuration(s).",
+            timed.len()
+        ));
     }
     let rt_losses: Vec<String> = rows
         .iter()
@@ -535,6 +576,48 @@ mod tests {
         std::fs::write(&p, format!("{END}\n{START}\n")).unwrap();
         let e = update_readme(&p, "x").unwrap_err();
         assert!(e.to_string().contains("markers"), "{e}");
+    }
+
+    fn batch_row(times: &[(&str, f64)]) -> Row {
+        let key = crate::join::Key {
+            n: 100_000,
+            d: 1024,
+            k: 100,
+            batch: 256,
+        };
+        Row {
+            key,
+            median_ms: times.iter().map(|&(c, m)| (c.to_owned(), m)).collect(),
+            qps: times
+                .iter()
+                .map(|&(c, m)| (c.to_owned(), 256.0 / (m / 1e3)))
+                .collect(),
+            floor_ms: Some(0.1),
+            exact: Some(true),
+            errors: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn batches_show_device_queries_and_the_inexact_torch_columns() {
+        let rows = vec![
+            batch_row(&[
+                (TOPK_GPU, 0.8),
+                (TOPK_DEVICE, 0.6),
+                ("torch", 1.6),
+                (TORCH_TF32, 0.4),
+                (TORCH_BF16, 0.2),
+            ]),
+            batch_row(&[(TOPK_GPU, 2.0), ("torch", 4.0), (TORCH_TF32, 3.0)]),
+        ];
+        let md = headline(&rows, &RunFacts::default(), "x");
+        assert!(
+            md.contains("| N | D | K | Q | topk | topk queries/s | queries on device | torch | vs torch | torch TF32 | vs TF32 | torch bf16 | vs bf16 | exact |"),
+            "{md}"
+        );
+        assert!(md.contains("| 100k | 1024 | 100 | 256 | 800.0 µs | 320000 | 600.0 µs | 1.60 ms | 2.00× | 400.0 µs | 0.50× | 200.0 µs | 0.25× |"), "{md}");
+        assert!(md.contains("Against torch TF32 (tensor-core products, not exact): topk's batches from host queries are at least as fast in 1 of 2 configuration(s)."), "{md}");
+        assert!(md.contains("Against torch over a bf16 copy (tensor-core products, not exact): topk's batches from host queries are at least as fast in 0 of 1 configuration(s)."), "{md}");
     }
 
     #[test]

@@ -153,9 +153,9 @@ use engine::Engine;
 use stub::Engine;
 
 #[cfg(not(feature = "cuda"))]
-pub use stub::{device_info, measure_d2d_bandwidth, DeviceQuery, RoundTrip};
+pub use stub::{device_info, measure_d2d_bandwidth, DeviceBatch, DeviceQuery, RoundTrip};
 #[cfg(feature = "cuda")]
-pub use tools::{device_info, measure_d2d_bandwidth, DeviceQuery, RoundTrip};
+pub use tools::{device_info, measure_d2d_bandwidth, DeviceBatch, DeviceQuery, RoundTrip};
 
 /// What a benchmark records about the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,6 +376,27 @@ impl CudaRetriever {
         let wait_on = stream.map_or(0, |s| s.as_inner() as u64);
         let view = driver::detached(queries);
         self.engine.search_batch_device(view, wait_on, k)
+    }
+
+    /// Copies a row-major batch of queries (`queries.len() / D` of them) to
+    /// the device once, for [`CudaRetriever::search_device_batch`]
+    /// (benchmarks, and callers without CUDA code of their own whose batch is
+    /// searched many times). The values are checked here.
+    pub fn upload_batch(&self, queries: &[f32]) -> Result<DeviceBatch, CudaError> {
+        let nq = validate::queries_rowmajor(queries, self.engine.dim())?;
+        DeviceBatch::upload(&self.engine, queries, nq)
+    }
+
+    /// Searches a batch already on the device by the path of
+    /// [`CudaRetriever::search_batch_device_slice`] (checked on the device,
+    /// copied device to device, only the K results of each query come
+    /// back); bit-identical to [`CudaRetriever::search_batch_rowmajor`].
+    pub fn search_device_batch(
+        &self,
+        batch: &DeviceBatch,
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        batch.search(&self.engine, k)
     }
 
     /// Canonical scores of listed rows, per query: query `i` (row `i` of the

@@ -177,6 +177,31 @@ impl DeviceQuery {
     }
 }
 
+/// Queries resident on the device; none can exist without CUDA.
+#[derive(Debug)]
+pub enum DeviceBatch {}
+
+impl DeviceBatch {
+    pub(crate) fn upload(engine: &Engine, _queries: &[f32], _nq: usize) -> Result<Self, CudaError> {
+        match *engine {}
+    }
+    pub(crate) fn search(
+        &self,
+        _engine: &Engine,
+        _k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        match *self {}
+    }
+    /// How many queries it holds.
+    pub fn len(&self) -> usize {
+        match *self {}
+    }
+    /// Whether it holds no query.
+    pub fn is_empty(&self) -> bool {
+        match *self {}
+    }
+}
+
 /// The CPU round-trip baseline; needs CUDA.
 #[derive(Debug)]
 pub enum RoundTrip {}

@@ -80,6 +80,66 @@ impl DeviceQuery {
     }
 }
 
+/// Row-major queries resident in device memory (see
+/// [`CudaRetriever::upload_batch`]): a batch searched where it lies, as an
+/// embedding model's output would be.
+pub struct DeviceBatch {
+    buf: OwnedDevice<f32>,
+    device: usize,
+    queries: usize,
+}
+
+impl std::fmt::Debug for DeviceBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBatch")
+            .field("queries", &self.queries)
+            .field("values", &self.buf.buf.len())
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl DeviceBatch {
+    /// Copies `queries` (row-major, `nq` of them, checked by the caller).
+    pub(crate) fn upload(engine: &Engine, queries: &[f32], nq: usize) -> Result<Self, CudaError> {
+        Ok(DeviceBatch {
+            buf: OwnedDevice::from_slice(engine.ctx(), queries)?,
+            device: engine.config().device,
+            queries: nq,
+        })
+    }
+
+    pub(crate) fn search(
+        &self,
+        engine: &Engine,
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
+        if self.device != engine.config().device {
+            return Err(CudaError::InvalidOption {
+                name: "device of the batch",
+                value: self.device,
+                reason: "the batch lives on another device than the corpus",
+            });
+        }
+        engine.search_batch_device(self.buf.view(), 0, k)
+    }
+
+    /// How many queries it holds.
+    pub fn len(&self) -> usize {
+        self.queries
+    }
+
+    /// Whether it holds no query.
+    pub fn is_empty(&self) -> bool {
+        self.queries == 0
+    }
+
+    /// The device slice (`len() × D` values), to hand to other CUDA code.
+    pub fn as_slice(&self) -> &cust::memory::DeviceSlice<f32> {
+        &self.buf.buf
+    }
+}
+
 /// The CPU round-trip baseline of docs/CONTRACTS.md §6: a query that starts on the
 /// device is copied to the host, searched there by any [`Retriever`], and the
 /// results copied back to the device, as a pipeline without a GPU engine must.

@@ -74,6 +74,8 @@ fn device_batches_give_the_host_batches_bytes() {
                 let gpu =
                     CudaRetriever::from_rowmajor(data.clone(), d, metric, config).expect("engine");
                 let dev = DeviceBuffer::from_slice(&queries).expect("device queries");
+                let uploaded = gpu.upload_batch(&queries).expect("uploaded batch");
+                assert_eq!(uploaded.len(), nq);
                 for (k, want) in &wants {
                     let ctx = format!("n {n} d {d} {metric} max_batch {max_batch} k {k}");
                     let host = gpu.search_batch_rowmajor(&queries, *k).expect("host batch");
@@ -82,6 +84,10 @@ fn device_batches_give_the_host_batches_bytes() {
                         .search_batch_device_slice(&dev, None, *k)
                         .expect("device batch");
                     assert_bits(&got, want, &format!("{ctx} device"));
+                    let got = gpu
+                        .search_device_batch(&uploaded, *k)
+                        .expect("uploaded batch");
+                    assert_bits(&got, want, &format!("{ctx} uploaded"));
                 }
             }
         }
@@ -112,6 +118,39 @@ fn a_device_batch_waits_for_the_callers_stream() {
         assert_bits(&got, &want, &format!("round {round}"));
     }
     stream.synchronize().expect("stream");
+}
+
+/// `upload_batch` checks the values on the host (a bad query is named
+/// there, before anything is copied), an empty batch answers nothing, and
+/// K = 0 is refused at search time.
+#[test]
+fn uploaded_batches_are_checked_and_searched_where_they_lie() {
+    let Some(()) = gpu_or_skip() else { return };
+    let (n, d) = (5_000, 48);
+    let data = rows(11, n, d, true);
+    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Dot, CudaConfig::default())
+        .expect("engine");
+    let mut queries = rows(12, 20, d, true);
+    queries[7 * d + 3] = f32::NAN;
+    let e = gpu.upload_batch(&queries).expect_err("NaN");
+    assert!(e.to_string().contains("query 7"), "{e}");
+    let e = gpu.upload_batch(&queries[..d + 1]).expect_err("ragged");
+    assert!(matches!(e, CudaError::Input(_)), "{e}");
+    queries[7 * d + 3] = 0.5;
+    let batch = gpu.upload_batch(&queries).expect("upload");
+    assert!(matches!(
+        gpu.search_device_batch(&batch, 0),
+        Err(CudaError::Input(_))
+    ));
+    let oracle = Oracle::from_rowmajor(data, d, Metric::Dot).expect("oracle");
+    let got = gpu.search_device_batch(&batch, 25).expect("search");
+    assert_bits(&got, &oracle_batch(&oracle, &queries, d, 25), "uploaded");
+    let empty = gpu.upload_batch(&[]).expect("empty upload");
+    assert!(empty.is_empty());
+    assert!(gpu
+        .search_device_batch(&empty, 5)
+        .expect("empty")
+        .is_empty());
 }
 
 /// Bad device batches are typed errors naming the query or the length, and
