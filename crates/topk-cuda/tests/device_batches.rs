@@ -41,9 +41,12 @@ fn assert_bits(got: &[Vec<Neighbor>], want: &[Vec<Neighbor>], ctx: &str) {
     }
 }
 
+/// The oracle's answer to each query, the queries spread over the cores
+/// (each answer is the oracle's own, whatever thread computes it).
 fn oracle_batch(oracle: &Oracle, queries: &[f32], d: usize, k: usize) -> Vec<Vec<Neighbor>> {
+    use rayon::prelude::*;
     queries
-        .chunks_exact(d)
+        .par_chunks_exact(d)
         .map(|q| oracle.search(q, k).expect("oracle"))
         .collect()
 }
