@@ -158,7 +158,8 @@ pub struct DeviceSearch<'a> {
     /// The query pool on the host, written into `work` before each trial.
     pool: Vec<Vec<f32>>,
     work: DeviceQuery,
-    /// The batches uploaded so far (the gate's call uploads each, untimed).
+    /// The batches uploaded so far, one a size (a batch is always the
+    /// pool's first Q queries); the gate's call uploads each, untimed.
     batches: Vec<DeviceBatch>,
 }
 
