@@ -119,6 +119,31 @@ impl RunFacts {
     }
 }
 
+/// An inexact torch setting of the batch table: its contender label, its
+/// column and ratio headings, and its name in the caveats.
+struct Inexact {
+    contender: &'static str,
+    column: &'static str,
+    versus: &'static str,
+    caveat: &'static str,
+}
+
+/// torch's tensor-core batch settings, in the table's column order.
+const INEXACT: [Inexact; 2] = [
+    Inexact {
+        contender: TORCH_TF32,
+        column: "torch TF32",
+        versus: "vs TF32",
+        caveat: "torch TF32",
+    },
+    Inexact {
+        contender: TORCH_BF16,
+        column: "torch bf16",
+        versus: "vs bf16",
+        caveat: "torch over a bf16 copy",
+    },
+];
+
 fn has(rows: &[Row], contender: &str) -> bool {
     rows.iter().any(|r| r.median_ms.contains_key(contender))
 }
@@ -234,13 +259,7 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
         let on_device = batches
             .iter()
             .any(|r| r.median_ms.contains_key(TOPK_DEVICE));
-        let inexact: Vec<(&str, &str, &str)> = [
-            (TORCH_TF32, "torch TF32", "vs TF32"),
-            (TORCH_BF16, "torch bf16", "vs bf16"),
-        ]
-        .into_iter()
-        .filter(|(c, _, _)| has(rows, c))
-        .collect();
+        let inexact: Vec<&Inexact> = INEXACT.iter().filter(|i| has(rows, i.contender)).collect();
         let mut head = vec!["N", "D", "K", "Q", "topk", "topk queries/s"];
         if on_device {
             head.push("queries on device");
@@ -248,8 +267,8 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
         if torch {
             head.extend(["torch", "vs torch"]);
         }
-        for (_, name, vs) in &inexact {
-            head.extend([*name, *vs]);
+        for i in &inexact {
+            head.extend([i.column, i.versus]);
         }
         if cpu_col {
             head.extend(["CPU (host batch)", "vs CPU"]);
@@ -275,9 +294,9 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
                 cells.push(cell(r.median_ms.get("torch").copied()));
                 cells.push(fmt_x(r.speedup_vs("torch")));
             }
-            for (c, _, _) in &inexact {
-                cells.push(cell(r.median_ms.get(*c).copied()));
-                cells.push(fmt_x(r.speedup_vs(c)));
+            for i in &inexact {
+                cells.push(cell(r.median_ms.get(i.contender).copied()));
+                cells.push(fmt_x(r.speedup_vs(i.contender)));
             }
             if cpu_col {
                 let base = r.cpu_baseline();
@@ -315,21 +334,22 @@ pub fn headline(rows: &[Row], facts: &RunFacts, source: &str) -> String {
                 .to_owned(),
         );
     }
-    for (c, name) in [
-        (TORCH_TF32, "torch TF32"),
-        (TORCH_BF16, "torch over a bf16 copy"),
-    ] {
-        let timed: Vec<&Row> = rows.iter().filter(|r| r.speedup_vs(c).is_some()).collect();
+    for i in &INEXACT {
+        let timed: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.speedup_vs(i.contender).is_some())
+            .collect();
         if timed.is_empty() {
             continue;
         }
         let wins = timed
             .iter()
-            .filter(|r| r.speedup_vs(c).is_some_and(|s| s >= 1.0))
+            .filter(|r| r.speedup_vs(i.contender).is_some_and(|s| s >= 1.0))
             .count();
         caveats.push(format!(
-            "Against {name} (tensor-core products, not exact): topk's batches from host \
+            "Against {} (tensor-core products, not exact): topk's batches from host \
              queries are at least as fast in {wins} of {} configuration(s).",
+            i.caveat,
             timed.len()
         ));
     }

@@ -16,6 +16,25 @@ use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue};
 use crate::{CudaRetriever, DeviceInfo};
 
+/// Refuses device memory held on `device` for `engine`'s corpus on another
+/// device (`name` and `reason` say which kind of memory).
+fn same_device(
+    engine: &Engine,
+    device: usize,
+    name: &'static str,
+    reason: &'static str,
+) -> Result<(), CudaError> {
+    if device == engine.config().device {
+        Ok(())
+    } else {
+        Err(CudaError::InvalidOption {
+            name,
+            value: device,
+            reason,
+        })
+    }
+}
+
 /// A query resident in device memory (see [`CudaRetriever::upload_query`]).
 pub struct DeviceQuery {
     buf: OwnedDevice<f32>,
@@ -45,13 +64,12 @@ impl DeviceQuery {
         k: usize,
         out: &mut Vec<Neighbor>,
     ) -> Result<(), CudaError> {
-        if self.device != engine.config().device {
-            return Err(CudaError::InvalidOption {
-                name: "device of the query",
-                value: self.device,
-                reason: "the query lives on another device than the corpus",
-            });
-        }
+        same_device(
+            engine,
+            self.device,
+            "device of the query",
+            "the query lives on another device than the corpus",
+        )?;
         engine.search_device(&self.buf.buf, None, k, out)
     }
 
@@ -114,13 +132,12 @@ impl DeviceBatch {
         engine: &Engine,
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
-        if self.device != engine.config().device {
-            return Err(CudaError::InvalidOption {
-                name: "device of the batch",
-                value: self.device,
-                reason: "the batch lives on another device than the corpus",
-            });
-        }
+        same_device(
+            engine,
+            self.device,
+            "device of the batch",
+            "the batch lives on another device than the corpus",
+        )?;
         engine.search_batch_device(self.buf.view(), 0, k)
     }
 
