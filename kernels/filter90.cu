@@ -198,6 +198,11 @@ __device__ __forceinline__ float w9_unscale(float a, float qinv, const float* __
     }
     return __fmul_rn(a, qinv);
 }
+// The same with the row's 1 / s already loaded (`rscale`; 1 for rows
+// stored as halves, a product that changes nothing).
+__device__ __forceinline__ float w9_unscale_by(float a, float qinv, float rscale) {
+    return __fmul_rn(__fmul_rn(a, rscale), qinv);
+}
 
 // The lower bounds of the block's products (acc of each consumer thread)
 // into scores (and the sampled ones into sub), written through shared
@@ -311,7 +316,12 @@ struct W9Emit {
 // The listing epilogue of a tile's products: each consumer thread (t)
 // tests its own 64 accumulators (fragment layout as in w9_write) against
 // its queries' T0 with bounds.cuh's test, and appends the rows that pass;
-// no bound is stored for the rest.
+// no bound is stored for the rest. Every load is unconditional (indices
+// past nq or n are clamped, and those queries and rows skipped after), so
+// the compiler may issue them ahead of the tests: its two queries' values
+// first, then each pair of rows' norms and scales once for both queries.
+// A row's scale multiplies as 1 where the rows are stored as halves (rinv
+// nullptr), which leaves every product unchanged.
 template <int METRIC, class SH, class T>
 __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>& t, unsigned n,
                                         unsigned d, unsigned nq, const float* __restrict__ rnorm,
@@ -320,37 +330,43 @@ __device__ __forceinline__ void w9_emit(const float (&acc)[64], const W9Tile<SH>
                                         const float* __restrict__ rinv, const W9Emit& e) {
     const unsigned g = t.lane / 4;
     const unsigned c = t.lane % 4;
+    size_t qs[2];
+    float t0[2], qn[2], inv[2];
+    bool live[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const size_t q = t.q0 + t.gq * 64 + t.warp * 16 + g + 8 * h;
-        if (q >= nq) {
-            continue;
-        }
+        qs[h] = t.q0 + t.gq * 64 + t.warp * 16 + g + 8 * h;
+        const size_t q = qs[h] < nq ? qs[h] : nq - 1u;
         const TopkNeighbor* res = e.sel + q * (e.k + 1);
-        if (res[0].index != TOPK_STATUS_OK) {
-            if (c == 0 && t.gr == 0) {
-                atomicOr(e.flag, 1u);
-            }
-            continue;
+        const bool done = res[0].index == TOPK_STATUS_OK;
+        if (qs[h] < nq && !done && c == 0 && t.gr == 0) {
+            atomicOr(e.flag, 1u);
         }
-        const float t0 = res[e.k].score;
-        const float qn = qnorm[q];
-        const float inv = sizeof(T) == 2 ? qinv[q] : 1.0f;
+        live[h] = qs[h] < nq && done;
+        t0[h] = res[e.k].score;
+        qn[h] = qnorm[q];
+        inv[h] = sizeof(T) == 2 ? qinv[q] : 1.0f;
+    }
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < 16; ++j) {
 #pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                const size_t row = t.r0 + t.gr * 128 + j * 8 + 2 * c + cc;
-                if (row >= n) {
+        for (int cc = 0; cc < 2; ++cc) {
+            const size_t row = t.r0 + t.gr * 128 + j * 8 + 2 * c + cc;
+            const size_t at_row = row < n ? row : n - 1u;
+            const float rn = rnorm[at_row];
+            const float ri = (sizeof(T) == 2 && rinv != nullptr) ? rinv[at_row] : 1.0f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (!live[h] || row >= n) {
                     continue;
                 }
                 float a = acc[4 * j + 2 * h + cc];
                 if constexpr (sizeof(T) == 2) {
-                    a = w9_unscale(a, inv, rinv, row);
+                    a = w9_unscale_by(a, inv[h], ri);
                 }
-                const float rn = rnorm[row];
-                const float lo = topk_approx_lower<METRIC>(a, qn, rn, d);
-                if (topk_listed(lo, topk_approx_width<METRIC>(qn, rn, d), t0)) {
+                const float lo = topk_approx_lower<METRIC>(a, qn[h], rn, d);
+                if (topk_listed(lo, topk_approx_width<METRIC>(qn[h], rn, d), t0[h])) {
+                    const size_t q = qs[h];
                     const unsigned at = atomicAdd(e.ecount + q, 1u);
                     if (at < e.cap) {
                         e.elo[q * e.cap + at] = lo;
