@@ -165,17 +165,37 @@ impl Engine {
         nq: usize,
         wait_on: u64,
     ) -> Result<(), CudaError> {
+        Self::queue_query_check(slot, &self.kernels, self.dim(), view, nq, wait_on)?;
+        slot.stream
+            .synchronize()
+            .op("cuStreamSynchronize (query check)")?;
+        Self::query_verdict(slot)
+    }
+
+    /// Queues on the slot's stream, after the work queued on `wait_on`, the
+    /// check of [`Self::check_device_queries`] and the copy of its verdict to
+    /// the host; read it with [`Self::query_verdict`] once the stream is
+    /// synchronised.
+    fn queue_query_check(
+        slot: &mut Slot,
+        kernels: &crate::launch::Kernels,
+        d: usize,
+        view: DevSlice<'_, f32>,
+        nq: usize,
+        wait_on: u64,
+    ) -> Result<(), CudaError> {
         driver::wait_for_stream(&slot.stream, wait_on)?;
         slot.check_host.as_mut_slice()[0] = u32::MAX;
         let s = Queue::Stream(slot.stream.as_inner());
         let check = DevSlice::of(&slot.check);
         launch::h2d(s, check, &slot.check_host, 0, 1)?;
-        let d = self.dim() as u32;
-        self.kernels.check_queries(s, view, nq as u32, d, check)?;
-        launch::d2h(s, &mut slot.check_host, check)?;
-        slot.stream
-            .synchronize()
-            .op("cuStreamSynchronize (query check)")?;
+        kernels.check_queries(s, view, nq as u32, d as u32, check)?;
+        launch::d2h(s, &mut slot.check_host, check)
+    }
+
+    /// The verdict of the last [`Self::queue_query_check`] on `slot`, whose
+    /// stream the caller has synchronised since.
+    fn query_verdict(slot: &Slot) -> Result<(), CudaError> {
         match slot.check_host.as_slice()[0] {
             u32::MAX => Ok(()),
             bad => Err(CudaError::BadDeviceQuery {
@@ -201,12 +221,23 @@ impl Engine {
                 expected: d,
             });
         }
-        validate::k(k, self.len())?;
+        let k = validate::k(k, self.len())?;
         let nq = queries.len() / d;
         if nq == 0 {
             return Ok(Vec::new());
         }
-        self.check_device_queries(&mut *self.slot()?, queries, nq, wait_on)?;
-        self.search_batch_from(Source::Device(queries), k)
+        // The check is queued ahead of the search on the same stream and its
+        // verdict read when the results are: no wait of its own. The search
+        // of values at fault runs (every kernel is bounded whatever the
+        // values) and its answers are dropped for the error.
+        let mut slot = self.slot()?;
+        Self::queue_query_check(&mut slot, &self.kernels, d, queries, nq, wait_on)?;
+        let mut results = Vec::with_capacity(nq);
+        let outcome = self.batch_turns(&mut slot, Source::Device(queries), nq, k, &mut results);
+        slot.stream
+            .synchronize()
+            .op("cuStreamSynchronize (batch and query check)")?;
+        Self::query_verdict(&slot)?;
+        outcome.map(|()| results)
     }
 }

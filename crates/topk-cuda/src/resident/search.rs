@@ -70,6 +70,12 @@ impl ResidentCorpus {
             return Ok(Vec::new());
         }
         let view = driver::external::<f32>(queries, values)?;
+        if matches!(filter, IdFilter::All) && self.dead == 0 && !self.ids.is_empty() && k > 0 {
+            // Every row live: the engine's batch, whose check is read with
+            // its results (no wait of its own).
+            let found = self.engine.search_batch_device(view, stream, k)?;
+            return Ok(found.into_iter().map(|v| self.hits(&v)).collect());
+        }
         self.engine
             .check_device_queries(&mut *self.engine.slot()?, view, nq, stream)?;
         self.search_source(Source::Device(view), nq, k, filter)
