@@ -183,6 +183,16 @@ fn bad_device_batches_are_refused() {
             "value at {at}: {e}"
         );
     }
+    // The verdict is read with the results: a batch at fault is searched
+    // first, also where K is past the device's selection (host selection
+    // over its scores), and is still refused.
+    let mut bad = queries.clone();
+    bad[5 * d + 1] = f32::NAN;
+    let dev = DeviceBuffer::from_slice(&bad).expect("device queries");
+    let e = gpu
+        .search_batch_device_slice(&dev, None, 3000)
+        .expect_err("non-finite device query, K past the device's selection");
+    assert!(matches!(e, CudaError::BadDeviceQuery { query: 5 }), "{e}");
     // A query over the overflow rule (every value finite).
     let mut big = queries.clone();
     big[40 * d..41 * d].fill(1e15);
