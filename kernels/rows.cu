@@ -125,11 +125,17 @@ TOPK_SCORE_LIST_KERNEL(l2, TOPK_L2)
 
 // The input rules (docs/CONTRACTS.md §4) for nq queries of d values already on
 // the device, a warp per query: a non-finite value, or a squared norm above
-// 2^100 summed in double, sets *bad to the smallest such query (it starts at
-// 0xffffffff).
+// 2^100 summed in double, makes the query at fault. Where staged is not null
+// the values are copied there as they are read (the search's staging, so the
+// queries cross memory once). *verdict gets the smallest query at fault
+// (0xffffffff: none), written by the last block to finish, which also resets
+// words (words[0] the running minimum, 0xffffffff between launches;
+// words[1] the blocks finished, 0 between launches) for the next launch: no
+// copy to set them up, and verdict may be host memory mapped for the device.
 extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
     topk_check_queries(const float* __restrict__ q, unsigned nq, unsigned d,
-                       unsigned* __restrict__ bad) {
+                       float* __restrict__ staged, unsigned* __restrict__ words,
+                       unsigned* __restrict__ verdict) {
     const unsigned lane = threadIdx.x & (TOPK_WARP - 1);
     for (size_t qi = (size_t)blockIdx.x * SCORE_WARPS + threadIdx.x / TOPK_WARP; qi < nq;
          qi += (size_t)gridDim.x * SCORE_WARPS) {
@@ -137,6 +143,9 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
         bool finite = true;
         for (unsigned j = lane; j < d; j += TOPK_WARP) {
             const float v = q[qi * d + j];
+            if (staged != nullptr) {
+                staged[qi * d + j] = v;
+            }
             finite = finite && isfinite(v);
             sq += (double)v * (double)v;
         }
@@ -145,7 +154,20 @@ extern "C" __global__ void __launch_bounds__(SCORE_THREADS)
         }
         finite = __all_sync(TOPK_FULL_MASK, finite);
         if (lane == 0 && (!finite || sq > 0x1p100)) {
-            atomicMin(bad, (unsigned)qi);
+            atomicMin(words, (unsigned)qi);
+        }
+    }
+    // Every block's minimum is visible before its count: the block that
+    // counts last sees them all.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned finished = atomicAdd(words + 1, 1u);
+        if (finished == gridDim.x - 1u) {
+            __threadfence();
+            *verdict = atomicExch(words, 0xffffffffu);
+            words[1] = 0u;
+            __threadfence_system();
         }
     }
 }

@@ -8,17 +8,21 @@ use topk_core::{validate, Neighbor};
 use crate::driver::{self, DevSlice};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
-use crate::launch::{self, Queue};
+use crate::launch::{self, Kernels, Queue};
 use crate::slot::{Sizes, Slot};
 
 /// Where a search's queries are (row-major, D values each): host memory
 /// (checked by docs/CONTRACTS.md §4 by the caller), or device memory of the
 /// caller (a torch tensor, say), checked there by
-/// [`Engine::check_device_queries`] and copied device to device.
+/// [`Engine::check_device_queries`] and copied device to device, or not
+/// checked yet (`Unchecked`: checked as they are staged).
 #[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
     Host(&'a [f32]),
     Device(DevSlice<'a, f32>),
+    /// Device queries not checked yet: checked as they are staged (one
+    /// kernel), the verdict read when the turn's results are.
+    Unchecked(DevSlice<'a, f32>),
 }
 
 impl<'a> Source<'a> {
@@ -26,7 +30,7 @@ impl<'a> Source<'a> {
     pub(crate) fn values(&self) -> usize {
         match self {
             Source::Host(h) => h.len(),
-            Source::Device(v) => v.len(),
+            Source::Device(v) | Source::Unchecked(v) => v.len(),
         }
     }
 
@@ -46,17 +50,28 @@ impl<'a> Source<'a> {
                 },
             )?),
             Source::Device(v) => Source::Device(v.range("device queries", first * d, count * d)?),
+            Source::Unchecked(v) => {
+                Source::Unchecked(v.range("device queries", first * d, count * d)?)
+            }
         })
     }
 
-    /// Copies these queries into the start of the slot's query buffer.
-    pub(crate) fn stage(self, slot: &mut Slot) -> Result<(), CudaError> {
+    /// Copies these queries into the start of the slot's query buffer (of
+    /// `d` values each); unchecked ones are checked on the way, their verdict
+    /// read by [`Engine::turn_verdict`] once the stream is synchronised.
+    pub(crate) fn stage(
+        self,
+        slot: &mut Slot,
+        kernels: &Kernels,
+        d: usize,
+    ) -> Result<(), CudaError> {
         match self {
             Source::Host(h) => Engine::stage_queries(slot, h),
             Source::Device(v) => {
                 let dst = DevSlice::of(&slot.queries).range("query staging", 0, v.len())?;
                 launch::d2d(slot.stream.as_inner(), dst, v)
             }
+            Source::Unchecked(v) => Engine::queue_query_check(slot, kernels, d, v, true),
         }
     }
 }
@@ -117,7 +132,9 @@ impl Engine {
             if filtered {
                 launch::zero32(slot.stream.as_inner(), DevSlice::of(&slot.fcount))?;
             }
-            src.part(start, tq, d)?.stage(slot)?;
+            let part = src.part(start, tq, d)?;
+            part.stage(slot, &self.kernels, d)?;
+            let checking = matches!(part, Source::Unchecked(_));
             for first in (0..tq).step_by(chunk) {
                 let cq = chunk.min(tq - first);
                 let plan = self.planner.chunk(k, cq);
@@ -125,6 +142,12 @@ impl Engine {
                 let chunk_queries = slot.queries_at(d, first, cq)?;
                 self.enqueue(slot, plan, chunk_queries, first, cq, k)?;
                 if !plan.device_selects() {
+                    if checking && first == 0 {
+                        slot.stream
+                            .synchronize()
+                            .op("cuStreamSynchronize (query check)")?;
+                        Self::turn_verdict(slot, start)?;
+                    }
                     for qi in 0..cq {
                         let mut v = Vec::with_capacity(k);
                         self.select_on_host(slot, qi, k, &mut v)?;
@@ -140,6 +163,9 @@ impl Engine {
                     launch::d2h(s, &mut slot.fcount_host, counts)?;
                 }
                 Self::fetch_results(slot, tq, k)?;
+                if checking {
+                    Self::turn_verdict(slot, start)?;
+                }
                 if filtered && self.refilter(slot, tq, k)? {
                     Self::fetch_results(slot, tq, k)?;
                 }
@@ -165,41 +191,54 @@ impl Engine {
         nq: usize,
         wait_on: u64,
     ) -> Result<(), CudaError> {
-        Self::queue_query_check(slot, &self.kernels, self.dim(), view, nq, wait_on)?;
+        driver::wait_for_stream(&slot.stream, wait_on)?;
+        let d = self.dim();
+        let values = view.range("device queries", 0, nq * d)?;
+        Self::queue_query_check(slot, &self.kernels, d, values, false)?;
         slot.stream
             .synchronize()
             .op("cuStreamSynchronize (query check)")?;
-        Self::query_verdict(slot)
+        Self::turn_verdict(slot, 0)
     }
 
-    /// Queues on the slot's stream, after the work queued on `wait_on`, the
-    /// check of [`Self::check_device_queries`] and the copy of its verdict to
-    /// the host; read it with [`Self::query_verdict`] once the stream is
+    /// Queues on the slot's stream the check of the `view.len() / d`
+    /// queries in `view` (copied into the start of the slot's query buffer
+    /// as they are read where `stage`), and where the verdict is not mapped
+    /// its copy back; [`Self::turn_verdict`] reads it once the stream is
     /// synchronised.
-    fn queue_query_check(
+    pub(crate) fn queue_query_check(
         slot: &mut Slot,
-        kernels: &crate::launch::Kernels,
+        kernels: &Kernels,
         d: usize,
         view: DevSlice<'_, f32>,
-        nq: usize,
-        wait_on: u64,
+        stage: bool,
     ) -> Result<(), CudaError> {
-        driver::wait_for_stream(&slot.stream, wait_on)?;
-        slot.check_host.as_mut_slice()[0] = u32::MAX;
+        let nq = view.len() / d.max(1);
         let s = Queue::Stream(slot.stream.as_inner());
-        let check = DevSlice::of(&slot.check);
-        launch::h2d(s, check, &slot.check_host, 0, 1)?;
-        kernels.check_queries(s, view, nq as u32, d as u32, check)?;
-        launch::d2h(s, &mut slot.check_host, check)
+        let staged = if stage {
+            Some(slot.queries_at(d, 0, nq)?)
+        } else {
+            None
+        };
+        kernels.check_queries(
+            s,
+            view,
+            nq as u32,
+            d as u32,
+            staged,
+            slot.check_words()?,
+            slot.verdict_view()?,
+        )?;
+        slot.fetch_verdict()
     }
 
-    /// The verdict of the last [`Self::queue_query_check`] on `slot`, whose
-    /// stream the caller has synchronised since.
-    fn query_verdict(slot: &Slot) -> Result<(), CudaError> {
+    /// The verdict of the last check queued on `slot` (whose stream the
+    /// caller has synchronised since), of queries numbered from `first`.
+    pub(crate) fn turn_verdict(slot: &Slot, first: usize) -> Result<(), CudaError> {
         match slot.check_host.as_slice()[0] {
             u32::MAX => Ok(()),
             bad => Err(CudaError::BadDeviceQuery {
-                query: bad as usize,
+                query: first + bad as usize,
             }),
         }
     }
@@ -226,18 +265,20 @@ impl Engine {
         if nq == 0 {
             return Ok(Vec::new());
         }
-        // The check is queued ahead of the search on the same stream and its
-        // verdict read when the results are: no wait of its own. The search
-        // of values at fault runs (every kernel is bounded whatever the
-        // values) and its answers are dropped for the error.
+        // Each turn's queries are checked as they are staged (one kernel) and
+        // the verdict read with the turn's results: no wait of its own. A
+        // turn of values at fault is searched (every kernel is bounded
+        // whatever the values) and its answers are dropped for the error.
         let mut slot = self.slot()?;
-        Self::queue_query_check(&mut slot, &self.kernels, d, queries, nq, wait_on)?;
+        driver::wait_for_stream(&slot.stream, wait_on)?;
         let mut results = Vec::with_capacity(nq);
-        let outcome = self.batch_turns(&mut slot, Source::Device(queries), nq, k, &mut results);
-        slot.stream
-            .synchronize()
-            .op("cuStreamSynchronize (batch and query check)")?;
-        Self::query_verdict(&slot)?;
+        let outcome = self.batch_turns(&mut slot, Source::Unchecked(queries), nq, k, &mut results);
+        if outcome.is_err() {
+            // As in search_batch_from: no chunk left running.
+            if let Err(e) = slot.stream.synchronize() {
+                tracing::debug!("batch stream after an error: {e}");
+            }
+        }
         outcome.map(|()| results)
     }
 }

@@ -361,10 +361,11 @@ impl CudaRetriever {
     /// A batch of row-major queries already in device memory
     /// (`queries.len() / D` of them, e.g. an embedding model's output): read
     /// there after the work queued on `stream` (waited for on the device,
-    /// never on the host), copied device to device, never through the host;
-    /// only the K results of each come back. The values are checked on the
-    /// device by docs/CONTRACTS.md §4 first, and a query at fault is
-    /// [`CudaError::BadDeviceQuery`]. Answers are bit-identical to
+    /// never on the host), copied device to device by the kernel that checks
+    /// them by docs/CONTRACTS.md §4, never through the host; only the K
+    /// results of each come back. A query at fault makes the call
+    /// [`CudaError::BadDeviceQuery`] (its verdict is read with the results,
+    /// none of which is returned). Answers are bit-identical to
     /// [`CudaRetriever::search_batch_rowmajor`]'s for the same values.
     #[cfg(feature = "cuda")]
     pub fn search_batch_device_slice(

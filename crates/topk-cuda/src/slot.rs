@@ -91,9 +91,16 @@ pub(crate) struct Slot {
     /// norms, for the batch scoring kernel (the mutable resident corpus).
     pub(crate) compact: RowBuf,
     pub(crate) compact_norms: DeviceBuffer<f32>,
-    /// The first device query breaking the input rules (`u32::MAX`: none).
+    /// The device query check's words (its running minimum and its count of
+    /// blocks finished, left `u32::MAX` and 0 by every launch) and, third,
+    /// its verdict where `check_host` is not mapped.
     pub(crate) check: DeviceBuffer<u32>,
+    /// The check's verdict (the first query at fault, `u32::MAX`: none) in
+    /// its first word; the other two set `check` up once.
     pub(crate) check_host: LockedBuffer<u32>,
+    /// `check_host` as the device sees it, where results are mapped: the
+    /// check writes its verdict there and no copy follows.
+    check_mapped: Option<DevSlice<'static, u32>>,
 }
 
 /// What one slot's buffers are sized for: N rows of D columns, the slot's
@@ -250,8 +257,9 @@ impl Slot {
             want_host: pinned(lists)?,
             count: alloc("allowed count", 1)?,
             count_host: pinned(1)?,
-            check: alloc("query check", 1)?,
-            check_host: pinned(1)?,
+            check: alloc("query check", 3)?,
+            check_host: pinned(3)?,
+            check_mapped: None,
             out_mapped: None,
             q_mapped: None,
             stream,
@@ -261,7 +269,16 @@ impl Slot {
                 Ok(view) => slot.out_mapped = Some(view),
                 Err(e) => tracing::debug!("results copied back: host memory not mapped ({e})"),
             }
+            match driver::mapped(&mut slot.check_host) {
+                Ok(view) => slot.check_mapped = Some(view),
+                Err(e) => tracing::debug!("query verdicts copied back: not mapped ({e})"),
+            }
         }
+        slot.check_host
+            .as_mut_slice()
+            .copy_from_slice(&[u32::MAX, 0, u32::MAX]);
+        let s = launch::Queue::Stream(slot.stream.as_inner());
+        launch::h2d(s, DevSlice::of(&slot.check), &slot.check_host, 0, 3)?;
         if map_queries {
             match driver::mapped(&mut slot.q_host) {
                 Ok(view) => slot.q_mapped = Some(view),
@@ -271,6 +288,32 @@ impl Slot {
         launch::zero32(slot.stream.as_inner(), DevSlice::of(&slot.area))?;
         slot.stream.synchronize().op("cuStreamSynchronize")?;
         Ok(slot)
+    }
+
+    /// The check's two words ([`Kernels::check_queries`]'s `words`).
+    ///
+    /// [`Kernels::check_queries`]: crate::launch::Kernels::check_queries
+    pub(crate) fn check_words(&self) -> Result<DevSlice<'_, u32>, CudaError> {
+        DevSlice::of(&self.check).range("query check words", 0, 2)
+    }
+
+    /// Where the check writes its verdict: `check_host` as mapped, else the
+    /// third word of `check` (copied back by [`Self::fetch_verdict`]).
+    pub(crate) fn verdict_view(&self) -> Result<DevSlice<'_, u32>, CudaError> {
+        match self.check_mapped {
+            Some(v) => v.range("query verdict", 0, 1),
+            None => DevSlice::of(&self.check).range("query verdict", 2, 1),
+        }
+    }
+
+    /// Queues the verdict's copy to `check_host[0]` where it is not mapped.
+    pub(crate) fn fetch_verdict(&mut self) -> Result<(), CudaError> {
+        if self.check_mapped.is_some() {
+            return Ok(());
+        }
+        let s = launch::Queue::Stream(self.stream.as_inner());
+        let from = DevSlice::of(&self.check).range("query verdict", 2, 1)?;
+        launch::d2h(s, &mut self.check_host, from)
     }
 
     /// Whether results land in `out_host` without a copy.

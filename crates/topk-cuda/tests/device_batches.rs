@@ -156,15 +156,25 @@ fn uploaded_batches_are_checked_and_searched_where_they_lie() {
         .is_empty());
 }
 
-/// Bad device batches are typed errors naming the query or the length, and
-/// the engine answers the next batch exactly.
+/// Bad device batches are typed errors naming the query (also in the second
+/// turn of a batch) or the length, and the engine answers the next batch
+/// exactly; with the check's verdict written to mapped host memory and
+/// copied back.
 #[test]
 fn bad_device_batches_are_refused() {
     let Some(()) = gpu_or_skip() else { return };
+    for mapped in [true, false] {
+        let mut config = CudaConfig::default();
+        config.tuning.mapped_results = mapped;
+        refuse_bad_device_batches(config);
+    }
+}
+
+fn refuse_bad_device_batches(config: CudaConfig) {
     let (n, d) = (40_000, 64);
     let data = rows(9, n, d, false);
-    let gpu = CudaRetriever::from_rowmajor(data.clone(), d, Metric::Cosine, CudaConfig::default())
-        .expect("engine");
+    let gpu =
+        CudaRetriever::from_rowmajor(data.clone(), d, Metric::Cosine, config).expect("engine");
     let oracle = Oracle::from_rowmajor(data, d, Metric::Cosine).expect("oracle");
     let queries = rows(10, 300, d, false);
     for (at, value) in [

@@ -171,19 +171,38 @@ impl Kernels {
         unsafe { launch.run(q, &mut args) }
     }
 
-    /// Sets `bad[0]` (`u32::MAX` before) to the first of `nq` device queries
-    /// of `d` values breaking docs/CONTRACTS.md §4.
+    /// Writes to `verdict[0]` the first of `nq` device queries of `d` values
+    /// breaking docs/CONTRACTS.md §4 (`u32::MAX`: none), copying them to
+    /// `staged` as they are read where it is given. `words` (two, `u32::MAX`
+    /// then 0 before the first launch) are the kernel's and left so again.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_queries(
         &self,
         q: Queue<'_>,
         queries: DevSlice<'_, f32>,
         nq: u32,
         d: u32,
-        bad: DevSlice<'_, u32>,
+        staged: Option<DevSlice<'_, f32>>,
+        words: DevSlice<'_, u32>,
+        verdict: DevSlice<'_, u32>,
     ) -> Result<(), CudaError> {
-        queries.need("checked queries", nq as usize * d as usize)?;
-        bad.need("query check", 1)?;
-        kernel_args!(args = [queries = queries.ptr(), nq, d, bad = bad.ptr()]);
+        let values = nq as usize * d as usize;
+        queries.need("checked queries", values)?;
+        if let Some(st) = staged {
+            st.need("query staging", values)?;
+        }
+        words.need("query check words", 2)?;
+        verdict.need("query check verdict", 1)?;
+        kernel_args!(
+            args = [
+                queries = queries.ptr(),
+                nq,
+                d,
+                staged = staged.map_or(0, |s| s.ptr()),
+                words = words.ptr(),
+                verdict = verdict.ptr()
+            ]
+        );
         let warps = SCORE_THREADS / 32;
         let blocks = nq.div_ceil(warps).clamp(1, self.sm_count * 16);
         let launch = Launch::new(
@@ -192,7 +211,8 @@ impl Kernels {
             (blocks, 1),
             SCORE_THREADS,
         );
-        // SAFETY: the parameter list of topk_check_queries; sizes checked.
+        // SAFETY: the parameter list of topk_check_queries; sizes checked
+        // (a null `staged` is not written).
         unsafe { launch.run(q, &mut args) }
     }
 

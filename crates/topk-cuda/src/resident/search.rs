@@ -44,7 +44,9 @@ impl ResidentCorpus {
     /// `data_ptr()` gives), read with no copy through the host, after the
     /// work queued so far on the caller's `stream` (a raw `CUstream`; 0 is
     /// the default stream). The queries are checked on the device by the
-    /// rules of docs/CONTRACTS.md §4 before any is searched. Hits come back
+    /// rules of docs/CONTRACTS.md §4 (as they are staged where no row is
+    /// removed and no filter given, else before any is searched); no hit of
+    /// a call with a query at fault is returned. Hits come back
     /// to the host.
     ///
     /// # Safety
@@ -247,7 +249,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk;
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot)?;
+            src.part(first, cq, d)?.stage(slot, &e.kernels, d)?;
             if e.planner.filtered(k, cq) && self.bounded_chunk(slot, cq, k, allowed, &mut out)? {
                 continue;
             }
@@ -338,7 +340,7 @@ impl ResidentCorpus {
         let chunk = e.sizes.chunk.min(fit);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot)?;
+            src.part(first, cq, d)?.stage(slot, &e.kernels, d)?;
             let s = Queue::Stream(slot.stream.as_inner());
             let qv = slot.queries_at(d, 0, cq)?;
             let ops = e.operands(slot, qv, cq);
@@ -408,7 +410,7 @@ impl ResidentCorpus {
         let mut out = Vec::with_capacity(nq);
         for first in (0..nq).step_by(chunk) {
             let cq = chunk.min(nq - first);
-            src.part(first, cq, d)?.stage(slot)?;
+            src.part(first, cq, d)?.stage(slot, &e.kernels, d)?;
             let stream = slot.stream.as_inner();
             let s = Queue::Stream(stream);
             let qv = slot.queries_at(d, 0, cq)?;
