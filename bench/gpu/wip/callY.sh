@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call. Binaries: the GPU tests touching device queries, the plugin and
 # cuda_probe (as cuda_probe_fused) at this commit (y.tar.xz); cuda_probe of
-# 0d8a3ed (v.tar.xz) and of 7eb474a (ab.tar.xz, cuda_probe_old).
+# 0d8a3ed (cuda_probe_mid) and of 7eb474a (cuda_probe_old) in probes.tar.xz.
 # 1. the tests with TOPK_REQUIRE_GPU=1 in three lanes, memcheck of the bad
 #    device batches (mapped and copied verdicts);
 # 2. 10k-100k rows x 384/768/1024, Q = 16 and 256, K = 100, host and device
@@ -13,8 +13,7 @@ S=$(date +%s)
 L=${L:-560}
 T="$OUT/y"; mkdir -p "$T"
 B=/tmp/gy; mkdir -p $B
-tar xJf target/carry/v.tar.xz -C $B bin/cuda_probe; mv $B/bin/cuda_probe $B/bin/cuda_probe_mid
-tar xJf target/carry/ab.tar.xz -C $B bin/cuda_probe_old; tar xJf target/carry/y.tar.xz -C $B
+tar xJf target/carry/probes.tar.xz -C $B; tar xJf target/carry/y.tar.xz -C $B
 export TOPK_CUDA_PLUGIN="$B/bin/libtopk_cuda_plugin.so" TOPK_REQUIRE_GPU=1
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu --format=csv; } > "$T/environment.txt" 2>&1
 el() { echo $(( $(date +%s) - S )); }
