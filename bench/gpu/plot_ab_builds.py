@@ -19,15 +19,16 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def main() -> None:
     path, stem = sys.argv[1], sys.argv[2]
     times: dict[tuple, list[float]] = collections.defaultdict(list)
     order: list[str] = list(sys.argv[3:])
-    for line in open(path):
-        r = json.loads(line)
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
         if r.get("kind") != "batch":
             continue
         if r["build"] not in order:
@@ -37,7 +38,9 @@ def main() -> None:
     qs = sorted({k[0] for k in times})
     sources = sorted({k[1] for k in times})
     shapes = sorted({(k[2], k[3]) for k in times})
-    fig, axes = plt.subplots(len(qs), len(sources), figsize=(13, 4 * len(qs)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(qs), len(sources), figsize=(13, 4 * len(qs)), squeeze=False
+    )
     width = 0.8 / len(order)
     for i, q in enumerate(qs):
         for j, src in enumerate(sources):

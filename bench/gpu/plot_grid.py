@@ -46,14 +46,19 @@ def span(v):
 ns = sorted({k[1] for k in ours})
 ds = sorted({k[2] for k in ours})
 rows = [
-    "| N x D | topk host queries | topk device queries | torch fp32 | TF32 | bf16 "
-    "| torch fp32, host clock | TF32, host clock |",
+    (
+        "| N x D | topk host queries | topk device queries | torch fp32 | TF32 | bf16 "
+        "| torch fp32, host clock | TF32, host clock |"
+    ),
     "| --- | --- | --- | --- | --- | --- | --- | --- |",
 ]
 for n in ns:
     for d in ds:
         cells = [span(ours[("host", n, d)]), span(ours[("device", n, d)])]
-        cells += [span(torch[(k, n, d)]) for k in ("fp32", "tf32", "bf16", "fp32_host", "tf32_host")]
+        cells += [
+            span(torch[(k, n, d)])
+            for k in ("fp32", "tf32", "bf16", "fp32_host", "tf32_host")
+        ]
         rows.append(f"| {n // 1000}k x {d} | " + " | ".join(cells) + " |")
 (here / "table.md").write_text("\n".join(rows) + "\n")
 
