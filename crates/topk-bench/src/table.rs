@@ -61,8 +61,10 @@ pub struct RunFacts {
     pub date: Option<String>,
     /// Load average when the run started.
     pub loadavg: Option<String>,
-    /// SM clock as read, MHz.
+    /// SM clock as read when the run started (often idle), MHz.
     pub clock_sm: Option<String>,
+    /// The SM clock's maximum, MHz.
+    pub clock_sm_max: Option<String>,
 }
 
 impl RunFacts {
@@ -84,6 +86,7 @@ impl RunFacts {
             date: s("/date_utc"),
             loadavg: s("/loadavg"),
             clock_sm: s("/gpu/clock_sm_mhz"),
+            clock_sm_max: s("/gpu/clock_sm_max_mhz"),
         }
     }
 
@@ -106,8 +109,13 @@ impl RunFacts {
                     .unwrap_or_default()
             ));
         }
-        if let Some(c) = &self.clock_sm {
-            parts.push(format!("SM clock {c} MHz as read (not locked)"));
+        match (&self.clock_sm, &self.clock_sm_max) {
+            (Some(c), Some(m)) => parts.push(format!(
+                "SM clock not locked (maximum {m} MHz; {c} MHz as read when the run started)"
+            )),
+            (Some(c), None) => parts.push(format!("SM clock {c} MHz as read (not locked)")),
+            (None, Some(m)) => parts.push(format!("SM clock not locked (maximum {m} MHz)")),
+            (None, None) => {}
         }
         if let Some(d) = &self.date {
             parts.push(format!("measured {d}"));
@@ -638,6 +646,26 @@ mod tests {
         assert!(md.contains("| 100k | 1024 | 100 | 256 | 800.0 µs | 320000 | 600.0 µs | 1.60 ms | 2.00× | 400.0 µs | 0.50× | 200.0 µs | 0.25× |"), "{md}");
         assert!(md.contains("Against torch TF32 (tensor-core products, not exact): topk's batches from host queries are at least as fast in 1 of 2 configuration(s)."), "{md}");
         assert!(md.contains("Against torch over a bf16 copy (tensor-core products, not exact): topk's batches from host queries are at least as fast in 0 of 1 configuration(s)."), "{md}");
+    }
+
+    #[test]
+    fn the_clock_line_names_the_maximum_and_the_reading_at_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("environment.json"),
+            r#"{"gpu": {"name": "G", "clock_sm_mhz": "345", "clock_sm_max_mhz": "1980"}}"#,
+        )
+        .unwrap();
+        let line = RunFacts::read(dir.path()).line();
+        assert_eq!(
+            line,
+            "GPU G; SM clock not locked (maximum 1980 MHz; 345 MHz as read when the run started)"
+        );
+        let only_read = RunFacts {
+            clock_sm: Some("1755".into()),
+            ..RunFacts::default()
+        };
+        assert_eq!(only_read.line(), "SM clock 1755 MHz as read (not locked)");
     }
 
     #[test]
