@@ -34,6 +34,7 @@
 //! file that fails any check is a typed error; none can cause a panic or an
 //! index that answers wrongly.
 
+use std::io::{Read, Write};
 use std::path::Path;
 
 use topk_core::{validate, Metric};
@@ -63,23 +64,45 @@ fn metric_from_code(c: u32) -> Option<Metric> {
 }
 
 impl Hnsw {
-    /// Writes the index to `path` (replacing it), as one checksummed file.
+    /// Writes the index to `path` as one checksummed file, atomically: a
+    /// temporary file in the same folder is written, synced and renamed over
+    /// `path`, so a failure (a full disk) leaves any previous file in place.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let bytes = self.to_bytes();
-        std::fs::write(path, bytes).map_err(|source| HnswError::Io {
+        let io = |source| HnswError::Io {
             path: path.to_path_buf(),
             source,
-        })
+        };
+        let bytes = self.to_bytes();
+        let (tmp, mut file) = topk_io::create_temp_beside(path).map_err(io)?;
+        let written = file
+            .write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            drop(file);
+            // Best effort: the write's error is the one to report.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+        topk_io::sync_folder_of(path);
+        Ok(())
     }
 
-    /// Reads an index written by [`Hnsw::save`].
+    /// Reads an index written by [`Hnsw::save`]. A path that is not a
+    /// regular file (a FIFO, a folder) is refused without blocking.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| HnswError::Io {
+        let io = |source| HnswError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let (mut file, len) = topk_io::open_regular_file(path).map_err(io)?;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX))
+            .map_err(|_| io(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))?;
+        file.read_to_end(&mut bytes).map_err(io)?;
         Self::from_bytes(&bytes)
     }
 

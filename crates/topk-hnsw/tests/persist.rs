@@ -222,3 +222,45 @@ fn consistent_checksums_do_not_admit_a_broken_graph() {
         Err(HnswError::Corrupt { .. })
     ));
 }
+
+#[cfg(unix)]
+#[test]
+fn a_save_that_runs_out_of_space_keeps_the_previous_file() {
+    const NAME: &str = "a_save_that_runs_out_of_space_keeps_the_previous_file";
+    if !topk_testkit::files::full_disk_child(NAME) {
+        return;
+    }
+    // In a child whose files stop at 512 bytes: a three-row index fits.
+    let tiny = Hnsw::build(&[1.0, 0.0, 0.0, 1.0, 0.6, 0.8], 2, Metric::Dot, params(1)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index.hnsw");
+    tiny.save(&path).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    assert!(before.len() < 512, "{} bytes", before.len());
+    let e = small_index().save(&path).unwrap_err();
+    assert!(matches!(e, HnswError::Io { .. }), "{e}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "previous file intact"
+    );
+    assert_eq!(Hnsw::load(&path).unwrap().to_bytes(), tiny.to_bytes());
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(names.len(), 1, "no temporary file left");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_folder_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe.hnsw");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let e = Hnsw::load(&fifo).unwrap_err();
+    assert!(e.to_string().contains("is a FIFO"), "{e}");
+    let e = Hnsw::load(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("is a directory"), "{e}");
+}

@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use topk_core::{validate, Dtype, Error as CoreError, Located, Metric, RowStore, MAX_ID};
 
@@ -39,16 +39,6 @@ fn metric_code(m: Metric) -> u32 {
         Metric::Cosine => 1,
         Metric::L2 => 2,
     }
-}
-
-/// The temporary file a save writes before renaming it over `path`: in the
-/// same folder, so the rename never crosses file systems.
-pub(crate) fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
 /// A writer that checksums every [`BLOCK`] bytes of what passes through it.
@@ -89,8 +79,14 @@ impl Index {
     /// index itself is not changed (tombstones are simply not written).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), IndexError> {
         let path = path.as_ref();
-        let tmp = temp_path(path);
-        let result = self.write_to(&tmp).and_then(|()| {
+        // A fresh name created exclusively: two saves of one path never
+        // share a temporary file, and a planted file or link is not followed.
+        let (tmp, file) = topk_io::create_temp_beside(path).map_err(|source| IndexError::Io {
+            path: path.to_owned(),
+            op: "create a temporary file beside",
+            source,
+        })?;
+        let result = self.write_to(&tmp, file).and_then(|()| {
             std::fs::rename(&tmp, path).map_err(|source| IndexError::Io {
                 path: path.to_owned(),
                 op: "rename the temporary file over",
@@ -98,24 +94,16 @@ impl Index {
             })
         });
         if result.is_err() {
-            // The temporary may not exist (creating it failed); nothing to report.
+            // Best effort: the write's error is the one to report.
             let _ = std::fs::remove_file(&tmp);
             return result;
         }
-        // Make the rename durable; a folder that cannot be synced (some file
-        // systems refuse) leaves a complete file, so it is only logged.
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-            tracing::warn!(folder = %dir.display(), error = %e, "could not sync the folder after saving");
-        }
+        topk_io::sync_folder_of(path);
         tracing::debug!(file = %path.display(), rows = self.len(), "index saved");
         Ok(())
     }
 
-    fn write_to(&self, tmp: &Path) -> Result<(), IndexError> {
+    fn write_to(&self, tmp: &Path, file: File) -> Result<(), IndexError> {
         let io = |op: &'static str| {
             move |source| IndexError::Io {
                 path: tmp.to_owned(),
@@ -123,7 +111,6 @@ impl Index {
                 source,
             }
         };
-        let file = File::create(tmp).map_err(io("create"))?;
         let live: Vec<usize> = (0..self.ids.len()).filter(|&r| self.is_live(r)).collect();
         let (n, d) = (live.len() as u64, self.dim as u64);
         let dtype = self.data.dtype();
@@ -219,8 +206,7 @@ impl Index {
                 source,
             }
         };
-        let mut file = File::open(path).map_err(io("open"))?;
-        let len = file.metadata().map_err(io("read the length of"))?.len();
+        let (mut file, len) = topk_io::open_regular_file(path).map_err(io("open"))?;
         let truncated = |expected: u64| IndexError::Truncated {
             path: path.to_owned(),
             len,
@@ -293,8 +279,15 @@ impl Index {
             ));
         }
         let blocks = payload.div_ceil(BLOCK as u64);
-        let table_at = HEADER + payload;
-        let end = table_at + 4 * blocks + 4;
+        let sizes = HEADER
+            .checked_add(payload)
+            .and_then(|table_at| Some((table_at, table_at.checked_add(4 * blocks + 4)?)));
+        let Some((table_at, end)) = sizes else {
+            return Err(corrupt(
+                32,
+                format!("payload length {payload} does not fit in a file"),
+            ));
+        };
         if len < end {
             return Err(truncated(end));
         }
@@ -492,8 +485,7 @@ impl Index {
                 source,
             }
         };
-        let mut file = File::open(path).map_err(io("open"))?;
-        let len = file.metadata().map_err(io("read the length of"))?.len();
+        let (mut file, len) = topk_io::open_regular_file(path).map_err(io("open"))?;
         if len < HEADER {
             return Err(IndexError::Truncated {
                 path: path.to_owned(),

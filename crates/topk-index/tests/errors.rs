@@ -337,35 +337,139 @@ fn checksummed_but_impossible_values_name_their_offset() {
 }
 
 #[test]
-fn a_failed_save_keeps_the_previous_file() {
+fn a_header_whose_sizes_overflow_is_corrupt() {
+    let (dir, _path, mut bytes) = saved();
+    // D = 1 and N with 8 N + 4 N D = 2^64 - 4: the payload check passes in
+    // u64 and the header, payload and table no longer fit in one.
+    let n: u64 = 0x1555_5555_5555_5555;
+    let payload: u64 = 12 * n;
+    assert_eq!(payload, 0xFFFF_FFFF_FFFF_FFFC);
+    bytes[16..24].copy_from_slice(&1u64.to_le_bytes());
+    bytes[24..32].copy_from_slice(&n.to_le_bytes());
+    bytes[32..40].copy_from_slice(&payload.to_le_bytes());
+    let crc = crc32(&bytes[..40]);
+    bytes[40..44].copy_from_slice(&crc.to_le_bytes());
+    let err = open_bytes(dir.path(), &bytes).expect_err("overflow");
+    assert!(
+        err.to_string()
+            .contains("corrupt at offset 32: payload length 18446744073709551612 does not fit"),
+        "{err}"
+    );
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[cfg(unix)]
+#[test]
+fn a_save_that_runs_out_of_space_keeps_the_previous_file() {
+    const NAME: &str = "a_save_that_runs_out_of_space_keeps_the_previous_file";
+    if !topk_testkit::files::full_disk_child(NAME) {
+        return;
+    }
+    // In a child whose files stop at 512 bytes: the small index fits.
     let (dir, path, bytes) = saved();
-    // Occupy the temporary file's name with a folder: creating it fails.
-    let name = path.file_name().and_then(|n| n.to_str()).expect("name");
-    let blocker = dir
-        .path()
-        .join(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::create_dir(&blocker).expect("mkdir");
-    let mut other = small();
-    other
-        .add(
-            &[99],
-            ArrayView2::from_shape((1, 2), &[9.0, 9.0]).expect("shape"),
-        )
+    assert!(bytes.len() < 512, "{} bytes", bytes.len());
+    let mut big = small();
+    let ids: Vec<u64> = (100..1100).collect();
+    big.add(&ids, Array2::from_elem((1000, 2), 0.25).view())
         .expect("add");
-    let err = other.save(&path).expect_err("blocked");
-    assert!(matches!(err, IndexError::Io { op: "create", .. }), "{err}");
-    assert!(err.to_string().contains("cannot create"), "{err}");
+    let err = big.save(&path).expect_err("no room");
+    assert!(matches!(err, IndexError::Io { .. }), "{err}");
     assert_eq!(
         std::fs::read(&path).expect("read"),
         bytes,
         "previous file intact"
     );
     unchanged(&Index::open(&path, IndexBackend::Cpu).expect("open"));
-    std::fs::remove_dir(&blocker).expect("rmdir");
-    other.save(&path).expect("save");
-    assert!(Index::open(&path, IndexBackend::Cpu)
-        .expect("open")
-        .contains(99));
+    assert_eq!(
+        names_in(dir.path()),
+        ["small.topkidx"],
+        "no temporary file left"
+    );
+}
+
+#[test]
+fn a_save_refused_before_writing_keeps_the_previous_file() {
+    let (dir, path, bytes) = saved();
+    // A save under a name of 255 bytes (the longest a folder entry takes)
+    // has a shortened temporary name and succeeds.
+    let long = dir.path().join("x".repeat(255));
+    small().save(&long).expect("save under a long name");
+    unchanged(&Index::open(&long, IndexBackend::Cpu).expect("open"));
+    std::fs::remove_file(&long).expect("rm");
+    // A path whose folder is a file: nothing can be created there.
+    let err = small()
+        .save(path.join("inner.topkidx"))
+        .expect_err("not a folder");
+    assert!(
+        matches!(
+            err,
+            IndexError::Io {
+                op: "create a temporary file beside",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("inner.topkidx"), "{err}");
+    assert_eq!(std::fs::read(&path).expect("read"), bytes);
+    assert_eq!(names_in(dir.path()), ["small.topkidx"]);
+}
+
+#[test]
+fn concurrent_saves_of_one_path_each_leave_a_whole_file() {
+    let (dir, path, _) = saved();
+    let indexes: Vec<Index> = (0..8u64)
+        .map(|t| {
+            let mut ix = small();
+            let ids: Vec<u64> = (0..200).map(|i| 1000 * (t + 1) + i).collect();
+            ix.add(&ids, Array2::from_elem((200, 2), t as f32).view())
+                .expect("add");
+            ix
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for ix in &indexes {
+            let path = &path;
+            s.spawn(move || {
+                for _ in 0..5 {
+                    ix.save(path).expect("save");
+                    // Whatever save landed last, the file is one whole index.
+                    let back = Index::open(path, IndexBackend::Cpu).expect("open");
+                    assert_eq!(back.len(), 203);
+                }
+            });
+        }
+    });
+    let back = Index::open(&path, IndexBackend::Cpu).expect("open");
+    assert!(indexes.iter().any(|ix| ix.ids() == back.ids()));
+    assert_eq!(names_in(dir.path()), ["small.topkidx"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("pipe.topkidx");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let err = Index::open(&fifo, IndexBackend::Cpu).expect_err("a FIFO");
+    assert!(err.to_string().contains("is a FIFO"), "{err}");
+    let err = Index::file_info(&fifo).expect_err("a FIFO");
+    assert!(err.to_string().contains("is a FIFO"), "{err}");
+    let err = Index::open(dir.path(), IndexBackend::Cpu).expect_err("a folder");
+    assert!(err.to_string().contains("is a directory"), "{err}");
 }
 
 #[test]

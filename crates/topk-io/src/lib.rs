@@ -14,6 +14,7 @@
 //! | [`vecs`] functions | `.fvecs`, `.ivecs`, `.bvecs`, every row's dimension checked |
 //! | [`results`] | search results as `.jsonl` or a pair of `.npy` matrices |
 //! | [`synth`] | seeded Gaussian rows, row `i` a function of `(seed, i)` |
+//! | [`open_regular_file`], [`create_temp_beside`], [`sync_folder_of`] | the same input and output rules for other crates' files (index files) |
 //!
 //! The owned readers read a file straight into the final array (one copy,
 //! from the page cache into the array; no mapping alive beside it), so a
@@ -63,6 +64,7 @@ use ndarray::{Array2, ArrayView2};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use format::Format;
+pub use fsutil::{create_temp_beside, open_regular_file, sync_folder_of};
 pub use map::{Mapped, MappedMatrix};
 pub use npy::{
     npy_info, read_npy, read_npy_f32, read_npy_i32, read_npy_u32, write_npy, write_npy_f32,

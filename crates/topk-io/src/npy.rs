@@ -76,6 +76,27 @@ fn open_nonempty(path: &Path) -> Result<(File, u64)> {
     Ok((file, len))
 }
 
+/// The header's length (magic, version, length field and dictionary) as
+/// its length field declares it, for a file that starts like an `.npy` of a
+/// known version; `None` otherwise (left to the parser to describe).
+fn declared_header_len(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() < 8 || &bytes[..6] != b"\x93NUMPY" {
+        return None;
+    }
+    match bytes[6] {
+        1 => Some(10 + u64::from(u16::from_le_bytes([*bytes.get(8)?, *bytes.get(9)?]))),
+        2 | 3 => Some(
+            12 + u64::from(u32::from_le_bytes([
+                *bytes.get(8)?,
+                *bytes.get(9)?,
+                *bytes.get(10)?,
+                *bytes.get(11)?,
+            ])),
+        ),
+        _ => None,
+    }
+}
+
 /// The bytes of the header (magic, version, length field and dictionary),
 /// read from the start of the file: at most the file's length.
 fn read_header_bytes(path: &Path, file: &mut File, len: u64) -> Result<Vec<u8>> {
@@ -182,6 +203,21 @@ pub fn write_npy_i32(path: impl AsRef<Path>, array: ArrayView2<'_, i32>) -> Resu
 
 /// Parses and checks the header of a mapped `.npy` file.
 pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<NpyInfo> {
+    // ndarray-npy allocates the length its header declares before reading
+    // it: a 12-byte file declaring 4 GiB would allocate 4 GiB. The declared
+    // length is checked against the bytes first.
+    if let Some(declared) = declared_header_len(bytes) {
+        if declared > bytes.len() as u64 {
+            return Err(Error::NpyHeader {
+                path: path.to_owned(),
+                offset: bytes.len() as u64,
+                reason: format!(
+                    "the file ends at byte {} inside the header, which declares {declared} bytes",
+                    bytes.len()
+                ),
+            });
+        }
+    }
     let mut rest = bytes;
     let header = Header::from_reader(&mut rest).map_err(|e| header_error(path, bytes, e))?;
     let data_offset = bytes.len() - rest.len();

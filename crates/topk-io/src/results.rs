@@ -323,16 +323,20 @@ pub fn read_results_npy(path: impl AsRef<Path>) -> Result<Vec<Vec<Neighbor>>> {
             expected: indices.shape().to_vec(),
         });
     }
-    Ok(indices
-        .outer_iter()
-        .zip(scores.outer_iter())
-        .map(|(i, s)| {
-            i.iter()
-                .zip(s)
-                .map(|(&i, &s)| Neighbor::new(i, s))
-                .collect()
-        })
-        .collect())
+    // A zero-width pair holds no bytes whatever its row count: the outer
+    // list (24 bytes a query) is reserved as any other allocation would be.
+    let mut out = Vec::new();
+    crate::memory::reserve(&mut out, indices.nrows()).map_err(|bytes| Error::OutOfMemory {
+        path: path.to_owned(),
+        bytes,
+    })?;
+    out.extend(indices.outer_iter().zip(scores.outer_iter()).map(|(i, s)| {
+        i.iter()
+            .zip(s)
+            .map(|(&i, &s)| Neighbor::new(i, s))
+            .collect()
+    }));
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -110,7 +110,13 @@ pub fn read_bvecs_f32(path: impl AsRef<Path>) -> Result<Array2<f32>> {
     let path = path.as_ref();
     let mut plan = Plan::open::<u8>(path)?;
     let mut data = alloc_zeroed::<f32>(path, plan.rows * plan.dim)?;
-    let mut bytes = vec![0u8; plan.dim];
+    // The row buffer only once a complete row is known to exist: the first
+    // row's header alone may declare a dimension of 2^31 in an 8-byte file.
+    let mut bytes = if plan.rows > 0 {
+        vec![0u8; plan.dim]
+    } else {
+        Vec::new()
+    };
     if plan.dim > 0 {
         for row in data.chunks_exact_mut(plan.dim) {
             plan.row(&mut bytes)?;

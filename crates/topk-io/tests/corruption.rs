@@ -153,6 +153,53 @@ fn npy_header_cut_short() {
 }
 
 #[test]
+fn npy_header_declaring_more_bytes_than_the_file_has() {
+    // A version-2 header declaring 4 GiB in a 12-byte file is refused from
+    // the file's length, before anything of that size is allocated.
+    let dir = dir();
+    let p = file(&dir, "big.npy", b"\x93NUMPY\x02\x00\xff\xff\xff\xff");
+    let e = read_npy_f32(&p).unwrap_err();
+    assert!(matches!(e, Error::NpyHeader { offset: 12, .. }), "{e}");
+    let m = names_file(&e, &p);
+    assert!(m.contains("declares 4294967307 bytes"), "{m}");
+    let e = topk_io::Mapped::<f32>::open_npy(&p).unwrap_err();
+    assert!(matches!(e, Error::NpyHeader { offset: 12, .. }), "{e}");
+    // Version 1 the same way: 65,545 bytes declared, 40 present.
+    let mut v1 = npy(F4_2X3, &[]);
+    v1.truncate(40);
+    v1[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
+    let p = file(&dir, "big1.npy", &v1);
+    let e = read_npy_f32(&p).unwrap_err();
+    assert!(names_file(&e, &p).contains("declares 65545 bytes"), "{e}");
+}
+
+#[test]
+fn bvecs_first_row_declaring_two_gigabytes_is_truncated() {
+    let dir = dir();
+    let p = file(&dir, "huge.bvecs", &[0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0]);
+    let e = read_matrix(&p).unwrap_err();
+    assert!(matches!(e, Error::Truncated { row: 0, .. }), "{e}");
+}
+
+#[test]
+fn zero_width_results_of_2_to_the_62_rows_are_refused_not_allocated() {
+    let dir = dir();
+    let shape = "'shape': (4611686018427387904, 0), }";
+    let idx = npy(
+        &format!("{{'descr': '<u4', 'fortran_order': False, {shape}"),
+        &[],
+    );
+    let sc = npy(
+        &format!("{{'descr': '<f4', 'fortran_order': False, {shape}"),
+        &[],
+    );
+    let p = file(&dir, "r.npy", &idx);
+    file(&dir, "r.scores.npy", &sc);
+    let e = results::read_results(&p).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+}
+
+#[test]
 fn npy_unknown_version() {
     let dir = dir();
     let mut bytes = npy(F4_2X3, &f32_bytes(&[0.0; 6]));

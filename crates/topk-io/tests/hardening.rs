@@ -100,6 +100,47 @@ fn failed_npy_write_keeps_the_previous_pair_and_leaves_no_temporary_file() {
 }
 
 #[test]
+fn a_failed_second_rename_puts_the_first_file_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.npy");
+    let scores = topk_io::scores_path(&out);
+    topk_io::write_results(&out, &results(3, 2)).unwrap();
+    let old_scores = std::fs::read(&scores).unwrap();
+    let files = ResultFiles::create(&out).unwrap();
+    // The index file's name becomes a folder with a file in it after the
+    // check: the scores are renamed first, the index rename then fails.
+    std::fs::remove_file(&out).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep"), b"x").unwrap();
+    let e = files.write(&results(5, 2), 2).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert_eq!(
+        std::fs::read(&scores).unwrap(),
+        old_scores,
+        "scores put back"
+    );
+    assert!(out.join("keep").exists());
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["r.npy", "r.scores.npy"], "no temporary file left");
+}
+
+#[test]
+fn a_failed_second_rename_removes_a_first_file_that_was_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.npy");
+    let files = ResultFiles::create(&out).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep"), b"x").unwrap();
+    files.write(&results(5, 2), 2).unwrap_err();
+    assert!(!topk_io::scores_path(&out).exists(), "neither file appears");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
 fn dropped_result_files_leave_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let files = ResultFiles::create(dir.path().join("r.npy")).unwrap();

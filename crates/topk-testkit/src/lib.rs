@@ -6,7 +6,7 @@
 //! | [`gpu_or_skip`], [`or_skip`] | device cases skip with a printed reason where there is no device, and fail instead under `TOPK_REQUIRE_GPU=1` |
 //! | [`conformance`], [`Subject`], [`Label`] | every input rule and bit-identical oracle agreement, through any backend |
 //! | [`overflow`] | the overflow rule as a property test any exact backend must keep |
-//! | [`files`] | [`files::crc32`], to edit files and fix their checksums as a writer would |
+//! | [`files`] | [`files::crc32`], to edit files and fix their checksums as a writer would; [`files::full_disk_child`], a write that fails as on a full disk |
 //! | [`hits`] | hit lists compared bit for bit, rows from vectors (history tests) |
 //!
 //! ```
