@@ -44,8 +44,7 @@ is a terminal; --no-progress turns it off.";
     version,
     about = ABOUT,
     long_about = LONG_ABOUT,
-    after_help = AFTER_HELP,
-    args_conflicts_with_subcommands = true
+    after_help = AFTER_HELP
 )]
 pub struct Args {
     /// Index files (docs/CONTRACTS.md §10); without a command, the search story.
@@ -172,8 +171,9 @@ pub enum Command {
 
 /// `topk_demo index ...`: index files, saved atomically after every change.
 ///
-/// Id files (`--ids`, `--filter`) are `.npy` (uint32, int32 or int64) or
-/// `.ivecs`; every value of the file is one id, in row-major order.
+/// Id files (`--ids`, `--filter`) are `.npy` of uint32, int32, int64 or
+/// uint64 of any shape (`np.save("ids.npy", np.arange(n))` saves one axis),
+/// or `.ivecs`; every value of the file is one id, in row-major order.
 #[derive(Debug, Subcommand)]
 pub enum IndexCommand {
     /// Builds an index file from a corpus file (ids 0..N-1 without --ids).

@@ -26,6 +26,14 @@ pub enum DemoError {
         /// The input it resolves to.
         input: std::path::PathBuf,
     },
+    /// A flag of the search story given with an `index` command.
+    #[error("{flag} is a flag of the search story (no command); `topk_demo index {command}` does not take it")]
+    FlagWithCommand {
+        /// The flag as typed.
+        flag: String,
+        /// The index command.
+        command: String,
+    },
     /// An HNSW-only flag given with another backend.
     #[error("{flag} only applies to --backend hnsw (the backend is {backend})")]
     HnswOnlyFlag {

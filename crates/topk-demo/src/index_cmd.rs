@@ -31,6 +31,20 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             ef,
             dtype,
         } => {
+            // Before a long build: an output that would replace an input, or
+            // whose folder is missing, is refused now.
+            let inputs: Vec<&Path> = std::iter::once(corpus.as_path())
+                .chain(ids.as_deref())
+                .collect();
+            crate::output::check_not_input(out, &inputs)?;
+            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(DemoError::OutputFolder {
+                        dir: dir.to_path_buf(),
+                        out: out.clone(),
+                    });
+                }
+            }
             let rows = read_rows(corpus, progress)?;
             let ids = match ids {
                 Some(p) => ids_for(p, rows.nrows(), corpus)?,
@@ -113,7 +127,17 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             recall_sample,
             show,
         } => {
+            if *recall_sample == Some(0) {
+                return Err(DemoError::RecallSampleZero);
+            }
             let mut index = open(path, backend.map(Into::into), progress)?;
+            if ef.is_some() && index.backend() != IndexBackend::Hnsw {
+                // Silently ignoring it would hide a mistake.
+                return Err(DemoError::HnswOnlyFlag {
+                    flag: "--ef",
+                    backend: index.backend().to_string(),
+                });
+            }
             if let Some(ef) = ef {
                 index.set_ef(*ef)?;
             }
@@ -148,7 +172,6 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
                 index.backend()
             );
             match recall_sample {
-                Some(0) => return Err(DemoError::RecallSampleZero),
                 Some(sample) => {
                     let r = recall(path, &qs, spec, &hits, *k, *sample, progress)?;
                     let line = format!(
@@ -263,10 +286,7 @@ fn read_rows(path: &Path, progress: Progress) -> Result<Array2<f32>, DemoError> 
 
 /// Every value of an id file, in row-major order.
 fn read_ids(path: &Path) -> Result<Vec<u64>, DemoError> {
-    Ok(topk_io::read_ids(path)?
-        .iter()
-        .map(|&id| u64::from(id))
-        .collect())
+    Ok(topk_io::read_row_ids(path)?)
 }
 
 /// The ids of `path`, one per row of `rows_of`.

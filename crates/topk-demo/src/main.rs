@@ -41,9 +41,8 @@ fn main() -> ExitCode {
         )
         .init();
     let result = match &args.command {
-        Some(cli::Command::Index(cmd)) => {
-            index_cmd::run(cmd, progress::Progress::new(args.no_progress))
-        }
+        Some(cli::Command::Index(cmd)) => index_flags(cmd, &matches)
+            .and_then(|()| index_cmd::run(cmd, progress::Progress::new(args.no_progress))),
         None => hnsw_flags_need_hnsw(&args, &matches).and_then(|()| run::run(&args)),
     };
     match result {
@@ -54,6 +53,45 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Refuses the search story's flags typed beside an `index` command (only
+/// `--no-progress` is shared, before or after the command), and the HNSW
+/// build flags of `index build` typed with an exact backend.
+fn index_flags(cmd: &cli::IndexCommand, matches: &ArgMatches) -> Result<(), DemoError> {
+    let Some(("index", index)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let command = index.subcommand_name().unwrap_or_default().to_owned();
+    for arg in cli::Args::command().get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "no_progress" || matches.value_source(id) != Some(ValueSource::CommandLine) {
+            continue;
+        }
+        let flag = arg
+            .get_long()
+            .map_or_else(|| id.to_owned(), |l| format!("--{l}"));
+        return Err(DemoError::FlagWithCommand { flag, command });
+    }
+    if let (cli::IndexCommand::Build { backend, .. }, Some(("build", build))) =
+        (cmd, index.subcommand())
+    {
+        if topk::IndexBackend::from(*backend) != topk::IndexBackend::Hnsw {
+            for (id, flag) in [
+                ("m", "--m"),
+                ("ef_construction", "--ef-construction"),
+                ("ef", "--ef"),
+            ] {
+                if build.value_source(id) == Some(ValueSource::CommandLine) {
+                    return Err(DemoError::HnswOnlyFlag {
+                        flag,
+                        backend: topk::IndexBackend::from(*backend).to_string(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses `--m`, `--ef-construction`, `--ef` or `--recall-sample` typed

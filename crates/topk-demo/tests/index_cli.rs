@@ -301,3 +301,207 @@ fn bad_index_files_and_id_counts_are_named() {
     ]);
     fails_with(&o, "not a topk index file");
 }
+
+/// A `.npy` of one axis, as `np.save("ids.npy", np.array(ids, dtype))`
+/// writes it (`descr` `<i8` or `<u8`).
+fn write_ids_1d(path: &Path, descr: &str, ids: &[u64]) {
+    let mut dict = format!(
+        "{{'descr': '{descr}', 'fortran_order': False, 'shape': ({},), }}",
+        ids.len()
+    );
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&u16::try_from(dict.len()).expect("short").to_le_bytes());
+    bytes.extend_from_slice(dict.as_bytes());
+    for &id in ids {
+        bytes.extend_from_slice(&id.to_le_bytes());
+    }
+    std::fs::write(path, bytes).expect("write ids");
+}
+
+#[test]
+fn one_axis_and_64_bit_id_files_build_remove_and_filter() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name);
+    let (n, d) = (6, 3);
+    let corpus = rows(n, d, 1);
+    topk_io::write_matrix(p("corpus.npy"), corpus.view()).expect("corpus");
+    topk_io::write_matrix(p("q.npy"), rows(2, d, 4).view()).expect("queries");
+    let big = 5_000_000_000u64;
+    let ids: Vec<u64> = vec![0, 1, 2, big, big + 1, topk::MAX_ID];
+    for descr in ["<i8", "<u8"] {
+        write_ids_1d(&p("ids.npy"), descr, &ids);
+        let idx = p("big.topkidx");
+        ok(&demo([
+            OsStr::new("index"),
+            OsStr::new("build"),
+            OsStr::new("--corpus"),
+            p("corpus.npy").as_os_str(),
+            OsStr::new("--ids"),
+            p("ids.npy").as_os_str(),
+            OsStr::new("--out"),
+            idx.as_os_str(),
+        ]));
+        write_ids_1d(&p("gone.npy"), descr, &[big]);
+        let out = ok(&demo([
+            OsStr::new("index"),
+            OsStr::new("remove"),
+            OsStr::new("--index"),
+            idx.as_os_str(),
+            OsStr::new("--ids"),
+            p("gone.npy").as_os_str(),
+        ]));
+        assert!(out.contains("removed 1 of 1 ids given"), "{out}");
+        write_ids_1d(&p("allowed.npy"), descr, &[big, big + 1, topk::MAX_ID]);
+        let out = ok(&demo([
+            OsStr::new("index"),
+            OsStr::new("search"),
+            OsStr::new("--index"),
+            idx.as_os_str(),
+            OsStr::new("--queries"),
+            p("q.npy").as_os_str(),
+            OsStr::new("--filter"),
+            p("allowed.npy").as_os_str(),
+            OsStr::new("--k"),
+            OsStr::new("5"),
+        ]));
+        // The same content in process: ids as given, `big` removed.
+        let mut expect = Index::new(d, Metric::Dot, IndexBackend::Cpu).expect("index");
+        expect.add(&ids, corpus.view()).expect("add");
+        assert_eq!(expect.remove(&[big]), 1);
+        let allowed = Filter::new(vec![big, big + 1, topk::MAX_ID]);
+        let hits = expect
+            .search_batch(rows(2, d, 4).view(), 5, FilterSpec::Shared(&allowed))
+            .expect("search");
+        assert!(hits.iter().all(|h| h.len() == 2), "{hits:?}");
+        assert!(
+            out.starts_with(&report(&hits, Metric::Dot)),
+            "{descr}: {out}"
+        );
+    }
+    // A negative id is named with its position.
+    write_ids_1d(&p("neg.npy"), "<i8", &[0, 1, 2, u64::MAX, 4, 5]);
+    fails_with(
+        &demo([
+            OsStr::new("index"),
+            OsStr::new("build"),
+            OsStr::new("--corpus"),
+            p("corpus.npy").as_os_str(),
+            OsStr::new("--ids"),
+            p("neg.npy").as_os_str(),
+            OsStr::new("--out"),
+            p("neg.topkidx").as_os_str(),
+        ]),
+        "value -1 at row 3, column 0 does not fit in u64",
+    );
+    assert!(!p("neg.topkidx").exists());
+}
+
+#[test]
+fn index_build_never_replaces_its_inputs_and_checks_the_folder_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name);
+    topk_io::write_matrix(p("corpus.npy"), rows(5, 2, 0).view()).expect("corpus");
+    write_ids(&p("ids.npy"), &[5, 6, 7, 8, 9]);
+    let corpus_bytes = std::fs::read(p("corpus.npy")).expect("read");
+    let ids_bytes = std::fs::read(p("ids.npy")).expect("read");
+    for out in ["corpus.npy", "ids.npy", "./corpus.npy"] {
+        fails_with(
+            &demo([
+                OsStr::new("index"),
+                OsStr::new("build"),
+                OsStr::new("--corpus"),
+                p("corpus.npy").as_os_str(),
+                OsStr::new("--ids"),
+                p("ids.npy").as_os_str(),
+                OsStr::new("--out"),
+                dir.path().join(out).as_os_str(),
+            ]),
+            "would overwrite the input",
+        );
+    }
+    assert_eq!(std::fs::read(p("corpus.npy")).expect("read"), corpus_bytes);
+    assert_eq!(std::fs::read(p("ids.npy")).expect("read"), ids_bytes);
+    let o = demo([
+        OsStr::new("index"),
+        OsStr::new("build"),
+        OsStr::new("--corpus"),
+        p("corpus.npy").as_os_str(),
+        OsStr::new("--out"),
+        p("missing/x.topkidx").as_os_str(),
+    ]);
+    fails_with(&o, "missing");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("index built"), "{err}");
+}
+
+#[test]
+fn flags_are_checked_before_any_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name);
+    topk_io::write_matrix(p("corpus.npy"), rows(5, 2, 0).view()).expect("corpus");
+    topk_io::write_matrix(p("q.npy"), rows(2, 2, 3).view()).expect("queries");
+    let idx = p("x.topkidx");
+    let build = |extra: &[&str]| {
+        let mut args = vec![
+            OsStr::new("index"),
+            OsStr::new("build"),
+            OsStr::new("--corpus"),
+            p("corpus.npy").into_os_string().leak(),
+            OsStr::new("--out"),
+            idx.as_os_str(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        demo(args)
+    };
+    for flag in ["--m", "--ef-construction", "--ef"] {
+        fails_with(
+            &build(&["--backend", "cpu", flag, "8"]),
+            &format!("{flag} only applies to --backend hnsw (the backend is cpu)"),
+        );
+        assert!(!idx.exists());
+    }
+    ok(&build(&[]));
+    let search = |extra: &[&str]| {
+        let mut args = vec![
+            OsStr::new("index"),
+            OsStr::new("search"),
+            OsStr::new("--index"),
+            idx.as_os_str(),
+            OsStr::new("--queries"),
+            p("q.npy").into_os_string().leak(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        demo(args)
+    };
+    fails_with(
+        &search(&["--recall-sample", "0"]),
+        "--recall-sample 0 measures nothing",
+    );
+    fails_with(
+        &search(&["--ef", "40"]),
+        "--ef only applies to --backend hnsw",
+    );
+    // On an exact backend the recall sample is measured (and is 1).
+    assert!(ok(&search(&["--recall-sample", "2"])).contains("against exact search: 1.000"));
+    // `--no-progress` goes before or after the command; a flag of the search
+    // story beside an index command is named.
+    let info = |before: &[&str]| {
+        let mut args: Vec<&OsStr> = before.iter().map(OsStr::new).collect();
+        args.extend([
+            OsStr::new("index"),
+            OsStr::new("info"),
+            OsStr::new("--index"),
+            idx.as_os_str(),
+        ]);
+        demo(args)
+    };
+    assert!(ok(&info(&["--no-progress"])).contains("5 rows"));
+    fails_with(
+        &info(&["--k", "3"]),
+        "--k is a flag of the search story (no command); `topk_demo index info` does not take it",
+    );
+}

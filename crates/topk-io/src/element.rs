@@ -18,6 +18,7 @@ mod sealed {
     impl Sealed for u32 {}
     impl Sealed for u8 {}
     impl Sealed for i64 {}
+    impl Sealed for u64 {}
 }
 
 /// A number type topk reads from and writes to files.
@@ -70,6 +71,7 @@ element!(i32, "int32", ["<i4"], Some(Format::Ivecs));
 element!(u32, "uint32", ["<u4"], None);
 element!(u8, "uint8", ["|u1", "<u1"], Some(Format::Bvecs));
 element!(i64, "int64", ["<i8"], None);
+element!(u64, "uint64", ["<u8"], None);
 
 /// The expected-dtype text of messages: `float32 ('<f4')`.
 pub(crate) fn describe<T: Element>() -> String {

@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | [`read_matrix`] / [`write_matrix`] | `f32` rows from/to `.npy`, `.fvecs` (and `.bvecs`, widened), by extension |
 //! | [`read_ids`] | row ids (ground truth) from `.ivecs` or an integer `.npy` |
+//! | [`read_row_ids`] | an index's row ids, every value of an integer `.npy` of any shape or `.ivecs`, as `u64` |
 //! | [`Mapped`], [`MappedMatrix`] | a file as an `ArrayView2` without reading it into memory |
 //! | [`npy`] functions | `.npy` of `f32`, `i32`, `u32` in C order |
 //! | [`vecs`] functions | `.fvecs`, `.ivecs`, `.bvecs`, every row's dimension checked |
@@ -132,6 +133,60 @@ pub fn read_ids(path: impl AsRef<Path>) -> Result<Array2<u32>> {
             found: format!("{} ({f})", vecs::dtype_name(f)),
         }),
     }
+}
+
+/// Reads the ids of an index's rows: every value of `.ivecs`, or of a `.npy`
+/// of `int32`, `uint32`, `int64` or `uint64` of any shape (`np.arange(n)`
+/// saves shape `(n,)`), in row-major order, as `u64`. A negative id is an
+/// error naming its position; the index checks the upper bound
+/// (`topk_core::MAX_ID`).
+pub fn read_row_ids(path: impl AsRef<Path>) -> Result<Vec<u64>> {
+    let path = path.as_ref();
+    match Format::require(path, ".ivecs or .npy")? {
+        Format::Ivecs => row_ids_from(path, Mapped::<i32>::open_vecs(path)?.view()),
+        Format::Npy => match npy_info(path)?.descr.as_str() {
+            "<u4" => Ok(Mapped::<u32>::open_npy_column(path)?
+                .view()
+                .iter()
+                .map(|&v| u64::from(v))
+                .collect()),
+            "<u8" => Ok(Mapped::<u64>::open_npy_column(path)?
+                .view()
+                .iter()
+                .copied()
+                .collect()),
+            "<i8" => row_ids_from(path, Mapped::<i64>::open_npy_column(path)?.view()),
+            // Anything else, int32 included, is checked (and reported) as int32.
+            _ => row_ids_from(path, Mapped::<i32>::open_npy_column(path)?.view()),
+        },
+        f @ (Format::Fvecs | Format::Bvecs) => Err(Error::Dtype {
+            path: path.to_owned(),
+            expected: "integer ids (.ivecs, or .npy of int32, uint32, int64 or uint64)".to_owned(),
+            found: format!("{} ({f})", vecs::dtype_name(f)),
+        }),
+    }
+}
+
+fn row_ids_from<T>(path: &Path, view: ArrayView2<'_, T>) -> Result<Vec<u64>>
+where
+    T: Copy + Into<i64>,
+{
+    let mut out = Vec::new();
+    memory::reserve(&mut out, view.len()).map_err(|bytes| Error::OutOfMemory {
+        path: path.to_owned(),
+        bytes,
+    })?;
+    for ((row, column), &v) in view.indexed_iter() {
+        let value: i64 = v.into();
+        out.push(u64::try_from(value).map_err(|_| Error::OutOfRange {
+            path: path.to_owned(),
+            row,
+            column,
+            value,
+            target: "u64",
+        })?);
+    }
+    Ok(out)
 }
 
 fn ids_from<T>(path: &Path, view: ArrayView2<'_, T>) -> Result<Array2<u32>>

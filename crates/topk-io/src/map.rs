@@ -153,12 +153,25 @@ impl<T: Element> Mapped<T> {
     /// A file whose data does not start on a boundary `T` needs (numpy aligns
     /// to 64 bytes, other writers may not) is copied into memory instead.
     pub fn open_npy(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
+        Self::open_npy_as(path.as_ref(), false)
+    }
+
+    /// Maps a `.npy` file of any number of axes as one column of its values
+    /// in row-major order (shape `(count, 1)`), as [`Mapped::open_npy`] does
+    /// otherwise: ids saved by `np.save("ids.npy", np.arange(n))`.
+    pub fn open_npy_column(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_npy_as(path.as_ref(), true)
+    }
+
+    fn open_npy_as(path: &Path, column: bool) -> Result<Self> {
         let map = map_file(path)?;
-        match npy::layout::<T>(path, &map) {
+        match npy::layout::<T>(path, &map, column) {
             Ok(layout) => Ok(Self::new(path, Format::Npy, Storage::Map(map), layout)),
             Err(Error::Misaligned { .. }) => {
-                let info = npy::parse_header(path, &map)?;
+                let mut info = npy::parse_header(path, &map)?;
+                if column {
+                    info = npy::as_column(path, info)?;
+                }
                 let (rows, dim) = npy::shape::<T>(path, &info, map.len())?;
                 let mut values = alloc_zeroed::<T>(path, rows * dim)?;
                 let bytes = as_bytes_mut(&mut values);

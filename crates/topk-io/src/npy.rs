@@ -235,10 +235,36 @@ pub(crate) fn parse_header(path: &Path, bytes: &[u8]) -> Result<NpyInfo> {
 
 /// Checks that a mapped `.npy` file holds a complete 2-D C-order array of
 /// `T` whose data is aligned for `T` in the mapping.
-pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8]) -> Result<Layout> {
-    let info = parse_header(path, bytes)?;
+pub(crate) fn layout<T: Element>(path: &Path, bytes: &[u8], column: bool) -> Result<Layout> {
+    let mut info = parse_header(path, bytes)?;
+    if column {
+        info = as_column(path, info)?;
+    }
     let (rows, dim) = shape::<T>(path, &info, bytes.len())?;
     Layout::checked::<T>(path, bytes, rows, dim, info.data_offset, dim)
+}
+
+/// The header of an array of any number of axes seen as one column in
+/// row-major order, shape `(count, 1)`: ids saved as `np.arange(n)` have
+/// shape `(n,)`, a scalar has shape `()` and one value.
+pub(crate) fn as_column(path: &Path, mut info: NpyInfo) -> Result<NpyInfo> {
+    let count = info
+        .shape
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| Error::TooLarge {
+            path: path.to_owned(),
+            shape: info.shape.clone(),
+        })?;
+    if info.fortran_order && info.shape.iter().filter(|&&s| s > 1).count() > 1 {
+        // Column-major values would come in another order than row-major.
+        return Err(Error::FortranOrder {
+            path: path.to_owned(),
+        });
+    }
+    info.shape = vec![count, 1];
+    info.fortran_order = false;
+    Ok(info)
 }
 
 /// Checks that a `.npy` file of `len` bytes with this header holds a

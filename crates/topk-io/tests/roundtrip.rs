@@ -181,6 +181,83 @@ fn ids_read_from_every_integer_format() {
 }
 
 #[test]
+fn row_ids_are_every_value_in_row_major_order_whatever_the_shape() {
+    let dir = dir();
+    let ids = Array2::from_shape_fn((4, 3), |(i, j)| (i * 3 + j) as u32 * 1000);
+    let flat: Vec<u64> = ids.iter().map(|&v| u64::from(v)).collect();
+    let p = dir.path().join("ids.ivecs");
+    write_ivecs(&p, ids.mapv(|v| v as i32).view()).unwrap();
+    assert_eq!(topk_io::read_row_ids(&p).unwrap(), flat);
+    let p = dir.path().join("ids_u4.npy");
+    write_npy_u32(&p, ids.view()).unwrap();
+    assert_eq!(topk_io::read_row_ids(&p).unwrap(), flat);
+    // Above u32 (and i64) from uint64; one axis; a scalar.
+    let big = [0u64, 1 << 40, u64::MAX];
+    let p = dir.path().join("ids_u8.npy");
+    write_npy(&p, ndarray::arr2(&[big]).view()).unwrap();
+    assert_eq!(topk_io::read_row_ids(&p).unwrap(), big);
+    let npy = |dict: &str, data: &[u8]| {
+        let mut header = dict.to_owned();
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(data);
+        out
+    };
+    let p = dir.path().join("one_axis.npy");
+    let data: Vec<u8> = [7i32, 8, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(
+        &p,
+        npy(
+            "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }",
+            &data,
+        ),
+    )
+    .unwrap();
+    assert_eq!(topk_io::read_row_ids(&p).unwrap(), [7, 8, 9]);
+    let p = dir.path().join("scalar.npy");
+    std::fs::write(
+        &p,
+        npy(
+            "{'descr': '<i8', 'fortran_order': False, 'shape': (), }",
+            &42i64.to_le_bytes(),
+        ),
+    )
+    .unwrap();
+    assert_eq!(topk_io::read_row_ids(&p).unwrap(), [42]);
+    // Column-major values of a 2 x 2 array would come in another order.
+    let p = dir.path().join("fortran.npy");
+    let data: Vec<u8> = [1i32, 2, 3, 4]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(
+        &p,
+        npy(
+            "{'descr': '<i4', 'fortran_order': True, 'shape': (2, 2), }",
+            &data,
+        ),
+    )
+    .unwrap();
+    let e = topk_io::read_row_ids(&p).unwrap_err();
+    assert!(matches!(e, topk_io::Error::FortranOrder { .. }), "{e}");
+    // One axis in Fortran order is the same bytes.
+    std::fs::write(
+        &p,
+        npy(
+            "{'descr': '<i4', 'fortran_order': True, 'shape': (4,), }",
+            &data,
+        ),
+    )
+    .unwrap();
+    assert_eq!(topk_io::read_row_ids(&p).unwrap(), [1, 2, 3, 4]);
+}
+
+#[test]
 fn jsonl_lines_have_the_documented_shape() {
     let dir = dir();
     let p = dir.path().join("r.jsonl");
