@@ -12,7 +12,7 @@ use numpy::{
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyModule;
-use topk::{Filter, Hit};
+use topk::{Filter, FilterSpec, Hit};
 
 use crate::errors::{new_err, Kind};
 
@@ -37,6 +37,12 @@ pub(crate) fn inputs(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
         .map(|m| m.bind(py))
 }
 
+/// Whether an array's data starts on its element type's boundary (a view
+/// at an odd byte offset does not, and cannot be read as a slice).
+fn aligned<T>(data: *mut T) -> bool {
+    data.cast::<u8>().align_offset(std::mem::align_of::<T>()) == 0
+}
+
 /// A float32 C-contiguous numpy array of one or two dimensions, borrowed
 /// read-only for as long as this lives.
 pub(crate) struct Floats<'py> {
@@ -48,7 +54,7 @@ impl<'py> Floats<'py> {
     /// when it needs converting.
     pub(crate) fn in_place(obj: &Bound<'py, PyAny>) -> Option<Floats<'py>> {
         let array = obj.cast::<PyArrayDyn<f32>>().ok()?;
-        if !array.is_c_contiguous() || !(1..=2).contains(&array.ndim()) {
+        if !array.is_c_contiguous() || !(1..=2).contains(&array.ndim()) || !aligned(array.data()) {
             return None;
         }
         array.try_readonly().ok().map(|array| Floats { array })
@@ -112,7 +118,7 @@ pub(crate) struct Ids<'py> {
 impl<'py> Ids<'py> {
     fn in_place(obj: &Bound<'py, PyAny>) -> Option<Ids<'py>> {
         let array = obj.cast::<PyArray1<i64>>().ok()?;
-        if !array.is_c_contiguous() {
+        if !array.is_c_contiguous() || !aligned(array.data()) {
             return None;
         }
         array.try_readonly().ok().map(|array| Ids { array })
@@ -162,16 +168,93 @@ impl<'py> Ids<'py> {
         }
         Ok(out)
     }
+}
 
-    /// The non-negative ids (a filter ignores the others, as it ignores ids
-    /// the index does not hold: `-1` padding from a result can be passed
-    /// back as is).
-    pub(crate) fn to_filter(&self) -> PyResult<Filter> {
-        Ok(Filter::new(
-            self.values()?
-                .iter()
-                .filter_map(|&id| u64::try_from(id).ok()),
-        ))
+/// The filter argument of a search as the id arrays it names, borrowed
+/// while the GIL is held; [`FilterArgs::slices`] hands their values to code
+/// that runs without it, where [`FilterSlices::build`] sorts them.
+pub(crate) struct FilterArgs<'py> {
+    per_query: bool,
+    arrays: Vec<Ids<'py>>,
+}
+
+impl<'py> FilterArgs<'py> {
+    /// `obj` (None, an id array or list shared by the batch, or a list of
+    /// `queries` id arrays).
+    pub(crate) fn new(
+        py: Python<'py>,
+        obj: Option<&Bound<'py, PyAny>>,
+        queries: usize,
+    ) -> PyResult<FilterArgs<'py>> {
+        let Some(obj) = obj.filter(|o| !o.is_none()) else {
+            return Ok(FilterArgs {
+                per_query: false,
+                arrays: Vec::new(),
+            });
+        };
+        if let Some(ids) = Ids::in_place(obj) {
+            return Ok(FilterArgs {
+                per_query: false,
+                arrays: vec![ids],
+            });
+        }
+        let (how, value): (String, Bound<'py, PyAny>) = inputs(py)?
+            .call_method1("filter_spec", (obj, queries))?
+            .extract()?;
+        if how == "shared" {
+            return Ok(FilterArgs {
+                per_query: false,
+                arrays: vec![Ids::new(py, &value, "filter")?],
+            });
+        }
+        let mut arrays = Vec::with_capacity(queries);
+        for (i, item) in value.try_iter()?.enumerate() {
+            arrays.push(Ids::new(py, &item?, &format!("filter[{i}]"))?);
+        }
+        Ok(FilterArgs {
+            per_query: true,
+            arrays,
+        })
+    }
+
+    /// The ids of each array, to be read without the GIL.
+    pub(crate) fn slices(&self) -> PyResult<FilterSlices<'_>> {
+        let values = self
+            .arrays
+            .iter()
+            .map(Ids::values)
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(match (self.per_query, values.as_slice()) {
+            (true, _) => FilterSlices::PerQuery(values),
+            (false, [one]) => FilterSlices::Shared(one),
+            (false, _) => FilterSlices::None,
+        })
+    }
+}
+
+/// The ids of a search's filter argument.
+pub(crate) enum FilterSlices<'a> {
+    /// No filter.
+    None,
+    /// One allow-list for every query.
+    Shared(&'a [i64]),
+    /// One allow-list per query.
+    PerQuery(Vec<&'a [i64]>),
+}
+
+impl FilterSlices<'_> {
+    /// The filters (sorted and deduplicated: run it without the GIL). The
+    /// negative ids are dropped: a filter ignores them as it ignores ids the
+    /// index does not hold, so `-1` padding from a result can be passed back.
+    pub(crate) fn build(&self) -> Filters {
+        let filter = |ids: &[i64]| Filter::new(ids.iter().filter_map(|&id| u64::try_from(id).ok()));
+        match self {
+            FilterSlices::None => Filters::None,
+            FilterSlices::Shared(ids) => Filters::Shared(filter(ids)),
+            FilterSlices::PerQuery(all) => {
+                Filters::PerQuery(all.iter().map(|ids| filter(ids)).collect())
+            }
+        }
     }
 }
 
@@ -186,33 +269,13 @@ pub(crate) enum Filters {
 }
 
 impl Filters {
-    /// `obj` (None, an id array or list shared by the batch, or a list of
-    /// `queries` id arrays).
-    pub(crate) fn new(
-        py: Python<'_>,
-        obj: Option<&Bound<'_, PyAny>>,
-        queries: usize,
-    ) -> PyResult<Filters> {
-        let Some(obj) = obj.filter(|o| !o.is_none()) else {
-            return Ok(Filters::None);
-        };
-        if let Some(ids) = Ids::in_place(obj) {
-            return Ok(Filters::Shared(ids.to_filter()?));
+    /// As a [`FilterSpec`] for a batch search.
+    pub(crate) fn spec(&self) -> FilterSpec<'_> {
+        match self {
+            Filters::None => FilterSpec::None,
+            Filters::Shared(f) => FilterSpec::Shared(f),
+            Filters::PerQuery(fs) => FilterSpec::PerQuery(fs),
         }
-        let (how, value): (String, Bound<'_, PyAny>) = inputs(py)?
-            .call_method1("filter_spec", (obj, queries))?
-            .extract()?;
-        if how == "shared" {
-            return Ok(Filters::Shared(
-                Ids::new(py, &value, "filter")?.to_filter()?,
-            ));
-        }
-        let mut filters = Vec::with_capacity(queries);
-        for (i, item) in value.try_iter()?.enumerate() {
-            let item = item?;
-            filters.push(Ids::new(py, &item, &format!("filter[{i}]"))?.to_filter()?);
-        }
-        Ok(Filters::PerQuery(filters))
     }
 }
 

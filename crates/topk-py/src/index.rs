@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use topk::{Dtype, Filter, FilterSpec, Index, IndexBackend, IndexError, Metric};
 
-use crate::convert::{inputs, k_arg, Filters, Floats, Ids, Results};
+use crate::convert::{inputs, k_arg, FilterArgs, Filters, Floats, Ids, Results};
 use crate::errors::{index_err, new_err, Kind};
 use crate::{availability, options};
 
@@ -31,6 +31,33 @@ use crate::{availability, options};
 #[pyclass(module = "topk", name = "Index", frozen)]
 pub(crate) struct PyIndex {
     inner: RwLock<Index>,
+    /// What never changes after construction, read without the lock (a
+    /// thread waiting for the lock while holding the GIL would stall every
+    /// Python thread until a long write ends).
+    fixed: Fixed,
+}
+
+/// An index's properties that no call changes.
+struct Fixed {
+    dim: usize,
+    metric: Metric,
+    backend: IndexBackend,
+    dtype: Dtype,
+}
+
+impl PyIndex {
+    fn from_index(index: Index) -> PyIndex {
+        let fixed = Fixed {
+            dim: index.dim(),
+            metric: index.metric(),
+            backend: index.backend(),
+            dtype: index.dtype(),
+        };
+        PyIndex {
+            inner: RwLock::new(index),
+            fixed,
+        }
+    }
 }
 
 /// Why a call failed while the GIL was released.
@@ -122,7 +149,7 @@ impl PyIndex {
     }
 
     fn backend_name(&self) -> &'static str {
-        self.read().backend().as_str()
+        self.fixed.backend.as_str()
     }
 }
 
@@ -153,9 +180,7 @@ impl PyIndex {
         })?;
         let index =
             Index::with_options(dim, metric, backend, &options).map_err(|e| index_err(py, e))?;
-        Ok(PyIndex {
-            inner: RwLock::new(index),
-        })
+        Ok(PyIndex::from_index(index))
     }
 
     /// Opens a file written by `save`, for `backend`; by default `hnsw`
@@ -177,9 +202,7 @@ impl PyIndex {
                 Index::open(&path, backend)
             })
             .map_err(|e| index_err(py, e))?;
-        Ok(PyIndex {
-            inner: RwLock::new(index),
-        })
+        Ok(PyIndex::from_index(index))
     }
 
     /// Adds rows under new ids (default: those after the largest id) and
@@ -195,13 +218,13 @@ impl PyIndex {
         let view = rows_view(&rows)?;
         match ids.filter(|i| !i.is_none()) {
             None => {
-                let n = view.nrows() as i64;
+                let n = view.nrows() as u64;
                 let first = py
                     .detach(|| self.write().add_auto(view))
                     .map_err(|e| index_err(py, e))?;
-                // `first + n - 1` is at most 2^63 - 1 (add_auto checked it).
-                let first = first as i64;
-                let assigned: Array1<i64> = (first..first + n).collect();
+                // `first + n - 1` is at most 2^63 - 1 (add_auto checked it);
+                // `first + n` may be 2^63, so no range ends there.
+                let assigned: Array1<i64> = (0..n).map(|i| (first + i) as i64).collect();
                 Ok(PyArray::from_owned_array(py, assigned).into_any())
             }
             Some(ids_obj) => {
@@ -259,11 +282,13 @@ impl PyIndex {
         let k = k_arg(py, k)?;
         let single = q.is_single();
         let (nq, _) = q.shape();
-        let filters = Filters::new(py, filter, nq)?;
+        let filter_args = FilterArgs::new(py, filter, nq)?;
+        let filter_ids = filter_args.slices()?;
         let values = q.values()?;
         let view = rows_view(&q)?;
         let results = py.detach(|| -> Result<Results, Failure> {
             let mut out = Results::with_room(nq, k).map_err(Failure::Memory)?;
+            let filters = filter_ids.build();
             let index = this.read();
             let l2 = index.metric() == Metric::L2;
             if single {
@@ -283,12 +308,9 @@ impl PyIndex {
                 let hits = index.search(values, k, filter).map_err(Failure::Index)?;
                 out.push(&hits, l2);
             } else {
-                let spec = match &filters {
-                    Filters::None => FilterSpec::None,
-                    Filters::Shared(f) => FilterSpec::Shared(f),
-                    Filters::PerQuery(fs) => FilterSpec::PerQuery(fs),
-                };
-                let hits = index.search_batch(view, k, spec).map_err(Failure::Index)?;
+                let hits = index
+                    .search_batch(view, k, filters.spec())
+                    .map_err(Failure::Index)?;
                 for h in &hits {
                     out.push(h, l2);
                 }
@@ -315,18 +337,15 @@ impl PyIndex {
         stream: u64,
     ) -> PyResult<Py<PyAny>> {
         let k = k_arg(py, k)?;
-        let filters = Filters::new(py, filter, nq)?;
+        let filter_args = FilterArgs::new(py, filter, nq)?;
+        let filter_ids = filter_args.slices()?;
         let results = py.detach(|| -> Result<Results, Failure> {
             let mut out = Results::with_room(nq, k).map_err(Failure::Memory)?;
+            let filters = filter_ids.build();
             let index = self.read();
             let l2 = index.metric() == Metric::L2;
-            let spec = match &filters {
-                Filters::None => FilterSpec::None,
-                Filters::Shared(f) => FilterSpec::Shared(f),
-                Filters::PerQuery(fs) => FilterSpec::PerQuery(fs),
-            };
             let hits = index
-                .search_device(ptr, nq, k, spec, stream)
+                .search_device(ptr, nq, k, filters.spec(), stream)
                 .map_err(Failure::Index)?;
             for h in &hits {
                 out.push(h, l2);
@@ -411,8 +430,8 @@ impl PyIndex {
     /// Stored rows the certified-path state covers, ``None`` before it is
     /// built.
     #[getter]
-    fn certified_coverage(&self) -> Option<usize> {
-        self.read().certified_coverage()
+    fn certified_coverage(&self, py: Python<'_>) -> Option<usize> {
+        py.detach(|| self.read().certified_coverage())
     }
 
     /// The live ids, ascending, as int64.
@@ -428,28 +447,35 @@ impl PyIndex {
     /// The vector stored under `id` (a copy), or None.
     fn get<'py>(&self, py: Python<'py>, id: i64) -> Option<Bound<'py, PyAny>> {
         let id = u64::try_from(id).ok()?;
-        let row: Vec<f32> = self.read().get(id)?.to_vec();
+        let row: Vec<f32> = py.detach(|| self.read().get(id).map(std::borrow::Cow::into_owned))?;
         Some(PyArray::from_owned_array(py, Array1::from_vec(row)).into_any())
     }
 
-    fn __contains__(&self, id: i64) -> bool {
-        u64::try_from(id).is_ok_and(|id| self.read().contains(id))
+    /// Whether `id` is live; any integer may be asked (a negative one, or
+    /// one past 2^63 - 1, is not an id, so it is not in the index); anything
+    /// else is a `TypeError`.
+    fn __contains__(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match id.extract::<u64>() {
+            Ok(id) => Ok(py.detach(|| self.read().contains(id))),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
-    fn __len__(&self) -> usize {
-        self.read().len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.read().len())
     }
 
     /// Values per row.
     #[getter]
     fn dim(&self) -> usize {
-        self.read().dim()
+        self.fixed.dim
     }
 
     /// "dot", "cosine" or "l2".
     #[getter]
     fn metric(&self) -> &'static str {
-        self.read().metric().as_str()
+        self.fixed.metric.as_str()
     }
 
     /// The backend searches run on ("cpu", "oracle", ...).
@@ -461,28 +487,28 @@ impl PyIndex {
     /// How the rows are stored: "float32", "float16" or "bfloat16".
     #[getter]
     fn dtype(&self) -> &'static str {
-        dtype_name(self.read().dtype())
+        dtype_name(self.fixed.dtype)
     }
 
     /// Bytes the stored rows take.
     #[getter]
-    fn nbytes(&self) -> usize {
-        self.read().stored_bytes()
+    fn nbytes(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.read().stored_bytes())
     }
 
-    fn __repr__(&self) -> String {
-        let index = self.read();
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let len = py.detach(|| self.read().len());
+        let f = &self.fixed;
         // The storage type is shown when it is not the default.
-        let dtype = match index.dtype() {
+        let dtype = match f.dtype {
             Dtype::F32 => String::new(),
             d => format!(", dtype={:?}", dtype_name(d)),
         };
         format!(
-            "topk.Index(dim={}, metric={:?}, backend={:?}{dtype}, len={})",
-            index.dim(),
-            index.metric().as_str(),
-            index.backend().as_str(),
-            index.len()
+            "topk.Index(dim={}, metric={:?}, backend={:?}{dtype}, len={len})",
+            f.dim,
+            f.metric.as_str(),
+            f.backend.as_str(),
         )
     }
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -53,6 +54,19 @@ def test_auto_ids_start_at_zero_and_follow_the_largest(rng: np.random.Generator)
     np.testing.assert_array_equal(idx.add(corpus(rng, 3, 4)), [0, 1, 2])
     idx.add(corpus(rng, 1, 4), ids=[100])
     np.testing.assert_array_equal(idx.add(corpus(rng, 2, 4)), [101, 102])
+
+
+def test_auto_ids_reach_the_largest_id_and_stop_there() -> None:
+    idx = topk.Index(2, metric="dot")
+    idx.add(np.ones((1, 2), np.float32), ids=[topk.MAX_ID - 1])
+    np.testing.assert_array_equal(idx.add(np.ones((1, 2), np.float32)), [topk.MAX_ID])
+    assert topk.MAX_ID in idx and len(idx) == 2
+    with pytest.raises(topk.InvalidInputError):
+        idx.add(np.ones((1, 2), np.float32))
+    assert len(idx) == 2
+    assert 2**63 not in idx and -1 not in idx and 10**30 not in idx and np.int64(-1) not in idx
+    with pytest.raises(TypeError):
+        _ = "7" in idx
 
 
 def test_shapes_one_query_and_a_batch(rng: np.random.Generator) -> None:
@@ -161,6 +175,20 @@ def test_filters_shared_and_per_query() -> None:
     np.testing.assert_array_equal(ids, [[-1, -1], [-1, -1]])
 
 
+def test_a_list_of_numpy_integer_scalars_is_one_shared_filter() -> None:
+    idx = topk.Index(1, metric="dot")
+    idx.add(np.arange(1, 11, dtype=np.float32)[:, None])
+    q = np.ones((2, 1), np.float32)
+    want = idx.search(q, 3, filter=[2, 9])
+    allowed = np.array([2, 9])
+    for f in ([np.int64(2), np.int64(9)], list(allowed), tuple(allowed), [np.uint8(2), 9]):
+        same_bytes(idx.search(q, 3, filter=f), want)
+    # Three scalars for two queries are still one list of ids.
+    same_bytes(
+        idx.search(q, 3, filter=list(np.array([2, 9, 5]))), idx.search(q, 3, filter=[2, 9, 5])
+    )
+
+
 def test_float32_c_contiguous_is_read_in_place(rng: np.random.Generator) -> None:
     idx = topk.Index(16)
     rows = corpus(rng)
@@ -192,6 +220,29 @@ def test_other_layouts_are_converted_once(rng: np.random.Generator, make) -> Non
     before = topk.copy_count()
     same_bytes(idx.search(make(q), 4), want)
     assert topk.copy_count() == before + 1
+
+
+def misaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``a`` whose data starts one byte past an
+    element boundary."""
+    buf = np.zeros(a.nbytes + 1, np.uint8)
+    out = np.ndarray(a.shape, a.dtype, buffer=buf, offset=1)
+    out[...] = a
+    assert out.flags.c_contiguous and not out.flags.aligned
+    return out
+
+
+def test_misaligned_arrays_are_copied_once_not_refused(rng: np.random.Generator) -> None:
+    idx = topk.Index(16, metric="dot")
+    rows = corpus(rng)
+    idx.add(misaligned(rows), ids=misaligned(np.arange(200, dtype=np.int64)))
+    q = rows[:2]
+    want = idx.search(q, 3)
+    before = topk.copy_count()
+    same_bytes(idx.search(misaligned(q), 3), want)
+    assert topk.copy_count() == before + 1
+    allowed = np.array([5, 9, 11], np.int64)
+    same_bytes(idx.search(q, 3, filter=misaligned(allowed)), idx.search(q, 3, filter=allowed))
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.bool_, np.complex64])
@@ -382,6 +433,40 @@ def test_many_threads_search_while_one_writes(rng: np.random.Generator) -> None:
     w.join()
     assert failures == []
     assert len(idx) > 2000
+
+
+def test_a_call_waiting_for_a_long_write_lets_other_threads_run() -> None:
+    # A long hnsw add holds the write lock; `len(idx)` from a second thread
+    # waits for it without the GIL, so this thread keeps running meanwhile.
+    d = 32
+    rng = np.random.default_rng(5)
+    idx = topk.Index(d, metric="dot", backend="hnsw", ef_construction=200, parallel=False)
+    rows = rng.standard_normal((20_000, d), dtype=np.float32)
+    writing = threading.Thread(target=idx.add, args=(rows,))
+    reader_done = threading.Event()
+    span: list[float] = []
+
+    def reader() -> None:
+        start = time.perf_counter()
+        assert len(idx) == 20_000
+        span.extend([start, time.perf_counter()])
+        reader_done.set()
+
+    writing.start()
+    time.sleep(0.05)
+    assert writing.is_alive(), "the add ended before the reader started"
+    threading.Thread(target=reader).start()
+    ticks = [time.perf_counter()]
+    while not reader_done.is_set():
+        time.sleep(0.001)
+        ticks.append(time.perf_counter())
+    writing.join()
+    wait = span[1] - span[0]
+    assert wait > 0.2, f"the reader waited only {wait:.3f} s: the add was too short to tell"
+    inside = [t for t in ticks if span[0] <= t <= span[1]]
+    gaps = np.diff([span[0], *inside, span[1]])
+    # Holding the GIL while waiting would leave one gap as long as the wait.
+    assert gaps.max() < wait / 4, f"largest gap {gaps.max():.3f} s of a {wait:.3f} s wait"
 
 
 def test_an_unavailable_backend_is_a_device_error_saying_why() -> None:

@@ -8,7 +8,8 @@ on every exact backend::
 
     idx = topk.Index(384, metric="cosine")          # backend="cpu" | "oracle" | ...
     ids = idx.add(np.random.rand(1000, 384).astype(np.float32))
-    scores, ids = idx.search(queries, k=10)          # (Q, 10) float32 and int64
+    queries = np.random.rand(5, 384).astype(np.float32)
+    scores, ids = idx.search(queries, k=10)          # (5, 10) float32 and int64
     idx.save("docs.topkidx")
     idx2 = topk.Index.open("docs.topkidx")
 

@@ -94,7 +94,8 @@ def host_float32(obj: Any, name: str, backend: str) -> np.ndarray:
         raise InvalidInputError(
             f"{name} must be one vector (1-D) or a 2-D array of rows, got shape {arr.shape}"
         )
-    out = np.ascontiguousarray(arr, dtype=np.float32)
+    # C order and aligned (a view at an odd byte offset is copied too).
+    out = np.require(arr, dtype=np.float32, requirements=["C", "A"])
     if out is not arr or copied:
         _counted_copy()
     return out
@@ -139,7 +140,7 @@ def ids_int64(obj: Any, name: str) -> np.ndarray:
         raise InvalidInputError(
             f"id {int(arr[pos])} at position {pos} is above the largest id {_MAX_ID} (2^63 - 1)"
         )
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return np.require(arr, dtype=np.int64, requirements=["C", "A"])
 
 
 def filter_spec(obj: Any, queries: int) -> tuple[str, Any]:
@@ -151,8 +152,10 @@ def filter_spec(obj: Any, queries: int) -> tuple[str, Any]:
     """
     if isinstance(obj, np.ndarray) and obj.ndim == 2:
         obj = list(obj)
+    # An item is a per-query filter when it has an axis: numpy integer
+    # scalars (``list(arr)``) have ``__array__`` too, but are ids.
     if isinstance(obj, list | tuple) and any(
-        isinstance(f, list | tuple | np.ndarray) or hasattr(f, "__array__") for f in obj
+        isinstance(f, list | tuple) or (hasattr(f, "__array__") and np.ndim(f) >= 1) for f in obj
     ):
         if len(obj) != queries:
             raise InvalidInputError(
@@ -188,6 +191,10 @@ def _search_cuda_tensor(index: Any, queries: Any, k: int, filter: Any) -> Any:
             if q.dtype != cupy.float32 or not q.flags.c_contiguous:
                 q = cupy.ascontiguousarray(q, dtype=cupy.float32)
                 _counted_copy()
+            if q.ndim not in (1, 2):
+                raise InvalidInputError(
+                    f"queries must be 1-D or 2-D, got a CuPy array of shape {tuple(q.shape)}"
+                )
             single = q.ndim == 1
             q2 = q.reshape(1, -1) if single else q
             _check_dim(index, q2.shape[1])

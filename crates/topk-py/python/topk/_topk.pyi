@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 from os import PathLike
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -62,16 +62,17 @@ def backends() -> dict[str, bool | str]:
     """Every backend an :class:`Index` accepts: ``True`` when it can run on
     this machine, otherwise the reason it cannot (e.g. no NVIDIA driver)."""
 
+@final
 class Index:
     """An exact top-K index whose rows carry int64 ids (docs/CONTRACTS.md §10).
 
-    ``Index(dim, metric="cosine", backend="cpu", dtype="float32", **options)``.
+    ``Index(dim, metric="cosine", backend="cpu", dtype=None, **options)``.
 
     * ``metric``: ``"cosine"``, ``"dot"`` or ``"l2"``.
     * ``backend``: a name from :func:`backends` (``"cpu"``, ``"oracle"``, ...).
       The exact backends return the same bytes (ids and score bits).
-    * ``dtype``: how rows are stored (docs/CONTRACTS.md §14): ``"float32"``,
-      ``"float16"`` or ``"bfloat16"`` (also ``np.float16``, ``"f16"``,
+    * ``dtype``: how rows are stored (docs/CONTRACTS.md §14): ``None`` (the
+      default) or ``"float32"``, ``"float16"`` or ``"bfloat16"`` (also ``np.float16``, ``"f16"``,
       ``"bf16"``). Half-width rows take half the bytes; each value is rounded
       once, to nearest even, as it is added, and searches are exact over the
       stored values. A value beyond float16's range (65504) is an error
@@ -132,6 +133,9 @@ class Index:
         """Queries in GPU memory at device address ``ptr`` (``nq`` rows of
         ``dim`` float32), read after the work on CUDA stream ``stream``; used
         by :func:`topk._inputs._search_cuda_tensor`."""
+    def _time_rust_search(self, query: npt.ArrayLike, k: int, repeats: int) -> list[int]:
+        """Nanoseconds of each of ``repeats`` Rust ``Index::search`` calls for
+        one query (the baseline of ``bench/python_overhead.py``)."""
     def _time_rust_search_device(
         self, ptr: int, nq: int, k: int, stream: int, repeats: int
     ) -> list[int]:
@@ -164,7 +168,9 @@ class Index:
         """The live ids, ascending."""
     def get(self, id: int) -> npt.NDArray[np.float32] | None:
         """A copy of the vector stored under ``id``, or ``None``."""
-    def __contains__(self, id: int) -> bool: ...
+    def __contains__(self, id: int) -> bool:
+        """Whether ``id`` is a live id; a negative int or one past 2**63 - 1
+        is not one (``False``), a value that is no int a ``TypeError``."""
     def __len__(self) -> int: ...
     @property
     def dim(self) -> int:
