@@ -6,7 +6,7 @@ use topk_testkit::corpora::{self, bitwise_diff, palette, Kind};
 
 use super::{
     applies, cut, reaches, BatchGemm, Bounds, CertifiedRows, CosineBounds, DotBounds, Int8Rows,
-    L2Bounds, QueryBound, Stats, MIN_INT8_VALUES, MIN_QUERIES,
+    L2Bounds, QueryBound, Stats, MAX_DIM, MIN_INT8_VALUES, MIN_QUERIES,
 };
 use crate::{CorpusRef, CpuRetriever, Kernels, Oracle};
 
@@ -557,4 +557,24 @@ fn mismatched_norms_and_stale_state_are_errors() {
             .contains("covers 100 rows, the corpus has 200"),
         "{err}"
     );
+}
+
+#[test]
+fn a_dimension_past_the_bounds_derivation_is_refused() {
+    let d = MAX_DIM + 1;
+    let store = RowStore::from_f32(vec![0.5; 2 * d], d, Dtype::F32).unwrap();
+    let corpus = CorpusRef::new(&store, Metric::Dot, &[]).unwrap();
+    let state = CertifiedRows::build(corpus, BatchGemm::F32).unwrap();
+    let q = ndarray::Array2::<f32>::from_elem((1, d), 0.5);
+    let err = crate::select_certified(
+        corpus,
+        &state,
+        Kernels::best(),
+        q.view(),
+        1,
+        |_, _| true,
+        || crate::select::Selector::new(1),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("D <= 65536"), "{err}");
 }

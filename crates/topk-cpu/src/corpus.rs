@@ -14,8 +14,9 @@ use crate::kernels::Kernels;
 /// as `f32` (norms at ingest, the certified path's bound norms).
 const WIDEN_VALUES: usize = 1 << 20;
 
-/// Rows gathered per step from a strided view into a half-width store.
-const GATHER_ROWS: usize = 1024;
+/// Values (whole rows, at least one) gathered per step from a strided view
+/// into a half-width store: the buffer follows the corpus, not D alone.
+const GATHER_VALUES: usize = 1 << 18;
 
 /// An owned, validated `N × D` corpus under one metric.
 #[derive(Debug, Clone)]
@@ -53,9 +54,12 @@ impl Corpus {
             match rows.as_slice() {
                 Some(s) => store.push_rows(s)?,
                 None => {
-                    let mut buf = Vec::with_capacity(GATHER_ROWS * dim);
-                    for r0 in (0..n).step_by(GATHER_ROWS) {
-                        let r1 = (r0 + GATHER_ROWS).min(n);
+                    // About GATHER_VALUES values a step, at least one row and
+                    // never more rows than there are.
+                    let step = (GATHER_VALUES / dim.max(1)).clamp(1, n.max(1));
+                    let mut buf = Vec::with_capacity(step * dim);
+                    for r0 in (0..n).step_by(step) {
+                        let r1 = (r0 + step).min(n);
                         buf.clear();
                         buf.extend(rows.slice(ndarray::s![r0..r1, ..]).iter().copied());
                         store.push_rows(&buf)?;

@@ -41,8 +41,11 @@ impl Oracle {
         })
     }
 
-    /// Takes stored rows of any type (checked as they were stored).
+    /// Takes stored rows of any type. They are checked by the input rules
+    /// (docs/CONTRACTS.md §4) here, in one pass: `RowStore`'s unchecked
+    /// mutators (`push_checked`, `extend_le_bytes`) can hold any value.
     pub fn from_store(store: RowStore, metric: Metric) -> Result<Oracle> {
+        store.check()?;
         Ok(Oracle {
             corpus: Corpus::from_store(store, metric, scalar_norms)?,
         })

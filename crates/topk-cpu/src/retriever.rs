@@ -78,8 +78,11 @@ impl CpuRetriever {
         ))
     }
 
-    /// Takes stored rows of any type (checked as they were stored).
+    /// Takes stored rows of any type. They are checked by the input rules
+    /// (docs/CONTRACTS.md §4) here, in one pass: `RowStore`'s unchecked
+    /// mutators (`push_checked`, `extend_le_bytes`) can hold any value.
     pub fn from_store(store: RowStore, metric: Metric) -> Result<CpuRetriever> {
+        store.check()?;
         let kernels = Kernels::best();
         Ok(CpuRetriever::assemble(
             Corpus::from_store(store, metric, norms_with(kernels))?,

@@ -183,3 +183,28 @@ fn unstorable_values_are_named() {
     let e = Oracle::with_dtype(rows.t(), Metric::Dot, Dtype::Bf16).unwrap_err();
     assert!(e.to_string().contains("NaN"), "{e}");
 }
+
+#[test]
+fn a_store_filled_without_checks_is_checked_when_searched() {
+    // `push_checked` and `extend_le_bytes` trust their caller; the retrievers
+    // taking such a store check it (NaN, infinities, the overflow rule).
+    let big = 2f32.powi(51);
+    for (row, what) in [
+        ([f32::NAN, 1.0], "non-finite"),
+        ([f32::INFINITY, 1.0], "non-finite"),
+        ([big, 0.0], "squared norm"),
+    ] {
+        for dtype in [Dtype::F32, Dtype::Bf16] {
+            let mut store = RowStore::empty(2, dtype).unwrap();
+            store.push_checked(&[0.5, 0.5]);
+            store.push_checked(&row);
+            let e = Oracle::from_store(store.clone(), Metric::Dot).unwrap_err();
+            assert!(e.to_string().contains(what), "{dtype}: {e}");
+            let e = CpuRetriever::from_store(store.clone(), Metric::Dot).unwrap_err();
+            assert!(e.to_string().contains(what), "{dtype}: {e}");
+            let mut bytes = RowStore::empty(2, Dtype::F32).unwrap();
+            bytes.extend_le_bytes(&row.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+            assert!(CpuRetriever::from_store(bytes, Metric::Cosine).is_err());
+        }
+    }
+}

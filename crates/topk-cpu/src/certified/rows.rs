@@ -112,7 +112,8 @@ impl CertifiedRows {
 ///
 /// # Errors
 /// The §4 errors of the queries and `k`, and
-/// [`CpuError::StaleRows`] when `rows` does not cover the corpus's rows.
+/// [`CpuError::StaleRows`] when `rows` does not cover the corpus's rows;
+/// `InvalidParameter` above D = 2^16, where the bound is not derived.
 pub fn select_certified<P: CertifiedPick>(
     corpus: CorpusRef<'_>,
     rows: &CertifiedRows,
@@ -125,6 +126,17 @@ pub fn select_certified<P: CertifiedPick>(
     validate::queries(queries, corpus.dim())?;
     if k == 0 {
         return Err(topk_core::Error::ZeroK);
+    }
+    if corpus.dim() > super::MAX_DIM {
+        // The bound (and the int8 product's 32-bit sums) hold to D = 2^16.
+        return Err(topk_core::Error::InvalidParameter {
+            name: "dim",
+            value: corpus.dim().to_string(),
+            reason: format!(
+                "the certified path's bound is derived for D <= {}",
+                super::MAX_DIM
+            ),
+        });
     }
     if rows.len() != corpus.len() {
         return Err(CpuError::StaleRows {

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use topk_core::LANES;
 
-use super::{padded_tail, TileOut, TILE_QUERIES};
+use super::{padded_tail, TileOut, QUERY_PAD, ROW_PAD, TILE_QUERIES};
 
 /// f32 lanes per ymm register.
 const W: usize = 8;
@@ -85,7 +85,7 @@ unsafe fn pair_impl<const SQ: bool>(q: &[f32], r: &[f32]) -> f32 {
         unsafe { chunk::<SQ>(q, r, c * LANES, &mut p) };
     }
     if full * LANES < q.len() {
-        let (tq, tr) = (padded_tail(q), padded_tail(r));
+        let (tq, tr) = (padded_tail(q, QUERY_PAD), padded_tail(r, ROW_PAD));
         // SAFETY: the padded tails hold exactly one chunk.
         unsafe { chunk::<SQ>(&tq, &tr, 0, &mut p) };
     }
@@ -214,11 +214,11 @@ unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
     let tails: Option<Tails<R, Q>> = (full * LANES < d).then(|| {
         let mut rt = [[0.0_f32; LANES]; R];
         for (t, r) in rt.iter_mut().zip(rows) {
-            *t = padded_tail(r);
+            *t = padded_tail(r, ROW_PAD);
         }
         let mut qt = [[0.0_f32; LANES]; Q];
         for (t, q) in qt.iter_mut().zip(qs) {
-            *t = padded_tail(q);
+            *t = padded_tail(q, QUERY_PAD);
         }
         (rt, qt)
     });

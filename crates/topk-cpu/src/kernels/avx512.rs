@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use topk_core::LANES;
 
 use super::avx2::butterfly8;
-use super::{padded_tail, TileOut, TILE_QUERIES};
+use super::{padded_tail, TileOut, QUERY_PAD, ROW_PAD, TILE_QUERIES};
 
 /// f32 lanes per zmm register.
 const W: usize = 16;
@@ -73,7 +73,7 @@ unsafe fn pair_impl<const SQ: bool>(q: &[f32], r: &[f32]) -> f32 {
         unsafe { chunk::<SQ>(q, r, c * LANES, &mut p) };
     }
     if full * LANES < q.len() {
-        let (tq, tr) = (padded_tail(q), padded_tail(r));
+        let (tq, tr) = (padded_tail(q, QUERY_PAD), padded_tail(r, ROW_PAD));
         // SAFETY: the padded tails hold exactly one chunk.
         unsafe { chunk::<SQ>(&tq, &tr, 0, &mut p) };
     }
@@ -164,11 +164,11 @@ unsafe fn tile_impl<const R: usize, const Q: usize, const SQ: bool>(
             // Rebuilt per group: only vectors of D not a multiple of 32 get here.
             let mut rt = [[0.0_f32; LANES]; R];
             for (t, r) in rt.iter_mut().zip(rows) {
-                *t = padded_tail(r);
+                *t = padded_tail(r, ROW_PAD);
             }
             let mut qt = [[0.0_f32; LANES]; Q];
             for (t, q) in qt.iter_mut().zip(qs) {
-                *t = padded_tail(q);
+                *t = padded_tail(q, QUERY_PAD);
             }
             let off = g * W;
             let mut rv = [_mm512_setzero_ps(); R];

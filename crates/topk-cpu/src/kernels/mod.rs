@@ -11,10 +11,14 @@
 //! | `Avx2` (AVX2 + FMA) | 4 ymm registers | 3 × 4 (dot), 2 × 4 (L2) |
 //! | `Avx512` (AVX-512F) | 2 zmm registers | 4 × 4 |
 //!
-//! The last, partial chunk of a vector is zero-padded. A padded step adds
-//! `fma(0, 0, p)`, which equals `p` bit for bit because a partial sum is never
-//! `-0.0`: it starts at `+0.0`, and a rounded sum is `-0.0` only when both
-//! addends are.
+//! The last, partial chunk of a vector is padded: the query's tail with
+//! `+0.0`, the row's with `-0.0`. A padded step of a dot product adds
+//! `fma(+0, -0, p) = -0 + p`, which is `p` bit for bit for every `p`, `-0.0`
+//! included (a partial sum is `-0.0` when a tiny negative product underflows;
+//! padding both with `+0.0` would turn it into `+0.0`, which the reference,
+//! never stepping that lane, keeps). A padded step of a squared distance adds
+//! `(-0 - +0)^2 = +0` to a partial sum that is never `-0.0` (it starts at
+//! `+0.0` and adds squares).
 //!
 //! [`Kernels`] is a token that proves its path runs on this CPU; it is the
 //! only way into the unsafe code, which lives in this module alone.
@@ -236,6 +240,15 @@ impl Kernels {
             rows.len(),
             out.len()
         );
+        if d == 0 {
+            // Rows of no values (no chunks to step through): each scores as
+            // the empty pair does.
+            for (i, o) in out.iter_mut().enumerate() {
+                let norm = row_norms.get(i).copied().unwrap_or(0.0);
+                *o = self.score_row(metric, query, query_norm, &[], norm);
+            }
+            return;
+        }
         let sq = metric == Metric::L2;
         match self.path {
             Path::Scalar => {
@@ -369,11 +382,18 @@ pub(crate) fn finish(metric: Metric, raw: f32, query_norm: f32, row_norm: f32) -
     }
 }
 
-/// Copies the last, partial canonical chunk of `x` into a zero-padded buffer.
+/// The padding of a query's last, partial chunk.
+pub(crate) const QUERY_PAD: f32 = 0.0;
+/// The padding of a row's last, partial chunk: `-0.0`, so that a padded step
+/// `fma(+0, -0, p)` leaves every partial sum `p` as it is (module docs).
+pub(crate) const ROW_PAD: f32 = -0.0;
+
+/// Copies the last, partial canonical chunk of `x` into a buffer padded with
+/// `pad` ([`QUERY_PAD`] for a query, [`ROW_PAD`] for a row).
 #[inline]
-pub(crate) fn padded_tail(x: &[f32]) -> [f32; LANES] {
+pub(crate) fn padded_tail(x: &[f32], pad: f32) -> [f32; LANES] {
     let full = x.len() / LANES * LANES;
-    let mut t = [0.0; LANES];
+    let mut t = [pad; LANES];
     t[..x.len() - full].copy_from_slice(&x[full..]);
     t
 }

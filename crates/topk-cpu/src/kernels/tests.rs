@@ -167,13 +167,13 @@ proptest! {
     }
 }
 
-/// The zero padding of a partial chunk adds `fma(0, 0, p)`, which is `p` bit
-/// for bit unless `p` is `-0.0`; and a partial sum is never `-0.0`, because it
-/// starts at `+0.0` and a fused sum of `-0.0` and `+0.0` rounds to `+0.0`.
+/// The padding of a partial chunk (query `+0.0`, row `-0.0`) adds
+/// `fma(+0, -0, p)`, which is `p` bit for bit for every `p`, `-0.0` included.
 #[test]
-fn zero_padding_is_exact_because_partials_are_never_negative_zero() {
+fn padding_is_exact_for_every_partial_sum() {
     let partials = [
         0.0_f32,
+        -0.0,
         1.0,
         -1.0,
         f32::from_bits(1),
@@ -184,12 +184,80 @@ fn zero_padding_is_exact_because_partials_are_never_negative_zero() {
         f32::NEG_INFINITY,
     ];
     for p in partials {
-        assert_eq!(0.0_f32.mul_add(0.0, p).to_bits(), p.to_bits(), "{p:e}");
+        assert_eq!(
+            QUERY_PAD.mul_add(ROW_PAD, p).to_bits(),
+            p.to_bits(),
+            "{p:e}"
+        );
     }
-    // A product of -0.0 added to the +0.0 start stays +0.0.
-    assert_eq!((-0.0_f32).mul_add(1.0, 0.0).to_bits(), 0.0_f32.to_bits());
-    assert_eq!(0.0_f32.mul_add(-1.0, 0.0).to_bits(), 0.0_f32.to_bits());
+    // Zero padding on both sides would not be: -0.0 turns into +0.0.
+    assert_eq!(0.0_f32.mul_add(0.0, -0.0).to_bits(), 0.0_f32.to_bits());
+}
 
+/// Products that underflow to `-0.0` leave partial sums of `-0.0`; lanes the
+/// tail does not reach must keep them, as the reference does, on every path
+/// and in every kernel (pairs, rows, tiles).
+#[test]
+fn partial_sums_of_negative_zero_survive_the_padded_tail() {
+    for d in [33, 34, 40, 63, 65, 100, 1000] {
+        let q = vec![-1e-30_f32; d];
+        let r = vec![1e-30_f32; d];
+        let want = ref_dot(&q, &r);
+        assert_eq!(want.to_bits(), (-0.0_f32).to_bits(), "d={d}");
+        for k in paths() {
+            let name = k.path();
+            assert_eq!(k.dot(&q, &r).to_bits(), want.to_bits(), "dot d={d} {name}");
+            assert_eq!(k.dot(&r, &q).to_bits(), want.to_bits(), "dot' d={d} {name}");
+            let rows: Vec<f32> = r.iter().chain(&q).copied().collect();
+            let mut out = [f32::NAN; 2];
+            k.score_rows(Metric::Dot, &q, 0.0, &rows, &[0.0, 0.0], &mut out);
+            assert_eq!(out[0].to_bits(), want.to_bits(), "rows d={d} {name}");
+            assert_eq!(
+                out[1].to_bits(),
+                ref_dot(&q, &q).to_bits(),
+                "rows d={d} {name}"
+            );
+            let tile_rows: Vec<&[f32]> = vec![&r; k.tile_rows(Metric::Dot)];
+            let mut tile: TileOut = [[f32::NAN; TILE_QUERIES]; MAX_TILE_ROWS];
+            k.tile(false, &tile_rows, &[&q, &r], &mut tile);
+            for t in &tile[..tile_rows.len()] {
+                assert_eq!(t[0].to_bits(), want.to_bits(), "tile d={d} {name}");
+                assert_eq!(
+                    t[1].to_bits(),
+                    ref_dot(&r, &r).to_bits(),
+                    "tile d={d} {name}"
+                );
+            }
+        }
+    }
+}
+
+/// The same through the retrievers: the fast CPU path returns the oracle's
+/// bytes for a corpus whose scores are `-0.0`.
+#[test]
+fn a_negative_zero_score_is_the_oracles_on_the_fast_path() {
+    let d = 40;
+    let mut corpus = ndarray::Array2::<f32>::from_elem((5, d), 1e-30);
+    corpus.row_mut(3).fill(-1e-30);
+    let q = vec![-1e-30_f32; d];
+    let fast = crate::CpuRetriever::new(corpus.view(), Metric::Dot).expect("fast");
+    let oracle = crate::Oracle::new(corpus.view(), Metric::Dot).expect("oracle");
+    use topk_core::Retriever as _;
+    let (a, b) = (
+        fast.search(&q, 5).expect("fast"),
+        oracle.search(&q, 5).expect("oracle"),
+    );
+    let bits = |v: &[topk_core::Neighbor]| {
+        v.iter()
+            .map(|n| (n.index, n.score.to_bits()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&a), bits(&b));
+    assert!(b.iter().any(|n| n.score.to_bits() == (-0.0_f32).to_bits()));
+}
+
+#[test]
+fn zero_padding_keeps_negative_zero_inputs() {
     // Vectors of negative zeros whose length leaves a padded tail, on every path.
     for d in [1, 5, 31, 33, 63, 65, 100] {
         let neg = vec![-0.0_f32; d];
@@ -282,4 +350,19 @@ fn free_functions_use_the_best_path() {
 #[should_panic(expected = "length mismatch")]
 fn mismatched_lengths_panic_like_the_reference() {
     Kernels::best().dot(&[1.0, 2.0], &[1.0]);
+}
+
+#[test]
+fn rows_of_no_values_score_as_the_empty_pair() {
+    for k in paths() {
+        for metric in Metric::ALL {
+            let mut out = [f32::NAN; 3];
+            k.score_rows(metric, &[], 0.0, &[], &[0.0; 3], &mut out);
+            let want = k.score_row(metric, &[], 0.0, &[], 0.0);
+            assert!(
+                out.iter().all(|o| o.to_bits() == want.to_bits()),
+                "{metric} {out:?}"
+            );
+        }
+    }
 }
