@@ -67,3 +67,105 @@ def test_save_and_load(tmp_path, store: TopkVectorStore) -> None:
     back.add_texts(["elderberries"], ids=["5"])
     assert back.get_by_ids(["5"])[0].page_content == "elderberries"
     assert back.index is not None and len(back.index) == 5
+
+
+def test_a_save_that_fails_writes_nothing_and_the_previous_save_loads(tmp_path) -> None:
+    import datetime
+
+    emb = DeterministicFakeEmbedding(size=16)
+    folder = tmp_path / "store"
+    store = TopkVectorStore.from_texts(["a", "b"], emb, ids=["1", "2"])
+    store.save_local(folder)
+    before = sorted(p.name for p in folder.iterdir())
+    store.add_texts(["c"], metadatas=[{"t": datetime.datetime(2026, 1, 1)}], ids=["3"])
+    with pytest.raises(TypeError):
+        store.save_local(folder)
+    assert sorted(p.name for p in folder.iterdir()) == before
+    back = TopkVectorStore.load_local(folder, emb)
+    assert sorted(d.id for d in back.similarity_search("a", k=5)) == ["1", "2"]
+    # A later save replaces the pair and leaves one index file.
+    store.delete(["3"])
+    store.save_local(folder)
+    assert len(list(folder.glob("*.topkidx"))) == 1
+    assert sorted(
+        d.id for d in TopkVectorStore.load_local(folder, emb).similarity_search("a", k=5)
+    ) == ["1", "2"]
+    # An empty store saved over a used folder leaves no stale index.
+    TopkVectorStore(emb).save_local(folder)
+    assert list(folder.glob("*.topkidx")) == []
+    assert TopkVectorStore.load_local(folder, emb).similarity_search("a", k=5) == []
+
+
+def test_a_folder_saved_with_the_old_index_name_still_loads(
+    tmp_path, store: TopkVectorStore
+) -> None:
+    import json
+
+    folder = tmp_path / "old"
+    store.save_local(folder)
+    [index_file] = folder.glob("*.topkidx")
+    index_file.rename(folder / "index.topkidx")
+    docs = json.loads((folder / "docs.json").read_text())
+    del docs["index"]
+    (folder / "docs.json").write_text(json.dumps(docs))
+    back = TopkVectorStore.load_local(folder, DeterministicFakeEmbedding(size=16))
+    assert back.similarity_search("dates", k=2) == store.similarity_search("dates", k=2)
+
+
+def test_a_refused_add_changes_nothing() -> None:
+    import topk
+
+    s = TopkVectorStore(DeterministicFakeEmbedding(size=16), index=topk.Index(8))
+    with pytest.raises(topk.InvalidInputError):
+        s.add_texts(["a"], ids=["k"])
+    assert s.get_by_ids(["k"]) == []
+    s = TopkVectorStore(DeterministicFakeEmbedding(size=16))
+    s.add_texts(["x"], ids=["x"])
+    with pytest.raises(TypeError, match="metadatas\\[1\\]"):
+        s.add_texts(["a", "b"], metadatas=[{}, 5])  # type: ignore[list-item]
+    assert [d.id for d in s.similarity_search("b", k=5)] == ["x"]
+    assert s.add_texts(["a"], ids=["k"]) == ["k"]
+    assert s.get_by_ids(["k"])[0].page_content == "a"
+
+
+def test_an_index_with_rows_but_no_documents_is_refused() -> None:
+    import numpy as np
+
+    import topk
+
+    idx = topk.Index(16)
+    idx.add(np.ones((1, 16), np.float32))
+    with pytest.raises(ValueError, match="1 rows without documents"):
+        TopkVectorStore(DeterministicFakeEmbedding(size=16), index=idx)
+
+
+def test_dot_relevance_is_higher_for_better_matches() -> None:
+    s = TopkVectorStore.from_texts(
+        ["near", "far"], DeterministicFakeEmbedding(size=16), ids=["n", "f"], metric="dot"
+    )
+    q = s.embeddings.embed_query("near")
+    hits = s.similarity_search_with_score_by_vector(q, k=2)
+    rel = s._select_relevance_score_fn()
+    scores = [score for _, score in hits]
+    assert scores == sorted(scores, reverse=True)
+    rels = [rel(score) for score in scores]
+    assert rels == sorted(rels, reverse=True) and all(0.0 <= r <= 1.0 for r in rels)
+    assert rel(1.0) == 1.0 and rel(-1.0) == 0.0
+
+
+def test_concurrent_adds_keep_every_document() -> None:
+    import threading
+
+    s = TopkVectorStore(DeterministicFakeEmbedding(size=16))
+
+    def add(t: int) -> None:
+        for i in range(20):
+            s.add_texts([f"t{t}-{i}", f"u{t}-{i}"])
+
+    threads = [threading.Thread(target=add, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert s.index is not None and len(s.index) == 160
+    assert len(s.similarity_search("t0-0", k=200)) == 160

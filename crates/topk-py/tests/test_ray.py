@@ -284,6 +284,8 @@ def test_bad_input_raises_what_index_raises_and_changes_nothing(sharded) -> None
             lambda x: x.search(np.ones((2, D), np.float32), 3, filter=[[1], [2], [3]]),
         ),
         ("int rows", lambda x: x.add(np.ones((1, D), np.int64))),
+        ("0-d query", lambda x: x.search(np.array(1.0, np.float32), 1)),
+        ("3-d queries", lambda x: x.search(np.ones((1, 2, D), np.float32), 1)),
     ]
     for name, call in cases:
         want = outcome(lambda call=call: call(one))
@@ -514,3 +516,43 @@ def test_closed_set_refuses_calls(ray_local) -> None:
     assert not Path(folder).exists()
     with pytest.raises(topk.InvalidInputError, match="closed"):
         s.search(np.ones(D, np.float32), 1)
+
+
+def test_a_save_into_the_sets_own_temporary_folder_outlives_close(ray_local, rng) -> None:
+    s = topk.ray.ShardedIndex(D, shards=2, num_cpus=0)
+    rows = rng.standard_normal((20, D)).astype(np.float32)
+    s.add(rows)
+    s.save()
+    folder = s.path
+    s.close()
+    back = topk.ray.ShardedIndex.open(folder, num_cpus=0)
+    try:
+        assert len(back) == 20
+    finally:
+        back.close()
+    with pytest.raises(TypeError, match="backend must be a str"):
+        topk.ray.ShardedIndex.open(folder, backend=5)  # type: ignore[arg-type]
+
+
+def test_concurrent_adds_with_automatic_ids_never_clash(ray_local, rng) -> None:
+    s = topk.ray.ShardedIndex(D, shards=3, num_cpus=0)
+    failures: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            for _ in range(10):
+                s.add(rng.standard_normal((4, D)).astype(np.float32))
+        except BaseException as e:
+            failures.append(e)
+
+    try:
+        threads = [threading.Thread(target=add) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        assert len(s) == 160
+        np.testing.assert_array_equal(s.ids(), np.arange(160))
+    finally:
+        s.close()

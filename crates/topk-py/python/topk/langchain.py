@@ -18,8 +18,12 @@ best documents among those that match.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import re
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -36,8 +40,11 @@ __all__ = ["TopkVectorStore"]
 
 _Filter = dict[str, Any] | Callable[[Document], bool] | None
 
+# Folders written before the docs file named its index file hold this one.
 _INDEX_FILE = "index.topkidx"
 _DOCS_FILE = "docs.json"
+# The index files save_local writes (and deletes once a newer save names another).
+_SAVED_INDEX = re.compile(r"index(-[0-9a-f]{32})?\.topkidx")
 
 
 class TopkVectorStore(VectorStore):
@@ -58,7 +65,16 @@ class TopkVectorStore(VectorStore):
         index: Index | None = None,
         **index_options: Any,
     ) -> None:
+        if index is not None and len(index) > 0:
+            # Its rows would have no documents (and their ids would clash
+            # with the store's): a saved store comes back by load_local.
+            raise ValueError(
+                f"index holds {len(index)} rows without documents: give an empty index, "
+                "or use TopkVectorStore.load_local"
+            )
         self._embedding = embedding
+        # Adds and deletes of several threads (aadd_texts) one at a time.
+        self._lock = threading.RLock()
         self._metric = index.metric if index is not None else metric
         self._backend = index.backend if index is not None else backend
         self._options = index_options
@@ -102,36 +118,47 @@ class TopkVectorStore(VectorStore):
             (ids[i] if ids is not None and ids[i] is not None else str(uuid.uuid4()))
             for i in range(len(texts))
         ]
+        # Everything is checked and built before the store changes: a bad
+        # metadata or a refused vector leaves it as it was.
+        metas = []
+        for i, m in enumerate(metadatas if metadatas is not None else [None] * len(texts)):
+            if m is not None and not isinstance(m, dict):
+                raise TypeError(f"metadatas[{i}] must be a dict or None, got {type(m).__name__}")
+            metas.append(dict(m) if m else {})
         # The last of a repeated key wins, as for repeated upserts.
         last = {key: i for i, key in enumerate(keys)}
         order = sorted(last.values())
         vectors = np.asarray(
             self._embedding.embed_documents([texts[i] for i in order]), dtype=np.float32
         )
-        index = self._ensure_index(vectors.shape[1])
-        int_ids = []
-        for i in order:
-            key = keys[i]
-            if key not in self._by_key:
-                self._by_key[key] = self._next
-                self._next += 1
-            int_ids.append(self._by_key[key])
-        index.upsert(vectors, np.asarray(int_ids, dtype=np.int64))
-        for i, n in zip(order, int_ids, strict=True):
-            meta = dict(metadatas[i]) if metadatas is not None and metadatas[i] else {}
-            self._docs[n] = (keys[i], texts[i], meta)
+        with self._lock:
+            index = self._ensure_index(vectors.shape[1])
+            new_keys: dict[str, int] = {}
+            int_ids = []
+            for i in order:
+                key = keys[i]
+                n = self._by_key.get(key)
+                if n is None:
+                    n = new_keys[key] = self._next + len(new_keys)
+                int_ids.append(n)
+            index.upsert(vectors, np.asarray(int_ids, dtype=np.int64))
+            self._by_key.update(new_keys)
+            self._next += len(new_keys)
+            for i, n in zip(order, int_ids, strict=True):
+                self._docs[n] = (keys[i], texts[i], metas[i])
         return keys
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool | None:
         """Removes the documents of ``ids`` (all of them when ``None``);
         absent ids are ignored."""
-        if ids is None:
-            ids = list(self._by_key)
-        gone = [self._by_key.pop(key) for key in ids if key in self._by_key]
-        for n in gone:
-            self._docs.pop(n, None)
-        if gone and self._index is not None:
-            self._index.remove(np.asarray(gone, dtype=np.int64))
+        with self._lock:
+            if ids is None:
+                ids = list(self._by_key)
+            gone = [self._by_key.pop(key) for key in ids if key in self._by_key]
+            for n in gone:
+                self._docs.pop(n, None)
+            if gone and self._index is not None:
+                self._index.remove(np.asarray(gone, dtype=np.int64))
         return True
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
@@ -200,11 +227,17 @@ class TopkVectorStore(VectorStore):
         ]
 
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        """Relevance in [0, 1], higher for better matches, from the index's
+        score. Cosine maps [-1, 1] onto it; a dot product the same way, which
+        is exact for unit vectors (where it is the cosine) and clipped beyond;
+        a squared L2 distance ``d`` of unit vectors gives ``1 - sqrt(d / 2)``."""
         if self._metric == "cosine":
             return lambda s: (1.0 + s) / 2.0
         if self._metric == "l2":
             return lambda d: 1.0 - math.sqrt(max(d, 0.0)) / math.sqrt(2.0)
-        return self._max_inner_product_relevance_score_fn
+        # The index's dot product is a similarity, not LangChain's negated
+        # inner-product distance.
+        return lambda s: min(1.0, max(0.0, (1.0 + s) / 2.0))
 
     @classmethod
     def from_texts(
@@ -223,19 +256,41 @@ class TopkVectorStore(VectorStore):
         return store
 
     def save_local(self, folder: str | Path) -> None:
-        """Writes the index and the documents (metadata must be JSON) to ``folder``."""
+        """Writes the index and the documents (metadata must be JSON) to
+        ``folder``, as one change: the documents are encoded first (a value
+        JSON cannot hold is an error that writes nothing), the index goes to
+        a file of its own, and ``docs.json``, written last and atomically,
+        names it; the files of earlier saves are deleted after. A crash at
+        any point leaves the previous save whole."""
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        if self._index is not None:
-            self._index.save(folder / _INDEX_FILE)
-        docs = {
-            "metric": self._metric,
-            "next": self._next,
-            "docs": [[n, key, text, meta] for n, (key, text, meta) in self._docs.items()],
-        }
-        tmp = folder / (_DOCS_FILE + ".tmp")
-        tmp.write_text(json.dumps(docs), encoding="utf-8")
-        tmp.replace(folder / _DOCS_FILE)
+        with self._lock:
+            index_file = f"index-{uuid.uuid4().hex}.topkidx" if self._index is not None else None
+            docs = {
+                "metric": self._metric,
+                "next": self._next,
+                "index": index_file,
+                "docs": [[n, key, text, meta] for n, (key, text, meta) in self._docs.items()],
+            }
+            encoded = json.dumps(docs)
+            folder.mkdir(parents=True, exist_ok=True)
+            if self._index is not None:
+                self._index.save(folder / index_file)
+            tmp = folder / f".{_DOCS_FILE}.{uuid.uuid4().hex}.tmp"
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(encoded)
+                    f.flush()
+                    os.fsync(f.fileno())
+                tmp.replace(folder / _DOCS_FILE)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                if index_file is not None:
+                    (folder / index_file).unlink(missing_ok=True)
+                raise
+            _sync_folder(folder)
+            for old in folder.glob("index*.topkidx"):
+                if old.name != index_file and _SAVED_INDEX.fullmatch(old.name):
+                    old.unlink(missing_ok=True)
 
     @classmethod
     def load_local(
@@ -244,11 +299,26 @@ class TopkVectorStore(VectorStore):
         """A store read back from a folder written by :meth:`save_local`."""
         folder = Path(folder)
         saved = json.loads((folder / _DOCS_FILE).read_text(encoding="utf-8"))
-        index_path = folder / _INDEX_FILE
-        index = Index.open(index_path, backend=backend) if index_path.exists() else None
-        store = cls(embedding, metric=saved["metric"], backend=backend, index=index)
+        # Folders saved before the docs file named the index hold index.topkidx.
+        name = saved.get("index", _INDEX_FILE if (folder / _INDEX_FILE).exists() else None)
+        index = Index.open(folder / name, backend=backend) if name is not None else None
+        store = cls(embedding, metric=saved["metric"], backend=backend)
+        store._index = index
         store._next = saved["next"]
         for n, key, text, meta in saved["docs"]:
             store._docs[n] = (key, text, meta)
             store._by_key[key] = n
         return store
+
+
+def _sync_folder(folder: Path) -> None:
+    """Makes a rename into ``folder`` durable where the OS allows it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -175,7 +175,8 @@ class ShardedIndex:
         self._path = folder
         self._owned = owned
         self._closed = False
-        self._lock = threading.Lock()
+        # Reentrant: an add holds it from choosing its ids to applying them.
+        self._lock = threading.RLock()
         self._seq = 0
         self._dim = int(inits[0]["dim"])
         self._metric = str(inits[0]["metric"])
@@ -279,16 +280,19 @@ class ShardedIndex:
         self._live()
         rows = _rows(vectors, self._backend)
         probe = Index(self._dim, self._metric, "cpu", dtype=self._dtype)
-        if ids is None:
-            top = self._max_id()
-            if top >= 0:
-                probe.add(np.zeros((1, self._dim), np.float32), ids=[top])
-            assigned = probe.add(rows)
-        else:
-            assigned = probe.add(rows, ids=ids)
-        del probe
-        assigned = np.ascontiguousarray(assigned, dtype=np.int64)
-        self._mutate("add", self._parts(rows, assigned))
+        # Ids chosen and applied under one hold of the lock: two concurrent
+        # adds never pick the same ids.
+        with self._lock:
+            if ids is None:
+                top = self._max_id()
+                if top >= 0:
+                    probe.add(np.zeros((1, self._dim), np.float32), ids=[top])
+                assigned = probe.add(rows)
+            else:
+                assigned = probe.add(rows, ids=ids)
+            del probe
+            assigned = np.ascontiguousarray(assigned, dtype=np.int64)
+            self._mutate("add", self._parts(rows, assigned))
         return assigned
 
     def upsert(self, vectors: Any, ids: Any) -> None:
@@ -344,6 +348,11 @@ class ShardedIndex:
         if k < 1:
             raise InvalidInputError(f"k must be at least 1, got k = {k}")
         k = int(k)
+        if queries.ndim not in (1, 2):
+            raise InvalidInputError(
+                "queries must be one vector (1-D) or a 2-D array of rows, "
+                f"got shape {queries.shape}"
+            )
         nq = 1 if queries.ndim == 1 else queries.shape[0]
         filters = self._split_filter(filter, nq)
         q = self._ray.put(queries) if queries.nbytes > _PUT_BYTES else queries
@@ -474,6 +483,10 @@ class ShardedIndex:
             }
             _write_manifest(target, manifest)
             _remove_stale(target, manifest)
+            if rebase:
+                # A set saved in its own temporary folder keeps the folder:
+                # closing deletes the logs only, never saved files.
+                self._owned = False
 
     @classmethod
     def open(
@@ -492,6 +505,8 @@ class ShardedIndex:
         :class:`~topk.IndexFileError`."""
         folder = Path(path).absolute()
         manifest = _read_manifest(folder)
+        if backend is not None and not isinstance(backend, str):
+            raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
         if backend is not None:
             probe_backend = "cpu" if backend.lower() == "cuda" else backend
             Index(1, "dot", probe_backend)
@@ -514,7 +529,8 @@ class ShardedIndex:
 
     def close(self) -> None:
         """Stops the actors and deletes the logs (and the folder when it is a
-        temporary one). Saved files stay. Closing twice does nothing."""
+        temporary one that no :meth:`save` wrote to). Saved files stay.
+        Closing twice does nothing."""
         if getattr(self, "_closed", True):
             return
         with self._lock:
