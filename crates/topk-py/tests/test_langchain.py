@@ -169,3 +169,30 @@ def test_concurrent_adds_keep_every_document() -> None:
         t.join()
     assert s.index is not None and len(s.index) == 160
     assert len(s.similarity_search("t0-0", k=200)) == 160
+
+
+def test_mmr_spreads_the_picks_over_near_duplicates() -> None:
+    from langchain_core.embeddings import Embeddings
+
+    table = {
+        "q": [1.0, 0.0, 0.0],
+        "a": [0.99, 0.14, 0.0],
+        "a2": [0.99, 0.14, 0.0],
+        "b": [0.8, 0.0, 0.6],
+    }
+
+    class Fixed(Embeddings):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return [table[t] for t in texts]
+
+        def embed_query(self, text: str) -> list[float]:
+            return table[text]
+
+    s = TopkVectorStore.from_texts(["a", "a2", "b"], Fixed(), ids=["a", "a2", "b"])
+    plain = [d.id for d in s.similarity_search("q", k=2)]
+    assert plain == ["a", "a2"]
+    mmr = [d.id for d in s.max_marginal_relevance_search("q", k=2, fetch_k=3, lambda_mult=0.3)]
+    assert mmr == ["a", "b"]
+    assert [d.id for d in s.max_marginal_relevance_search("q", k=2, filter={"x": 1})] == []
+    retriever = s.as_retriever(search_type="mmr", search_kwargs={"k": 2, "lambda_mult": 0.3})
+    assert [d.id for d in retriever.invoke("q")] == ["a", "b"]

@@ -33,6 +33,7 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from ._topk import Index
 
@@ -225,6 +226,46 @@ class TopkVectorStore(VectorStore):
         return [
             doc for doc, _ in self.similarity_search_with_score(query, k, filter=filter, **kwargs)
         ]
+
+    def max_marginal_relevance_search_by_vector(
+        self,
+        embedding: list[float],
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: _Filter = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """``k`` documents chosen by maximal marginal relevance among the
+        exact ``fetch_k`` best (those that pass ``filter``): each next pick
+        maximises ``lambda_mult * sim(query)`` minus
+        ``(1 - lambda_mult) * max(sim(picked))``, its similarities to the
+        query and to the picks so far (LangChain's
+        ``maximal_marginal_relevance``, cosine)."""
+        if self._index is None or len(self._index) == 0:
+            return []
+        query = np.asarray(embedding, dtype=np.float32)
+        _, ids = self._index.search(query, max(fetch_k, k), filter=self._allowed(filter))
+        found = [int(n) for n in ids if n >= 0]
+        if not found:
+            return []
+        vectors = np.stack([self._index.get(n) for n in found])
+        picked = maximal_marginal_relevance(query, vectors, lambda_mult=lambda_mult, k=k)
+        return [self._document(found[i]) for i in picked]
+
+    def max_marginal_relevance_search(
+        self,
+        query: str,
+        k: int = 4,
+        fetch_k: int = 20,
+        lambda_mult: float = 0.5,
+        filter: _Filter = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        """:meth:`max_marginal_relevance_search_by_vector` for ``query``."""
+        return self.max_marginal_relevance_search_by_vector(
+            self._embedding.embed_query(query), k, fetch_k, lambda_mult, filter=filter, **kwargs
+        )
 
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
         """Relevance in [0, 1], higher for better matches, from the index's
