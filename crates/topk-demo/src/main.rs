@@ -76,22 +76,29 @@ fn index_flags(cmd: &cli::IndexCommand, matches: &ArgMatches) -> Result<(), Demo
     if let (cli::IndexCommand::Build { backend, .. }, Some(("build", build))) =
         (cmd, index.subcommand())
     {
-        if topk::IndexBackend::from(*backend) != topk::IndexBackend::Hnsw {
-            for (id, flag) in [
-                ("m", "--m"),
-                ("ef_construction", "--ef-construction"),
-                ("ef", "--ef"),
-            ] {
-                if build.value_source(id) == Some(ValueSource::CommandLine) {
-                    return Err(DemoError::HnswOnlyFlag {
-                        flag,
-                        backend: topk::IndexBackend::from(*backend).to_string(),
-                    });
-                }
+        let backend = topk::IndexBackend::from(*backend);
+        if backend != topk::IndexBackend::Hnsw {
+            if let Some(flag) = typed_hnsw_flag(build) {
+                return Err(DemoError::HnswOnlyFlag {
+                    flag,
+                    backend: backend.to_string(),
+                });
             }
         }
     }
     Ok(())
+}
+
+/// The first of `--m`, `--ef-construction`, `--ef` typed on the command line.
+fn typed_hnsw_flag(matches: &ArgMatches) -> Option<&'static str> {
+    [
+        ("m", "--m"),
+        ("ef_construction", "--ef-construction"),
+        ("ef", "--ef"),
+    ]
+    .into_iter()
+    .find(|(id, _)| matches.value_source(id) == Some(ValueSource::CommandLine))
+    .map(|(_, flag)| flag)
 }
 
 /// Refuses `--m`, `--ef-construction`, `--ef` or `--recall-sample` typed
@@ -109,17 +116,11 @@ fn hnsw_flags_need_hnsw(args: &cli::Args, matches: &ArgMatches) -> Result<(), De
             backend: args.backend.to_string(),
         });
     }
-    for (id, flag) in [
-        ("m", "--m"),
-        ("ef_construction", "--ef-construction"),
-        ("ef", "--ef"),
-    ] {
-        if matches.value_source(id) == Some(ValueSource::CommandLine) {
-            return Err(DemoError::HnswOnlyFlag {
-                flag,
-                backend: args.backend.to_string(),
-            });
-        }
+    match typed_hnsw_flag(matches) {
+        Some(flag) => Err(DemoError::HnswOnlyFlag {
+            flag,
+            backend: args.backend.to_string(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }

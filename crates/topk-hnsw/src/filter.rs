@@ -17,10 +17,25 @@
 /// assert_eq!(f.count(), 3);
 /// assert_eq!(f.iter().collect::<Vec<_>>(), vec![3, 5, 70]);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct SlotFilter {
     words: Vec<u64>,
 }
+
+/// Two filters are equal when they hold the same slots, whatever room
+/// their storage kept (removals and `from_fn` leave zero words behind).
+impl PartialEq for SlotFilter {
+    fn eq(&self, other: &Self) -> bool {
+        let (short, long) = if self.words.len() <= other.words.len() {
+            (&self.words, &other.words)
+        } else {
+            (&other.words, &self.words)
+        };
+        long[..short.len()] == short[..] && long[short.len()..].iter().all(|&w| w == 0)
+    }
+}
+
+impl Eq for SlotFilter {}
 
 impl SlotFilter {
     /// The empty set (a filter that allows nothing).
@@ -166,6 +181,20 @@ mod tests {
             assert_eq!(even.count(), n.div_ceil(2));
             assert_eq!(even, (0..n as u32).step_by(2).collect());
         }
+    }
+
+    #[test]
+    fn equal_sets_are_equal_whatever_their_storage() {
+        assert_eq!(SlotFilter::new(), SlotFilter::from_fn(64, |_| false));
+        assert_eq!(SlotFilter::from_fn(200, |_| false), SlotFilter::new());
+        let mut a: SlotFilter = [1u32, 200].into_iter().collect();
+        a.remove(200);
+        let b: SlotFilter = [1u32].into_iter().collect();
+        assert_eq!(a, b);
+        assert_eq!(b, a);
+        assert_ne!(a, SlotFilter::new());
+        a.insert(130);
+        assert_ne!(a, b);
     }
 
     #[test]

@@ -133,8 +133,9 @@ impl Hnsw {
         self.walk_cost
     }
 
-    /// Sets [`Hnsw::filter_walk_cost`]: `0` always walks (unless nothing is
-    /// allowed), `f64::INFINITY` always scores exactly. Not stored in the
+    /// Sets [`Hnsw::filter_walk_cost`]: `0` walks whenever the walk can
+    /// run (something is allowed and `max(ef, K)` is below the slots),
+    /// `f64::INFINITY` always scores exactly. Not stored in the
     /// index file.
     pub fn set_filter_walk_cost(&mut self, c: f64) -> Result<()> {
         if c.is_nan() || c < 0.0 {

@@ -34,7 +34,8 @@ pub fn recall_at_k<T: AsRef<[u32]>>(
         return Ok(1.0);
     }
     let mut hits = 0usize;
-    let mut truth: Vec<u32> = Vec::with_capacity(k);
+    // Sized by the truth lists, not by `k` (which may be any value).
+    let mut truth: Vec<u32> = Vec::new();
     for (q, (res, gt)) in results.iter().zip(ground_truth).enumerate() {
         let gt = gt.as_ref();
         if gt.len() < k {
@@ -101,5 +102,10 @@ mod tests {
         );
         let e = recall_at_k(&[res(&[1])], &[vec![1u32]], 0).unwrap_err();
         assert!(matches!(e, HnswError::Input(topk_core::Error::ZeroK)));
+        // Any k past the truth is that error, never an allocation of k.
+        for k in [usize::MAX, 1 << 40] {
+            let e = recall_at_k(&[res(&[])], &[vec![0u32]], k).unwrap_err();
+            assert!(matches!(e, HnswError::TruthTooShort { have: 1, .. }), "{e}");
+        }
     }
 }

@@ -254,11 +254,7 @@ fn a_save_that_runs_out_of_space_keeps_the_previous_file() {
 fn a_fifo_or_a_folder_is_refused_without_blocking() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("pipe.hnsw");
-    assert!(std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    topk_testkit::files::mkfifo(&fifo);
     let e = Hnsw::load(&fifo).unwrap_err();
     assert!(e.to_string().contains("is a FIFO"), "{e}");
     let e = Hnsw::load(dir.path()).unwrap_err();

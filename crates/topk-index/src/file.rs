@@ -199,6 +199,8 @@ impl Index {
         options: &IndexOptions,
     ) -> Result<Index, IndexError> {
         let path = path.as_ref();
+        // Before any reading: a backend switched to later uses them too.
+        options.check()?;
         let io = |op: &'static str| {
             move |source| IndexError::Io {
                 path: path.to_owned(),
@@ -421,12 +423,6 @@ impl Index {
         index.data = data;
         index.ids = ids;
         index.sort_by_id();
-        if backend == IndexBackend::Hnsw {
-            options.hnsw.validate()?;
-            if let Some(c) = options.filter_walk_cost {
-                crate::graph::check_walk_cost(c)?;
-            }
-        }
         index.options = options.clone().dtype(dtype);
         if backend == IndexBackend::Hnsw {
             match graph {

@@ -84,7 +84,8 @@ pub struct IndexOptions {
     pub progress: Option<crate::graph::ProgressHook>,
     /// The `hnsw` backend's exact-switch factor `c` (searches allowing at
     /// most `sqrt(c · max(ef, K) · slots)` rows are exact); `None` is
-    /// [`topk_hnsw::DEFAULT_FILTER_WALK_COST`], `Some(0.0)` always walks.
+    /// [`topk_hnsw::DEFAULT_FILTER_WALK_COST`], `Some(0.0)` walks unless
+    /// `max(ef, K)` reaches the slots (then the search is exact).
     pub filter_walk_cost: Option<f64>,
     /// How the rows are stored (docs/CONTRACTS.md §14): `f32`, or `f16` /
     /// `bf16` at half the bytes, each value rounded once as it is added;
@@ -128,6 +129,17 @@ impl IndexOptions {
     pub fn progress(mut self, hook: crate::graph::ProgressHook) -> Self {
         self.progress = Some(hook);
         self
+    }
+
+    /// Checks the `hnsw` parameters and the exact-switch factor, whatever the
+    /// backend: an index may switch to `hnsw` later
+    /// ([`Index::with_backend`]), and a bad value must not wait until then.
+    pub(crate) fn check(&self) -> Result<(), IndexError> {
+        self.hnsw.validate()?;
+        if let Some(c) = self.filter_walk_cost {
+            crate::graph::check_walk_cost(c)?;
+        }
+        Ok(())
     }
 }
 
@@ -254,12 +266,7 @@ impl Index {
         options: &IndexOptions,
     ) -> Result<Index, IndexError> {
         let mut index = Index::new(dim, metric, backend)?;
-        if backend == IndexBackend::Hnsw {
-            options.hnsw.validate()?;
-            if let Some(c) = options.filter_walk_cost {
-                crate::graph::check_walk_cost(c)?;
-            }
-        }
+        options.check()?;
         index.data = RowStore::empty(dim, options.dtype)?;
         index.options = options.clone();
         index.sync_device()?;

@@ -459,11 +459,7 @@ fn concurrent_saves_of_one_path_each_leave_a_whole_file() {
 fn a_fifo_is_refused_without_blocking() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fifo = dir.path().join("pipe.topkidx");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("mkfifo");
-    assert!(made.success());
+    topk_testkit::files::mkfifo(&fifo);
     let err = Index::open(&fifo, IndexBackend::Cpu).expect_err("a FIFO");
     assert!(err.to_string().contains("is a FIFO"), "{err}");
     let err = Index::file_info(&fifo).expect_err("a FIFO");

@@ -586,4 +586,14 @@ fn a_file_without_a_graph_gets_one_built_with_progress() {
     )
     .expect_err("c < 0");
     assert!(err.to_string().contains("filter_walk_cost"), "{err}");
+    // On an exact backend too: a later switch to hnsw would use them.
+    for backend in [IndexBackend::Cpu, IndexBackend::Oracle] {
+        let err = Index::with_options(4, Metric::Dot, backend, &bad).expect_err("m = 1");
+        assert!(err.to_string().contains("hnsw backend"), "{err}");
+        let err = Index::open_with_options(&path, backend, &bad).expect_err("m = 1");
+        assert!(err.to_string().contains("hnsw backend"), "{err}");
+        let nan = IndexOptions::default().filter_walk_cost(f64::NAN);
+        let err = Index::with_options(4, Metric::Dot, backend, &nan).expect_err("NaN");
+        assert!(err.to_string().contains("filter_walk_cost"), "{err}");
+    }
 }

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use ndarray::{array, Array2};
 use tempfile::TempDir;
 use topk_core::Neighbor;
+mod common;
+use common::npy;
+
 use topk_io::{
     read_fvecs, read_ids, read_matrix, read_npy_f32, results, write_fvecs, write_ivecs, write_npy,
     write_npy_f32, write_vecs, Error, MappedMatrix,
@@ -19,21 +22,6 @@ fn file(dir: &TempDir, name: &str, bytes: &[u8]) -> PathBuf {
     let p = dir.path().join(name);
     std::fs::write(&p, bytes).unwrap();
     p
-}
-
-/// A version-1 `.npy` file with the given header dictionary and data bytes,
-/// padded the way numpy pads (total header a multiple of 64 bytes).
-fn npy(dict: &str, data: &[u8]) -> Vec<u8> {
-    let mut header = dict.to_owned();
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out
 }
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {

@@ -5,6 +5,9 @@ use ndarray::{Array2, ArrayView2};
 use proptest::prelude::*;
 use tempfile::TempDir;
 use topk_core::Neighbor;
+mod common;
+use common::npy;
+
 use topk_io::{
     read_bvecs, read_fvecs, read_ids, read_ivecs, read_matrix, read_npy_f32, read_npy_i32,
     read_npy_u32, results, write_bvecs, write_fvecs, write_ivecs, write_matrix, write_npy,
@@ -196,18 +199,6 @@ fn row_ids_are_every_value_in_row_major_order_whatever_the_shape() {
     let p = dir.path().join("ids_u8.npy");
     write_npy(&p, ndarray::arr2(&[big]).view()).unwrap();
     assert_eq!(topk_io::read_row_ids(&p).unwrap(), big);
-    let npy = |dict: &str, data: &[u8]| {
-        let mut header = dict.to_owned();
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        out.extend_from_slice(header.as_bytes());
-        out.extend_from_slice(data);
-        out
-    };
     let p = dir.path().join("one_axis.npy");
     let data: Vec<u8> = [7i32, 8, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(

@@ -18,6 +18,17 @@ pub fn crc32(bytes: &[u8]) -> u32 {
     !crc
 }
 
+/// Makes a FIFO at `path` (`mkfifo`), for the tests that a reader refuses
+/// it without blocking.
+#[cfg(unix)]
+pub fn mkfifo(path: &std::path::Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
 /// The variable that marks the child process of [`full_disk_child`].
 const FULL_DISK_CHILD: &str = "TOPK_TEST_FULL_DISK_CHILD";
 
