@@ -303,6 +303,13 @@ def test_every_input_error_is_a_value_error_naming_the_value() -> None:
     np.testing.assert_array_equal(idx.ids(), [10, 20])
 
 
+def test_hnsw_options_are_checked_on_every_backend() -> None:
+    for backend in ("cpu", "oracle"):
+        with pytest.raises(topk.InvalidInputError, match="m"):
+            topk.Index(4, backend=backend, m=1)
+    assert topk.Index(4, backend="cpu", m=8).backend == "cpu"
+
+
 def test_unknown_option_is_a_type_error_naming_it() -> None:
     with pytest.raises(TypeError, match='unknown option "colour"'):
         topk.Index(4, colour=3)

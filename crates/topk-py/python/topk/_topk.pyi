@@ -80,8 +80,9 @@ class Index:
     * ``options``: ``capacity`` (rows to reserve); for ``hnsw``: ``m``,
       ``ef_construction``, ``ef`` (alias ``ef_search``), ``seed``,
       ``parallel``; for ``cuda``: ``device``, ``max_k``, ``max_batch``,
-      ``streams``. A backend ignores the options of the others; an unknown
-      name is a ``TypeError``.
+      ``streams``. A backend ignores the options of the others (the
+      ``hnsw`` values are still checked, an out-of-range one is an
+      :class:`~topk.InvalidInputError`); an unknown name is a ``TypeError``.
 
     **Inputs.** A float32 C-contiguous numpy array is read in place; other
     float dtypes, non-contiguous arrays, lists, CPU torch tensors and objects
