@@ -331,16 +331,7 @@ impl CudaPlugin {
         if nq == 0 {
             return Ok(Vec::new());
         }
-        let room = nq.checked_mul(kk).ok_or_else(|| {
-            LoadError::Input(topk_core::Error::InvalidParameter {
-                name: "k",
-                value: k.to_string(),
-                reason: format!("{nq} queries × {kk} results do not fit in memory"),
-            })
-        })?;
-        let mut indices = vec![0u32; room];
-        let mut scores = vec![0f32; room];
-        let mut counts = vec![0usize; nq];
+        let (mut indices, mut scores, mut counts) = result_buffers::<u32>(nq, kk, k)?;
         self.handle
             .search_batch(queries, d, k, kk, &mut indices, &mut scores, &mut counts)
             .map_err(|e| self.fail(e))?;
@@ -479,11 +470,13 @@ impl CudaResident {
 
     /// Adds rows under new ids, all or nothing (`topk_cuda::ResidentCorpus::add`).
     pub fn add(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), LoadError> {
+        check_rows(ids, rows, self.dim)?;
         self.mutate(abi::MUTATE_ADD, ids, rows).map(|_| ())
     }
 
     /// Replaces the rows of live ids and adds the others, all or nothing.
     pub fn upsert(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), LoadError> {
+        check_rows(ids, rows, self.dim)?;
         self.mutate(abi::MUTATE_UPSERT, ids, rows).map(|_| ())
     }
 
@@ -590,13 +583,9 @@ impl CudaResident {
             return Ok(Vec::new());
         }
         let stride = k.min(self.live);
-        let room = nq.checked_mul(stride).ok_or_else(|| {
-            LoadError::Input(topk_core::Error::InvalidParameter {
-                name: "k",
-                value: k.to_string(),
-                reason: format!("{nq} queries × {stride} results do not fit in memory"),
-            })
-        })?;
+        // Before the filter is flattened: an `nq` past memory (a count of
+        // values given for a count of queries) is an error, never an abort.
+        let (mut ids, mut scores, mut counts) = result_buffers::<u64>(nq, stride, k)?;
         let (flat, offsets): (Vec<u64>, Vec<usize>);
         let wire = match filter {
             IdFilter::All => (abi::FILTER_NONE, &[][..], &[][..]),
@@ -616,9 +605,6 @@ impl CudaResident {
                 (abi::FILTER_PER_QUERY, &flat[..], &offsets[..])
             }
         };
-        let mut ids = vec![0u64; room];
-        let mut scores = vec![0f32; room];
-        let mut counts = vec![0usize; nq];
         self.inner
             .search(
                 source,
@@ -645,6 +631,51 @@ impl CudaResident {
             })
             .collect())
     }
+}
+
+/// The rows of an add or upsert by the input rules, here where the error
+/// can be typed: one row of `dim` values per id, every value finite, every
+/// squared norm in range (docs/CONTRACTS.md §4).
+fn check_rows(ids: &[u64], rows: &[f32], dim: usize) -> Result<(), LoadError> {
+    if ids.len().checked_mul(dim) != Some(rows.len()) {
+        return Err(topk_core::Error::InvalidParameter {
+            name: "rows",
+            value: format!("{} values", rows.len()),
+            reason: format!("{} ids need as many rows of D = {dim}", ids.len()),
+        }
+        .into());
+    }
+    if !rows.is_empty() {
+        validate::corpus_values(rows, dim)?;
+    }
+    Ok(())
+}
+
+/// Zeroed result buffers for `nq` queries of `stride` results each (ids of
+/// type `I`, scores, counts), or an error naming `k` when they do not fit
+/// in memory: reserved, never allocated blindly.
+#[allow(clippy::type_complexity)]
+fn result_buffers<I: Copy + Default>(
+    nq: usize,
+    stride: usize,
+    k: usize,
+) -> Result<(Vec<I>, Vec<f32>, Vec<usize>), LoadError> {
+    let too_big = || {
+        LoadError::Input(topk_core::Error::InvalidParameter {
+            name: "k",
+            value: k.to_string(),
+            reason: format!("{nq} queries × {stride} results do not fit in memory"),
+        })
+    };
+    let room = nq.checked_mul(stride).ok_or_else(too_big)?;
+    let (mut ids, mut scores, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+    ids.try_reserve_exact(room).map_err(|_| too_big())?;
+    scores.try_reserve_exact(room).map_err(|_| too_big())?;
+    counts.try_reserve_exact(nq).map_err(|_| too_big())?;
+    ids.resize(room, I::default());
+    scores.resize(room, 0.0);
+    counts.resize(nq, 0);
+    Ok((ids, scores, counts))
 }
 
 #[cfg(test)]
@@ -694,6 +725,39 @@ mod tests {
                     ..
                 }))
             ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn result_buffers_past_memory_are_an_error_naming_k() {
+        let (ids, scores, counts) = result_buffers::<u64>(3, 2, 2).expect("small");
+        assert_eq!((ids.len(), scores.len(), counts.len()), (6, 6, 3));
+        for (nq, stride) in [(usize::MAX / 4, 0), (usize::MAX / 4, 3), (1 << 40, 1 << 10)] {
+            let e = result_buffers::<u64>(nq, stride, 7).expect_err("too big");
+            assert!(e.to_string().contains("do not fit in memory"), "{e}");
+            assert!(e.to_string().contains('7'), "{e}");
+        }
+    }
+
+    #[test]
+    fn rows_of_a_mutation_are_checked_with_typed_errors() {
+        assert!(check_rows(&[1, 2], &[0.5; 6], 3).is_ok());
+        assert!(check_rows(&[], &[], 3).is_ok());
+        let e = check_rows(&[1, 2], &[0.5; 5], 3).expect_err("ragged");
+        assert!(matches!(e, LoadError::Input(_)), "{e:?}");
+        assert!(
+            e.to_string().contains("2 ids need as many rows of D = 3"),
+            "{e}"
+        );
+        let e = check_rows(&[1], &[0.5, f32::NAN, 0.5], 3).expect_err("NaN");
+        assert!(
+            matches!(e, LoadError::Input(topk_core::Error::NonFinite { .. })),
+            "{e:?}"
+        );
+        let e = check_rows(&[1], &[2f32.powi(51), 0.0, 0.0], 3).expect_err("norm");
+        assert!(
+            matches!(e, LoadError::Input(topk_core::Error::NormTooLarge { .. })),
             "{e:?}"
         );
     }

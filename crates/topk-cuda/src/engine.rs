@@ -174,6 +174,28 @@ impl Engine {
             }
             .into());
         }
+        // Before the device is touched: the rows a resident corpus may hold
+        // (its ids' limit), and a size in bytes that arithmetic can hold.
+        let max_rows = u32::MAX as usize / 2;
+        if capacity > max_rows {
+            return Err(topk_core::Error::TooManyRows {
+                n: capacity,
+                max: max_rows,
+            }
+            .into());
+        }
+        if capacity
+            .checked_mul(dim)
+            .and_then(|v| v.checked_mul(dtype.bytes()))
+            .is_none()
+        {
+            return Err(topk_core::Error::InvalidParameter {
+                name: "capacity",
+                value: capacity.to_string(),
+                reason: format!("{capacity} rows of D = {dim} do not fit in memory"),
+            }
+            .into());
+        }
         let empty = match dtype {
             Dtype::F32 => Source::F32(&[]),
             half => Source::Bits16(&[], half),

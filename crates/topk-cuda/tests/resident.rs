@@ -257,6 +257,16 @@ fn gathered_and_masked_filters_and_growth_at_scale() {
 }
 
 #[test]
+fn a_capacity_past_the_ids_or_memory_is_refused_before_the_device() {
+    // No device is needed: the sizes are checked first.
+    let e = ResidentCorpus::new(4, Metric::Dot, CudaConfig::default(), 1 << 62).unwrap_err();
+    assert!(e.to_string().contains("4611686018427387904"), "{e}");
+    let (dim, rows) = (u32::MAX as usize, u32::MAX as usize / 2);
+    let e = ResidentCorpus::new(dim, Metric::Dot, CudaConfig::default(), rows).unwrap_err();
+    assert!(e.to_string().contains("do not fit in memory"), "{e}");
+}
+
+#[test]
 fn mutations_reject_bad_input_and_change_nothing() {
     let Some(()) = gpu_or_skip() else { return };
     let mut c = ResidentCorpus::new(2, Metric::Dot, CudaConfig::default(), 4).unwrap();
