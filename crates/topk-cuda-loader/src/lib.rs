@@ -172,7 +172,16 @@ pub fn open_rowmajor(
     } else {
         validate::corpus(data, dim)?
     };
-    let p = plugin()?;
+    let p = match plugin() {
+        Ok(p) => p,
+        Err(e) => {
+            // The input rules come first, whatever else is missing.
+            if large {
+                validate::corpus_values(data, dim)?;
+            }
+            return Err(e);
+        }
+    };
     let handle = match p.open(
         data,
         dim,
@@ -722,6 +731,23 @@ mod tests {
                 e,
                 Some(LoadError::Input(topk_core::Error::NonFinite {
                     column: 1,
+                    ..
+                }))
+            ),
+            "{e:?}"
+        );
+        // A corpus large enough to be checked as it streams to the device
+        // is checked here too when no plugin or device is there to do it.
+        let d = 1024;
+        let n = topk_cuda::STAGED_UPLOAD_MIN_BYTES / 4 / d + 1;
+        let mut big = vec![0.5_f32; n * d];
+        big[(n - 1) * d + 3] = f32::INFINITY;
+        let e = open_rowmajor(&big, d, Metric::Dot, &config).err();
+        assert!(
+            matches!(
+                e,
+                Some(LoadError::Input(topk_core::Error::NonFinite {
+                    column: 3,
                     ..
                 }))
             ),
