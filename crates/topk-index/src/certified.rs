@@ -11,7 +11,8 @@ use topk_core::Hit;
 use topk_cpu::{select_certified, BatchGemm, CertifiedPick, CertifiedRows, CorpusRef, MIN_QUERIES};
 
 use crate::filter::Filter;
-use crate::index::{Index, IndexBackend};
+use crate::index::Index;
+use crate::options::IndexBackend;
 use crate::search::{query_values, Allowed, Selector, BLOCK};
 
 /// Queries with filters of their own searched together on the certified

@@ -18,7 +18,8 @@ use topk_cuda_loader::{CudaResident, IdFilter};
 
 use crate::error::IndexError;
 use crate::filter::FilterSpec;
-use crate::index::{Index, IndexBackend};
+use crate::index::Index;
+use crate::options::IndexBackend;
 
 /// Rows per add call when the mirror is built from the host rows: bounds
 /// the temporary copy of rows in id order to about 64 MiB at D = 1024.

@@ -12,7 +12,8 @@ use std::path::Path;
 use topk_core::{validate, Dtype, Error as CoreError, Located, Metric, RowStore, MAX_ID};
 
 use crate::error::IndexError;
-use crate::index::{full_bitset, Index, IndexBackend, IndexOptions};
+use crate::index::{full_bitset, Index};
+use crate::options::{IndexBackend, IndexOptions};
 
 /// The first eight bytes of every index file.
 pub const MAGIC: [u8; 8] = *b"TOPKIDX1";

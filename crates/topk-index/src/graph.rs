@@ -47,7 +47,8 @@ use topk_hnsw::{Hnsw, HnswError, SlotFilter};
 
 use crate::error::IndexError;
 use crate::filter::{Filter, FilterSpec};
-use crate::index::{IdMap, Index, IndexBackend};
+use crate::index::{IdMap, Index};
+use crate::options::IndexBackend;
 use crate::search::query_values;
 
 /// The id a deleted slot carries in an index file's graph section.

@@ -22,7 +22,8 @@ use topk_core::{cmp_hit, hit_key, validate, Error as CoreError, Hit, HitTopK, Me
 
 use crate::error::IndexError;
 use crate::filter::{Filter, FilterSpec};
-use crate::index::{FilterResolution, Index, IndexBackend};
+use crate::index::{FilterResolution, Index};
+use crate::options::IndexBackend;
 
 /// A filter allowing at most this fraction of the live rows is searched by
 /// gathering its rows and scoring only those; a larger one by streaming every
