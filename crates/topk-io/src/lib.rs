@@ -167,9 +167,12 @@ pub fn read_row_ids(path: impl AsRef<Path>) -> Result<Vec<u64>> {
     }
 }
 
-fn row_ids_from<T>(path: &Path, view: ArrayView2<'_, T>) -> Result<Vec<u64>>
+/// Every value of `view` in row-major order as an id of type `O` (`target`
+/// in messages); a value outside `O` is an error naming its row and column.
+fn ids_as<T, O>(path: &Path, view: ArrayView2<'_, T>, target: &'static str) -> Result<Vec<O>>
 where
     T: Copy + Into<i64>,
+    O: TryFrom<i64>,
 {
     let mut out = Vec::new();
     memory::reserve(&mut out, view.len()).map_err(|bytes| Error::OutOfMemory {
@@ -178,31 +181,25 @@ where
     })?;
     for ((row, column), &v) in view.indexed_iter() {
         let value: i64 = v.into();
-        out.push(u64::try_from(value).map_err(|_| Error::OutOfRange {
+        out.push(O::try_from(value).map_err(|_| Error::OutOfRange {
             path: path.to_owned(),
             row,
             column,
             value,
-            target: "u64",
+            target,
         })?);
     }
     Ok(out)
 }
 
-fn ids_from<T>(path: &Path, view: ArrayView2<'_, T>) -> Result<Array2<u32>>
-where
-    T: Copy + Into<i64>,
-{
-    let mut out = Array2::<u32>::zeros(view.dim());
-    for ((row, column), &v) in view.indexed_iter() {
-        let value: i64 = v.into();
-        out[[row, column]] = u32::try_from(value).map_err(|_| Error::OutOfRange {
-            path: path.to_owned(),
-            row,
-            column,
-            value,
-            target: "u32",
-        })?;
-    }
-    Ok(out)
+fn row_ids_from<T: Copy + Into<i64>>(path: &Path, view: ArrayView2<'_, T>) -> Result<Vec<u64>> {
+    ids_as(path, view, "u64")
+}
+
+fn ids_from<T: Copy + Into<i64>>(path: &Path, view: ArrayView2<'_, T>) -> Result<Array2<u32>> {
+    let ids = ids_as(path, view, "u32")?;
+    Array2::from_shape_vec(view.dim(), ids).map_err(|_| Error::TooLarge {
+        path: path.to_owned(),
+        shape: vec![view.nrows(), view.ncols()],
+    })
 }
