@@ -542,16 +542,7 @@ fn mismatched_norms_and_stale_state_are_errors() {
     let longer = RowStore::from_f32([data.clone(), data].concat(), d, Dtype::F32).unwrap();
     let corpus = CorpusRef::new(&longer, Metric::Dot, &[]).unwrap();
     let q = ndarray::Array2::<f32>::ones((1, d));
-    let err = crate::select_certified(
-        corpus,
-        &state,
-        Kernels::best(),
-        q.view(),
-        3,
-        |_, _| true,
-        || crate::select::Selector::new(3),
-    )
-    .unwrap_err();
+    let err = select_all(corpus, &state, q.view(), 3).unwrap_err();
     assert!(
         err.to_string()
             .contains("covers 100 rows, the corpus has 200"),
@@ -566,15 +557,24 @@ fn a_dimension_past_the_bounds_derivation_is_refused() {
     let corpus = CorpusRef::new(&store, Metric::Dot, &[]).unwrap();
     let state = CertifiedRows::build(corpus, BatchGemm::F32).unwrap();
     let q = ndarray::Array2::<f32>::from_elem((1, d), 0.5);
-    let err = crate::select_certified(
-        corpus,
-        &state,
-        Kernels::best(),
-        q.view(),
-        1,
-        |_, _| true,
-        || crate::select::Selector::new(1),
-    )
-    .unwrap_err();
+    let err = select_all(corpus, &state, q.view(), 1).unwrap_err();
     assert!(err.to_string().contains("D <= 65536"), "{err}");
+}
+
+/// [`crate::select_certified`] of the top `k` of every row, on the best path.
+fn select_all(
+    corpus: CorpusRef<'_>,
+    state: &CertifiedRows,
+    queries: ArrayView2<'_, f32>,
+    k: usize,
+) -> topk_core::Result<Vec<crate::select::Selector>> {
+    crate::select_certified(
+        corpus,
+        state,
+        Kernels::best(),
+        queries,
+        k,
+        |_, _| true,
+        || crate::select::Selector::new(k),
+    )
 }
