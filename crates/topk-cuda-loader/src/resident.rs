@@ -6,7 +6,7 @@ use topk_core::{validate, Dtype, Hit, Metric};
 
 use crate::abi::{self, metric_code, PluginConfig};
 use crate::ffi::{self, CallError, Queries};
-use crate::{call_error, plugin, result_buffers, CudaConfig, IdFilter, LoadError};
+use crate::{call_error, plugin, result_buffers, CudaConfig, EngineErrorKind, IdFilter, LoadError};
 
 /// A mutable GPU-resident corpus inside the plugin
 /// (`topk_cuda::ResidentCorpus`, docs/CONTRACTS.md §10): rows with external
@@ -88,14 +88,31 @@ impl CudaResident {
 
     /// Adds rows under new ids, all or nothing (`topk_cuda::ResidentCorpus::add`).
     pub fn add(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), LoadError> {
-        check_rows(ids, rows, self.dim)?;
-        self.mutate(abi::MUTATE_ADD, ids, rows).map(|_| ())
+        self.mutate_rows(abi::MUTATE_ADD, ids, rows)
     }
 
     /// Replaces the rows of live ids and adds the others, all or nothing.
     pub fn upsert(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), LoadError> {
-        check_rows(ids, rows, self.dim)?;
-        self.mutate(abi::MUTATE_UPSERT, ids, rows).map(|_| ())
+        self.mutate_rows(abi::MUTATE_UPSERT, ids, rows)
+    }
+
+    /// An add or upsert. The engine checks the rows' values; only when it
+    /// refuses them are they checked here too, to type its error (the rows
+    /// are not read an extra time on the way in).
+    fn mutate_rows(&mut self, op: u32, ids: &[u64], rows: &[f32]) -> Result<(), LoadError> {
+        if ids.len().checked_mul(self.dim) != Some(rows.len()) {
+            return check_rows(ids, rows, self.dim);
+        }
+        match self.mutate(op, ids, rows) {
+            Ok(_) => Ok(()),
+            Err(
+                e @ LoadError::Engine {
+                    kind: EngineErrorKind::InvalidInput,
+                    ..
+                },
+            ) => check_rows(ids, rows, self.dim).and(Err(e)),
+            Err(e) => Err(e),
+        }
     }
 
     /// Removes ids; returns how many were live.
@@ -251,8 +268,8 @@ impl CudaResident {
     }
 }
 
-/// The rows of an add or upsert by the input rules, here where the error
-/// can be typed: one row of `dim` values per id, every value finite, every
+/// The rows of an add or upsert by the input rules, with this crate's typed
+/// errors: one row of `dim` values per id, every value finite, every
 /// squared norm in range (docs/CONTRACTS.md §4).
 fn check_rows(ids: &[u64], rows: &[f32], dim: usize) -> Result<(), LoadError> {
     if ids.len().checked_mul(dim) != Some(rows.len()) {
