@@ -44,8 +44,8 @@ pub(crate) fn kind_of(meta: &Metadata) -> &'static str {
 /// regular file; returns the file and its length.
 pub(crate) fn open_regular(path: &Path) -> Result<(File, u64)> {
     match open_checked(path) {
-        Ok(Ok(opened)) => Ok(opened),
-        Ok(Err(kind)) => Err(Error::NotAFile {
+        Ok(Opened::File(file, len)) => Ok((file, len)),
+        Ok(Opened::NotAFile(kind)) => Err(Error::NotAFile {
             path: path.to_owned(),
             kind,
         }),
@@ -53,24 +53,28 @@ pub(crate) fn open_regular(path: &Path) -> Result<(File, u64)> {
     }
 }
 
-/// Opens `path` for reading if it is a regular file (through symlinks), with
-/// its length; what it is otherwise; or the failed operation and its error.
-#[allow(clippy::type_complexity)]
-fn open_checked(
-    path: &Path,
-) -> std::result::Result<std::result::Result<(File, u64), &'static str>, (&'static str, io::Error)>
-{
+/// What [`open_checked`] found at a path.
+enum Opened {
+    /// A regular file, open for reading, and its length.
+    File(File, u64),
+    /// Something else: what it is, for messages.
+    NotAFile(&'static str),
+}
+
+/// Opens `path` for reading if it is a regular file (through symlinks); the
+/// error is the failed operation and the system's reason.
+fn open_checked(path: &Path) -> std::result::Result<Opened, (&'static str, io::Error)> {
     let meta = fs::metadata(path).map_err(|e| ("open", e))?;
     if !meta.is_file() {
-        return Ok(Err(kind_of(&meta)));
+        return Ok(Opened::NotAFile(kind_of(&meta)));
     }
     let file = File::open(path).map_err(|e| ("open", e))?;
     // The path may have been replaced between the two calls.
     let meta = file.metadata().map_err(|e| ("stat", e))?;
     if !meta.is_file() {
-        return Ok(Err(kind_of(&meta)));
+        return Ok(Opened::NotAFile(kind_of(&meta)));
     }
-    Ok(Ok((file, meta.len())))
+    Ok(Opened::File(file, meta.len()))
 }
 
 /// Opens `path` for reading as [`crate::read_matrix`] does its inputs: a
@@ -80,8 +84,8 @@ fn open_checked(
 /// formats (index files) whose errors carry an `std::io::Error`.
 pub fn open_regular_file(path: &Path) -> io::Result<(File, u64)> {
     match open_checked(path) {
-        Ok(Ok(opened)) => Ok(opened),
-        Ok(Err(kind)) => Err(io::Error::new(
+        Ok(Opened::File(file, len)) => Ok((file, len)),
+        Ok(Opened::NotAFile(kind)) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{kind}, not a regular file"),
         )),
