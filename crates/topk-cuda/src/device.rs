@@ -94,6 +94,8 @@ pub(crate) fn info_of(dev: Device) -> Result<DeviceInfo, CudaError> {
 
 /// A pinned host buffer of `len` (at least 1) default values.
 pub(crate) fn pinned<T: DeviceCopy + Default>(len: usize) -> Result<LockedBuffer<T>, CudaError> {
+    #[cfg(test)]
+    driver::faults::fail_here("pinned host buffer", len * std::mem::size_of::<T>())?;
     LockedBuffer::new(&T::default(), len.max(1)).op("cuMemAllocHost")
 }
 
@@ -103,6 +105,8 @@ pub(crate) fn upload<T: DeviceCopy>(
     what: &'static str,
     data: &[T],
 ) -> Result<DeviceBuffer<T>, CudaError> {
+    #[cfg(test)]
+    driver::faults::fail_here(what, std::mem::size_of_val(data))?;
     DeviceBuffer::from_slice(data).map_err(|e| match e {
         cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
             what,

@@ -83,6 +83,8 @@ pub(crate) fn alloc<T: DeviceCopy>(
     len: usize,
 ) -> Result<DeviceBuffer<T>, CudaError> {
     let len = len.max(1);
+    #[cfg(test)]
+    faults::fail_here(what, len * std::mem::size_of::<T>())?;
     // SAFETY: `DeviceCopy` types are plain bytes for which any bit pattern
     // is a value, and device memory is only read by kernels and copies,
     // never as a Rust reference; every buffer is written by a copy or a
@@ -96,6 +98,57 @@ pub(crate) fn alloc<T: DeviceCopy>(
         },
         other => CudaError::driver("cuMemAlloc", other),
     })
+}
+
+/// Allocation failures on demand, for the tests that check that running
+/// out of memory part way through a mutation changes nothing
+/// (docs/CONTRACTS.md §10). Every device and pinned host allocation of the
+/// crate asks [`faults::fail_here`] first.
+#[cfg(test)]
+pub(crate) mod faults {
+    use std::cell::Cell;
+
+    use crate::error::CudaError;
+
+    thread_local! {
+        /// Allocations this thread still makes before one fails (`None`:
+        /// none fails).
+        static LEFT: Cell<Option<usize>> = const { Cell::new(None) };
+        /// Allocations made on this thread since [`fail_after`].
+        static MADE: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// The allocation after the next `n` on this thread fails (`Some(0)`:
+    /// the next one), once; `None` makes none fail. Resets the count.
+    pub(crate) fn fail_after(n: Option<usize>) {
+        LEFT.set(n);
+        MADE.set(0);
+    }
+
+    /// Allocations made on this thread since [`fail_after`].
+    pub(crate) fn made() -> usize {
+        MADE.get()
+    }
+
+    /// An out-of-memory error where this allocation is the one to fail.
+    pub(crate) fn fail_here(what: &'static str, requested: usize) -> Result<(), CudaError> {
+        MADE.set(MADE.get() + 1);
+        match LEFT.get() {
+            Some(0) => {
+                LEFT.set(None);
+                Err(CudaError::OutOfMemory {
+                    what,
+                    requested,
+                    available: 0,
+                })
+            }
+            Some(n) => {
+                LEFT.set(Some(n - 1));
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 /// A view of `len` elements of `T` in device memory (or in host memory

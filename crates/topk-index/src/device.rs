@@ -6,15 +6,16 @@
 //! The host keeps every row as well: it is what `save` writes, what `get`
 //! reads, and what the mirror is rebuilt from. A mutation changes the device
 //! first and the host rows only once the device has taken it, so a device
-//! failure (out of memory, say) leaves both as they were. A device failure
-//! after the host changed (a removal or compaction that the driver refused)
-//! marks the mirror failed: searches then say so, and
+//! refusal (out of memory, say) leaves both as they were. A device failure
+//! that may have stopped part way (a driver fault in an add or upsert) or
+//! that came after the host changed (a removal or compaction that the
+//! driver refused) marks the mirror failed: searches then say so, and
 //! [`Index::sync_device`] uploads the host rows again.
 
 use std::sync::OnceLock;
 
 use topk_core::Hit;
-use topk_cuda_loader::{CudaResident, IdFilter};
+use topk_cuda_loader::{CudaResident, EngineErrorKind, IdFilter, LoadError};
 
 use crate::error::IndexError;
 use crate::filter::FilterSpec;
@@ -56,12 +57,40 @@ impl DeviceCell {
         }
     }
 
+    /// The error of an add or upsert the device refused. Running out of
+    /// memory and refused input change nothing there (docs/CONTRACTS.md
+    /// §10), so the mirror stays; any other failure may have stopped part
+    /// way, so the mirror is marked failed.
+    fn refused(&mut self, op: &str, e: LoadError) -> IndexError {
+        let reason = e.to_string();
+        if !leaves_device_unchanged(&e) {
+            self.fail(op, &reason);
+        }
+        IndexError::Cuda { reason }
+    }
+
     /// Marks the mirror failed.
     fn fail(&mut self, op: &str, e: impl std::fmt::Display) {
         tracing::error!(op, error = %e, "the cuda mirror failed; searches fail until Index::sync_device");
         self.0 = OnceLock::new();
         let _ = self.0.set(Err(format!("{op} on the device failed: {e}")));
     }
+}
+
+/// Whether a failed add or upsert left the device rows as they were: the
+/// engine's mutations are all or nothing for memory and input
+/// (docs/CONTRACTS.md §10), not for a driver fault between their steps.
+fn leaves_device_unchanged(e: &LoadError) -> bool {
+    matches!(
+        e,
+        LoadError::Input(_)
+            | LoadError::Engine {
+                kind: EngineErrorKind::OutOfMemory
+                    | EngineErrorKind::InvalidInput
+                    | EngineErrorKind::InvalidOption,
+                ..
+            }
+    )
 }
 
 impl Index {
@@ -123,9 +152,10 @@ impl Index {
     /// Adds checked rows on the device before the host takes them.
     pub(crate) fn device_add(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), IndexError> {
         match self.device.ready_mut() {
-            Some(r) => r.add(ids, rows).map_err(|e| IndexError::Cuda {
-                reason: e.to_string(),
-            }),
+            Some(r) => match r.add(ids, rows) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.device.refused("add", e)),
+            },
             None => Ok(()),
         }
     }
@@ -133,9 +163,10 @@ impl Index {
     /// Upserts checked rows on the device before the host takes them.
     pub(crate) fn device_upsert(&mut self, ids: &[u64], rows: &[f32]) -> Result<(), IndexError> {
         match self.device.ready_mut() {
-            Some(r) => r.upsert(ids, rows).map_err(|e| IndexError::Cuda {
-                reason: e.to_string(),
-            }),
+            Some(r) => match r.upsert(ids, rows) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.device.refused("upsert", e)),
+            },
             None => Ok(()),
         }
     }
@@ -233,5 +264,38 @@ impl Index {
         r.search(queries, k, spec).map_err(|e| IndexError::Cuda {
             reason: e.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(kind: EngineErrorKind) -> LoadError {
+        LoadError::Engine {
+            kind,
+            message: format!("{kind}"),
+        }
+    }
+
+    #[test]
+    fn only_memory_and_input_refusals_keep_the_mirror() {
+        assert!(leaves_device_unchanged(&engine(
+            EngineErrorKind::OutOfMemory
+        )));
+        assert!(leaves_device_unchanged(&engine(
+            EngineErrorKind::InvalidInput
+        )));
+        assert!(leaves_device_unchanged(&LoadError::Input(
+            topk_core::Error::ZeroK
+        )));
+        for kind in [
+            EngineErrorKind::Driver,
+            EngineErrorKind::Panic,
+            EngineErrorKind::Other,
+            EngineErrorKind::BadArgument,
+        ] {
+            assert!(!leaves_device_unchanged(&engine(kind)), "{kind}");
+        }
     }
 }

@@ -20,6 +20,8 @@
 //! reaches a result either way. Batches large enough for the engine's
 //! filtered path hide the excluded rows from its lower bounds the same way.
 
+#[cfg(test)]
+mod fault_tests;
 mod search;
 
 use std::borrow::Cow;
@@ -201,21 +203,30 @@ impl ResidentCorpus {
                 fresh_rows.extend_from_slice(row);
             }
         }
-        // The add may fail on device memory; the overwrite only on a driver
-        // fault. Adding first keeps a memory failure from changing anything.
+        // Everything the overwrite needs is allocated before the add changes
+        // anything, so running out of device memory anywhere in the call
+        // leaves the corpus as it was; after the add, only a driver fault
+        // can fail.
+        let overwrite = if old_ids.is_empty() {
+            None
+        } else {
+            Some((
+                self.device_rows("upserted rows", &old_rows)?,
+                alloc::<u32>("upserted row numbers", old_ids.len())?,
+                alloc::<f32>("upserted norms", old_ids.len())?,
+            ))
+        };
         self.insert(&fresh_ids, &fresh_rows)?;
-        if old_ids.is_empty() {
+        let Some((staged, rows_dev, staged_norms)) = overwrite else {
             return Ok(());
-        }
+        };
         // Rows may have moved in the add: look them up after it.
         let targets: Vec<u32> = old_ids
             .iter()
             .filter_map(|&id| self.live_row(id))
             .map(|r| r as u32)
             .collect();
-        let staged = self.device_rows("upserted rows", &old_rows)?;
-        let rows_dev = device::upload("upserted row numbers", &targets)?;
-        let staged_norms = alloc::<f32>("upserted norms", targets.len())?;
+        launch::h2d_sync(DevSlice::of(&rows_dev), &targets)?;
         let e = &self.engine;
         {
             let slot = e.slot()?;
@@ -249,16 +260,22 @@ impl ResidentCorpus {
     /// were live (absent ids and repeats are ignored).
     pub fn remove(&mut self, ids: &[u64]) -> Result<usize, CudaError> {
         self.engine.ctx().make_current()?;
+        let mut live = self.live.clone();
         let mut removed = 0;
         for &id in ids {
             if let Some(r) = self.live_row(id) {
-                self.live[r / 64] &= !(1 << (r % 64));
-                removed += 1;
+                let bit = 1 << (r % 64);
+                if live[r / 64] & bit != 0 {
+                    live[r / 64] &= !bit;
+                    removed += 1;
+                }
             }
         }
         if removed > 0 {
+            // The device's bits first: a refused copy changes nothing.
+            launch::h2d_sync(DevSlice::of(&self.live_dev), &live)?;
+            self.live = live;
             self.dead += removed;
-            self.upload_live()?;
         }
         Ok(removed)
     }
@@ -386,14 +403,18 @@ impl ResidentCorpus {
         let id_dst = DevSlice::of(&self.ids_dev).range("stored ids", n, a)?;
         launch::h2d_sync(id_dst, &sorted_ids)?;
         self.refresh_norms(n, a)?;
-        self.ids.extend_from_slice(&sorted_ids);
-        self.live.resize((n + a).div_ceil(64), 0);
+        // The rows past `n` are unused until the host state below says
+        // otherwise, so every device step before it may fail harmlessly.
+        let mut live = self.live.clone();
+        live.resize((n + a).div_ceil(64), 0);
         for r in n..n + a {
-            self.live[r / 64] |= 1 << (r % 64);
+            live[r / 64] |= 1 << (r % 64);
         }
         if self.dead > 0 {
-            self.upload_live()?;
+            launch::h2d_sync(DevSlice::of(&self.live_dev), &live)?;
         }
+        self.live = live;
+        self.ids.extend_from_slice(&sorted_ids);
         self.engine.set_rows(n + a);
         Ok(())
     }
@@ -433,15 +454,25 @@ impl ResidentCorpus {
         } else {
             self.engine.capacity
         };
+        // Every buffer the new layout needs is allocated, and every device
+        // step made into them, before anything is replaced: running out of
+        // memory, or a refused copy or launch, leaves the corpus as it was.
+        // The ids and norms get fresh buffers too (12 bytes a row beside the
+        // corpus's D values), so that none is overwritten in place.
         let fresh = self.device_rows("added rows", fresh_rows)?;
         let map_dev = device::upload("row map", if map.is_empty() { &[0] } else { &map[..] })?;
         let corpus = RowBuf::alloc("corpus", self.dtype(), capacity * d)?;
-        let ids_dev = if capacity > self.engine.capacity {
-            Some(alloc::<u64>("stored ids", capacity)?)
-        } else {
-            None
-        };
+        let ids_dev = alloc::<u64>("stored ids", capacity)?;
         let staged = self.engine.staged_growth(capacity)?;
+        let live_dev = match staged {
+            Some(_) => Some(alloc::<u64>("live rows", capacity.div_ceil(64))?),
+            None => None,
+        };
+        let rnorm = match &staged {
+            None if self.engine.norms => Some(alloc::<f32>("row norms", capacity)?),
+            _ => None,
+        };
+        launch::h2d_sync(DevSlice::of(&ids_dev), &ids)?;
         if total > 0 {
             let e = &self.engine;
             let slot = e.slot()?;
@@ -455,33 +486,48 @@ impl ResidentCorpus {
                 d as u32,
                 corpus.view(),
             )?;
+            let norms = match (&staged, &rnorm) {
+                (Some(g), _) if g.norms => Some(DevSlice::of(&g.rnorm)),
+                (None, Some(r)) => Some(DevSlice::of(r)),
+                _ => None,
+            };
+            if let Some(out) = norms {
+                let rows = corpus.view().range("corpus", 0, total * d)?;
+                let out = out.range("row norms", 0, total)?;
+                e.kernels.row_norms(s, rows, total as u32, d as u32, out)?;
+            }
             slot.stream
                 .synchronize()
                 .op("cuStreamSynchronize (relayout)")?;
         }
+        // Nothing below fails.
         self.engine.corpus = corpus;
+        self.ids_dev = ids_dev;
         if let Some(staged) = staged {
             self.engine.install_growth(staged);
-            self.live_dev = alloc::<u64>("live rows", capacity.div_ceil(64))?;
         }
-        if let Some(ids_dev) = ids_dev {
-            self.ids_dev = ids_dev;
+        if let Some(live_dev) = live_dev {
+            self.live_dev = live_dev;
         }
-        launch::h2d_sync(DevSlice::of(&self.ids_dev), &ids)?;
+        if let Some(rnorm) = rnorm {
+            self.engine.rnorm = rnorm;
+        }
         self.ids = ids;
         self.live = vec![0; total.div_ceil(64)];
         for r in 0..total {
             self.live[r / 64] |= 1 << (r % 64);
         }
+        // No row is removed now, so no search reads the device's live bits
+        // until a removal uploads them whole.
         self.dead = 0;
-        self.refresh_norms(0, total)?;
         self.engine.set_rows(total);
         tracing::debug!(rows = total, capacity, "resident corpus relaid");
         Ok(())
     }
 
     /// Grows the device buffers to hold `rows` rows (doubling), copying the
-    /// stored rows device to device.
+    /// stored rows device to device. As in [`Self::relayout`], the grown
+    /// buffers are filled before they replace the old ones.
     fn grow_to(&mut self, rows: usize) -> Result<(), CudaError> {
         if rows <= self.engine.capacity {
             return Ok(());
@@ -498,19 +544,31 @@ impl ResidentCorpus {
             launch::d2d_sync(corpus.view().as_words(), src.as_words())?;
             let src = DevSlice::of(&self.ids_dev).range("stored ids", 0, n)?;
             launch::d2d_sync(DevSlice::of(&ids_dev), src)?;
+            if self.dead > 0 {
+                launch::h2d_sync(DevSlice::of(&live_dev), &self.live)?;
+            }
         }
+        if let Some(g) = staged.as_ref().filter(|g| g.norms && n > 0) {
+            // Norms are recomputed rather than copied: a growth can make
+            // filtered batches (which need them) possible for the first
+            // time.
+            let e = &self.engine;
+            let slot = e.slot()?;
+            let s = Queue::Stream(slot.stream.as_inner());
+            let src = corpus.view().range("corpus", 0, n * d)?;
+            let out = DevSlice::of(&g.rnorm).range("row norms", 0, n)?;
+            e.kernels.row_norms(s, src, n as u32, d as u32, out)?;
+            slot.stream
+                .synchronize()
+                .op("cuStreamSynchronize (row norms)")?;
+        }
+        // Nothing below fails.
         self.engine.corpus = corpus;
         self.ids_dev = ids_dev;
         if let Some(staged) = staged {
             self.engine.install_growth(staged);
         }
         self.live_dev = live_dev;
-        // Norms are recomputed rather than copied: a growth can make
-        // filtered batches (which need them) possible for the first time.
-        self.refresh_norms(0, n)?;
-        if self.dead > 0 {
-            self.upload_live()?;
-        }
         tracing::debug!(rows = n, capacity, "resident corpus grown on the device");
         Ok(())
     }
@@ -565,11 +623,6 @@ impl ResidentCorpus {
                 launch::h2d_upload(dst.as_bits16(what)?, bits)
             }
         }
-    }
-
-    /// Copies the live bitset to the device.
-    fn upload_live(&self) -> Result<(), CudaError> {
-        launch::h2d_sync(DevSlice::of(&self.live_dev), &self.live)
     }
 }
 
