@@ -96,7 +96,14 @@ pub(crate) fn info_of(dev: Device) -> Result<DeviceInfo, CudaError> {
 pub(crate) fn pinned<T: DeviceCopy + Default>(len: usize) -> Result<LockedBuffer<T>, CudaError> {
     #[cfg(test)]
     driver::faults::fail_here("pinned host buffer", len * std::mem::size_of::<T>())?;
-    LockedBuffer::new(&T::default(), len.max(1)).op("cuMemAllocHost")
+    LockedBuffer::new(&T::default(), len.max(1)).map_err(|e| match e {
+        cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
+            what: "pinned host buffer",
+            requested: len.max(1) * std::mem::size_of::<T>(),
+            available: driver::free_memory().unwrap_or(0),
+        },
+        other => CudaError::driver("cuMemAllocHost", other),
+    })
 }
 
 /// A device buffer holding a copy of `data`, naming `what` in an
@@ -127,7 +134,7 @@ impl<T: DeviceCopy> OwnedDevice<T> {
     pub(crate) fn from_slice(ctx: &Arc<Ctx>, data: &[T]) -> Result<Self, CudaError> {
         ctx.make_current()?;
         Ok(OwnedDevice {
-            buf: DeviceBuffer::from_slice(data).op("cuMemcpyHtoD")?,
+            buf: upload("device copy", data)?,
             ctx: Arc::clone(ctx),
         })
     }

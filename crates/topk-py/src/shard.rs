@@ -199,7 +199,8 @@ fn shard_of<'py>(
 
 /// A [`ShardError`] as its Python exception: file and manifest problems are
 /// `IndexFileError` (with `filename`, and `errno` when the system refused),
-/// a shard's own error keeps its class, the rest is bad input.
+/// a shard's own error keeps its class, a shard that could not be put back
+/// after another failed is a `DeviceError`, the rest is bad input.
 fn shard_err(py: Python<'_>, e: ShardError) -> PyErr {
     let message = e.to_string();
     let (path, errno) = match e {
@@ -209,6 +210,8 @@ fn shard_err(py: Python<'_>, e: ShardError) -> PyErr {
         ShardError::ShardMismatch { .. } | ShardError::Misplaced { .. } => {
             return new_err(py, Kind::IndexFile, message)
         }
+        // Only a device refuses to put a shard back.
+        ShardError::RollbackFailed { .. } => return new_err(py, Kind::Device, message),
         _ => return invalid(py, message),
     };
     let build = || -> PyResult<PyErr> {

@@ -44,6 +44,21 @@ pub enum ShardError {
         #[source]
         source: IndexError,
     },
+    /// A shard failed, and putting another shard back as it was before the
+    /// call failed too: that shard keeps this call's vectors for the ids
+    /// it replaced (the ids the call added are removed).
+    #[error("shard {shard}: {source}; putting shard {restored} back then failed, so it keeps this call's vectors for the ids it replaced: {restore_error}")]
+    RollbackFailed {
+        /// The shard whose failure ended the call.
+        shard: usize,
+        /// Its error.
+        #[source]
+        source: IndexError,
+        /// The shard that could not be put back.
+        restored: usize,
+        /// Why.
+        restore_error: Box<IndexError>,
+    },
     /// An input rule of the whole call (checked before any shard changes).
     #[error(transparent)]
     Index(#[from] IndexError),

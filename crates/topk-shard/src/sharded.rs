@@ -443,12 +443,12 @@ impl ShardedIndex {
             if let Some(failed) = results.iter().position(Result::is_err) {
                 // A shard's failed call changed nothing on it; undoing its
                 // block's entries is then a no-op (absent ids are ignored).
-                self.undo(&fresh, &replaced);
+                let undone = self.undo(&fresh, &replaced);
                 let at: Vec<usize> = parts[failed]
                     .as_ref()
                     .map_or_else(Vec::new, |p| p.at.iter().map(|&a| a + start).collect());
                 return match results.into_iter().nth(failed) {
-                    Some(Err(e)) => Err(at_shard(failed, to_call_positions(e, &at))),
+                    Some(Err(e)) => Err(failure(failed, to_call_positions(e, &at), undone)),
                     _ => Ok(()),
                 };
             }
@@ -458,26 +458,37 @@ impl ShardedIndex {
     }
 
     /// Removes the ids `fresh` introduced and writes back the vectors
-    /// `replaced` held, shard by shard.
-    fn undo(&mut self, fresh: &[Vec<u64>], replaced: &[Vec<(u64, Vec<f32>)>]) {
+    /// `replaced` held, shard by shard. Returns the first shard whose
+    /// vectors could not be written back (a GPU shard out of memory, say),
+    /// with its error.
+    fn undo(
+        &mut self,
+        fresh: &[Vec<u64>],
+        replaced: &[Vec<(u64, Vec<f32>)>],
+    ) -> Option<(usize, IndexError)> {
         let dim = self.dim;
-        self.shards
+        let failed: Vec<Option<IndexError>> = self
+            .shards
             .par_iter_mut()
             .enumerate()
-            .for_each(|(s, shard)| {
+            .map(|(s, shard)| {
                 shard.remove(&fresh[s]);
                 if replaced[s].is_empty() {
-                    return;
+                    return None;
                 }
                 let ids: Vec<u64> = replaced[s].iter().map(|(id, _)| *id).collect();
                 let flat: Vec<f32> = replaced[s].iter().flat_map(|(_, v)| v.iter().copied()).collect();
                 // The shape holds by construction: each vector has `dim` values.
-                if let Ok(rows) = ArrayView2::from_shape((ids.len(), dim), &flat) {
-                    if let Err(e) = shard.upsert(&ids, rows) {
-                        tracing::error!(shard = s, error = %e, "could not restore the vectors an upsert replaced");
-                    }
-                }
-            });
+                let rows = ArrayView2::from_shape((ids.len(), dim), &flat).ok()?;
+                let e = shard.upsert(&ids, rows).err()?;
+                tracing::error!(shard = s, error = %e, "could not restore the vectors an upsert replaced");
+                Some(e)
+            })
+            .collect();
+        failed
+            .into_iter()
+            .enumerate()
+            .find_map(|(s, e)| e.map(|e| (s, e)))
     }
 }
 
@@ -493,6 +504,21 @@ fn to_call_positions(error: IndexError, at: &[usize]) -> IndexError {
             position: call(position),
         },
         other => other,
+    }
+}
+
+/// The error of a call that failed on `shard`: the shard's own, or, where
+/// putting the shards back failed too (`undone`), one that says which shard
+/// keeps the call's vectors.
+fn failure(shard: usize, source: IndexError, undone: Option<(usize, IndexError)>) -> ShardError {
+    match undone {
+        None => at_shard(shard, source),
+        Some((restored, restore_error)) => ShardError::RollbackFailed {
+            shard,
+            source,
+            restored,
+            restore_error: Box::new(restore_error),
+        },
     }
 }
 
@@ -575,4 +601,34 @@ fn next_generation(dir: &Path) -> u64 {
         .max()
         .unwrap_or(0);
     from_manifest.max(from_files) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_rollback_names_the_shard_that_keeps_the_call() {
+        let plain = failure(2, CoreError::ZeroK.into(), None);
+        assert!(
+            matches!(plain, ShardError::Shard { shard: 2, .. }),
+            "{plain}"
+        );
+        let restore_error = IndexError::Cuda {
+            reason: "out of device memory".into(),
+        };
+        let e = failure(2, CoreError::ZeroK.into(), Some((0, restore_error)));
+        let text = e.to_string();
+        assert!(text.starts_with("shard 2: "), "{text}");
+        assert!(text.contains("putting shard 0 back then failed"), "{text}");
+        assert!(text.contains("out of device memory"), "{text}");
+        assert!(matches!(
+            e,
+            ShardError::RollbackFailed {
+                shard: 2,
+                restored: 0,
+                ..
+            }
+        ));
+    }
 }

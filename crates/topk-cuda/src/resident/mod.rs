@@ -22,6 +22,8 @@
 
 #[cfg(test)]
 mod fault_tests;
+
+mod growth;
 mod search;
 
 use std::borrow::Cow;
@@ -34,8 +36,7 @@ use crate::driver::{alloc, DevSlice, RowBuf, Rows};
 use crate::engine::Engine;
 use crate::error::{CudaError, DriverResult};
 use crate::launch::{self, Queue, FROM_B};
-use crate::plan::{PathCounts, Planner};
-use crate::slot::Slot;
+use crate::plan::PathCounts;
 use crate::CudaConfig;
 
 /// A GPU-resident corpus that changes: rows carry external ids (at most
@@ -226,34 +227,49 @@ impl ResidentCorpus {
             .filter_map(|&id| self.live_row(id))
             .map(|r| r as u32)
             .collect();
-        launch::h2d_sync(DevSlice::of(&rows_dev), &targets)?;
-        let e = &self.engine;
-        {
-            let slot = e.slot()?;
-            let s = Queue::Stream(slot.stream.as_inner());
-            let (staged, rows_dev) = (staged.view(), DevSlice::of(&rows_dev));
-            e.kernels
-                .scatter_rows(s, staged, rows_dev, d as u32, e.corpus.view())?;
-            if e.norms {
-                // Only the replaced rows' norms change: computed on the
-                // staged rows and scattered like them.
-                let norms = DevSlice::of(&staged_norms);
-                e.kernels
-                    .row_norms(s, staged, targets.len() as u32, d as u32, norms)?;
-                e.kernels.scatter_rows(
-                    s,
-                    Rows::of_f32(norms),
-                    rows_dev,
-                    1,
-                    Rows::of_f32(DevSlice::of(&e.rnorm)),
-                )?;
-            }
-            slot.stream
-                .synchronize()
-                .op("cuStreamSynchronize (upsert)")?;
-        }
+        let overwritten = self.overwrite(&staged, &rows_dev, &staged_norms, &targets);
+        // The add is done: a failure now, whatever its kind, leaves the call
+        // half made, which a caller must not take for a refusal.
+        overwritten.map_err(|e| CudaError::Driver {
+            op: "upsert (the overwrite after its add)",
+            reason: e.to_string(),
+        })?;
         self.engine.set_rows(self.ids.len());
         Ok(())
+    }
+
+    /// Writes staged rows (and their norms, where kept) over stored rows
+    /// `targets`.
+    fn overwrite(
+        &self,
+        staged: &RowBuf,
+        rows_dev: &DeviceBuffer<u32>,
+        staged_norms: &DeviceBuffer<f32>,
+        targets: &[u32],
+    ) -> Result<(), CudaError> {
+        let d = self.dim();
+        launch::h2d_sync(DevSlice::of(rows_dev), targets)?;
+        let e = &self.engine;
+        let slot = e.slot()?;
+        let s = Queue::Stream(slot.stream.as_inner());
+        let (staged, rows_dev) = (staged.view(), DevSlice::of(rows_dev));
+        e.kernels
+            .scatter_rows(s, staged, rows_dev, d as u32, e.corpus.view())?;
+        if e.norms {
+            // Only the replaced rows' norms change: computed on the staged
+            // rows and scattered like them.
+            let norms = DevSlice::of(staged_norms);
+            e.kernels
+                .row_norms(s, staged, targets.len() as u32, d as u32, norms)?;
+            e.kernels.scatter_rows(
+                s,
+                Rows::of_f32(norms),
+                rows_dev,
+                1,
+                Rows::of_f32(DevSlice::of(&e.rnorm)),
+            )?;
+        }
+        slot.stream.synchronize().op("cuStreamSynchronize (upsert)")
     }
 
     /// Removes the rows of `ids` from every later result and returns how many
@@ -623,77 +639,5 @@ impl ResidentCorpus {
                 launch::h2d_upload(dst.as_bits16(what)?, bits)
             }
         }
-    }
-}
-
-/// The buffers of a grown engine, allocated before anything is replaced.
-pub(crate) struct Growth {
-    capacity: usize,
-    rnorm: DeviceBuffer<f32>,
-    norms: bool,
-    slots: Vec<std::sync::Mutex<Slot>>,
-    sizes: crate::slot::Sizes,
-    /// Room for the f16 copy of the rows, where the engine keeps one.
-    shadow: Option<crate::shadow::Shadow>,
-}
-
-impl Engine {
-    /// The rows in use become `n`: the plan is made again for them and the
-    /// slots' query graphs (captured with the old rows and buffers) dropped.
-    pub(crate) fn set_rows(&mut self, n: usize) {
-        self.n = n;
-        if let Some(shadow) = &mut self.shadow {
-            shadow.stale();
-        }
-        self.planner = Planner::new(n, self.dim(), &self.config, self.search_grid.is_some());
-        for slot in &mut self.slots {
-            let slot = slot.get_mut().unwrap_or_else(|p| p.into_inner());
-            slot.graphs = crate::graph::GraphCache::default();
-        }
-    }
-
-    /// The norm buffer and slots of `capacity` rows when that is more than
-    /// the engine holds (`None` otherwise), allocated without touching the
-    /// engine so that running out of memory changes nothing.
-    pub(crate) fn staged_growth(&self, capacity: usize) -> Result<Option<Growth>, CudaError> {
-        if capacity <= self.capacity {
-            return Ok(None);
-        }
-        let shape = Engine::shape_for(capacity, self.dim(), self.dtype(), &self.config, self.lists);
-        let norms = self.metric() == Metric::Cosine || shape.filter_list > 0;
-        let rnorm = alloc::<f32>("row norms", if norms { capacity } else { 1 })?;
-        let slots = Engine::make_slots(
-            &shape,
-            self.config.streams,
-            self.map_results,
-            self.map_queries,
-        )?;
-        let shadow = self.shadow_for(capacity)?;
-        Ok(Some(Growth {
-            capacity,
-            rnorm,
-            norms,
-            slots,
-            sizes: shape.sizes,
-            shadow,
-        }))
-    }
-
-    /// Replaces the norm buffer and slots by grown ones (the caller then
-    /// recomputes the norms).
-    pub(crate) fn install_growth(&mut self, g: Growth) {
-        for s in &self.slots {
-            let slot = s.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = slot.stream.synchronize() {
-                tracing::warn!("topk-cuda: stream error before growth: {e}");
-            }
-        }
-        self.capacity = g.capacity;
-        self.rnorm = g.rnorm;
-        self.norms = g.norms;
-        self.slots = g.slots;
-        self.sizes = g.sizes;
-        // Stale until the next filtered chunk makes it.
-        self.shadow = g.shadow;
     }
 }
