@@ -14,8 +14,9 @@ use crate::{CoreError, CudaConfig};
 
 /// The rows a backend is built over.
 ///
-/// An owned corpus moves into a host backend (no second copy of a large
-/// corpus); a view is copied once. Build one with `.into()` from an
+/// An owned row-major corpus moves into a host backend (no second copy of
+/// a large corpus); an owned array of another layout, and a view, are
+/// copied once. Build one with `.into()` from an
 /// [`Array2`], an [`ArrayView2`], a `&Array2` or a `(Vec<f32>, dim)` pair of
 /// row-major values.
 #[derive(Debug)]
@@ -66,6 +67,16 @@ impl Corpus<'_> {
             Corpus::RowMajor { data, dim } => (Cow::Borrowed(data), *dim),
         }
     }
+
+    /// The docs/CONTRACTS.md §4 rules of a corpus, checked in place (no
+    /// copy, whatever the layout).
+    fn check(&self) -> Result<(), CoreError> {
+        match self {
+            Corpus::View(v) => topk_core::validate::corpus_view(*v).map(|_| ()),
+            Corpus::Owned(a) => topk_core::validate::corpus_view(a.view()).map(|_| ()),
+            Corpus::RowMajor { data, dim } => topk_core::validate::corpus(data, *dim).map(|_| ()),
+        }
+    }
 }
 
 /// The values of `v` in row-major order, borrowed when they already are.
@@ -104,7 +115,9 @@ fn into_rowmajor(a: Array2<f32>) -> Vec<f32> {
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Options {
-    /// Device and limits of the `cuda` backend.
+    /// Device and limits of the `cuda` backend: `device`, `max_k`,
+    /// `max_batch` and `streams` reach the engine through its plugin; the
+    /// hidden `tuning` fields do not (the engine keeps its defaults).
     pub cuda: CudaConfig,
     /// Graph parameters of the `hnsw` backend (its build is parallel unless
     /// [`HnswParams::parallel`] is false).
@@ -128,9 +141,12 @@ pub struct Options {
     pub prepare_certified: bool,
 }
 
-/// A callback told the rows inserted so far while a long build runs (every
-/// 1,024 rows and once with `N` at the end), from the building threads. It
-/// only observes: the backend built is the same with or without it.
+/// A callback told the rows inserted so far while a long build runs (about
+/// every 1,024 rows and with `N` at the end), from the building threads: a
+/// parallel build's threads race, so a count may arrive after a larger one
+/// and `N` may come twice. It only observes: the build does the same work
+/// with or without it (a sequential build gives the same graph; a parallel
+/// one, as always, need not, docs/CONTRACTS.md §9).
 ///
 /// ```
 /// use std::sync::atomic::{AtomicUsize, Ordering};
@@ -279,6 +295,11 @@ pub fn open<'a>(
         }),
         Backend::Hnsw => {
             let params = options.hnsw;
+            // The corpus's rules first, then the parameters, in every form
+            // (the builders from row-major rows check the parameters first).
+            if !matches!(corpus, Corpus::View(_)) {
+                corpus.check()?;
+            }
             match &options.progress {
                 Some(progress) => {
                     let (data, dim) = match corpus {
@@ -314,6 +335,12 @@ pub fn open<'a>(
             }
         }
         Backend::Cuda => {
+            // The input rules come first whichever backend and build: a
+            // build without `cuda` checks the corpus before saying so (a
+            // build with it checks it in the loader, before the plugin).
+            if !Backend::Cuda.compiled() {
+                corpus.check()?;
+            }
             let (data, dim) = corpus.rowmajor();
             crate::cuda::open(&data, dim, metric, &options.cuda)?
         }
@@ -356,6 +383,8 @@ fn open_stored(
         Backend::Cpu => Box::new(prepared(CpuRetriever::from_store(store, metric)?, options)),
         Backend::Oracle => Box::new(Oracle::from_store(store, metric)?),
         Backend::Hnsw => {
+            // Before the rows are widened (a second copy).
+            options.hnsw.validate()?;
             let data = store.to_f32();
             drop(store);
             let params = options.hnsw;
@@ -418,6 +447,51 @@ mod tests {
                     Err(Error::Core(CoreError::RaggedCorpus { len: 7, dim: 3 }))
                 ),
                 "{b}"
+            );
+        }
+    }
+
+    /// The corpus's rules come before the backend's own checks, in every
+    /// form of the corpus, with or without progress reports, at every
+    /// storage type.
+    #[test]
+    fn corpus_rules_come_before_hnsw_parameters_and_a_missing_backend() {
+        let bad = Options::new().hnsw(HnswParams::with_m(1));
+        let reported = bad.clone().progress(BuildProgress::new(|_| {}));
+        let nan = array![[1.0_f32, f32::NAN], [0.0, 1.0]];
+        for opts in [&bad, &reported, &bad.clone().dtype(Dtype::F16)] {
+            let forms: [Corpus<'_>; 4] = [
+                nan.view().into(),
+                nan.clone().into(),
+                nan.t().to_owned().reversed_axes().into(),
+                (nan.iter().copied().collect::<Vec<f32>>(), 2).into(),
+            ];
+            for corpus in forms {
+                let e = open(Backend::Hnsw, corpus, Metric::L2, opts);
+                assert!(
+                    matches!(e, Err(Error::Core(CoreError::NonFinite { .. }))),
+                    "{:?}",
+                    e.err()
+                );
+            }
+        }
+        if !Backend::Cuda.compiled() {
+            let e = open(
+                Backend::Cuda,
+                Array2::<f32>::zeros((0, 3)),
+                Metric::L2,
+                &Options::new(),
+            );
+            assert!(
+                matches!(e, Err(Error::Core(CoreError::EmptyCorpus))),
+                "{:?}",
+                e.err()
+            );
+            let e = open(Backend::Cuda, nan.view(), Metric::L2, &Options::new());
+            assert!(
+                matches!(e, Err(Error::Core(CoreError::NonFinite { .. }))),
+                "{:?}",
+                e.err()
             );
         }
     }
