@@ -155,15 +155,7 @@ pub struct RowStore {
 impl RowStore {
     /// An empty store of `dim`-value rows. `dim` must be at least 1.
     pub fn empty(dim: usize, dtype: Dtype) -> Result<RowStore> {
-        if dim == 0 {
-            return Err(Error::ZeroDimension);
-        }
-        if dim > validate::MAX_DIM {
-            return Err(Error::DimensionTooLarge {
-                dim,
-                max: validate::MAX_DIM,
-            });
-        }
+        validate::dim(dim)?;
         let values = match dtype {
             Dtype::F32 => Values::F32(Vec::new()),
             Dtype::F16 => Values::F16(Vec::new()),

@@ -42,7 +42,7 @@ pub fn corpus(data: &[f32], dim: usize) -> Result<usize> {
 /// `dim`-value rows: returns N. A caller that checks the values in parts as
 /// it copies them (the GPU engine's staged upload) checks the shape first.
 pub fn corpus_shape(len: usize, dim: usize) -> Result<usize> {
-    check_dim(dim)?;
+    self::dim(dim)?;
     if len == 0 {
         return Err(Error::EmptyCorpus);
     }
@@ -59,14 +59,14 @@ pub fn corpus_shape(len: usize, dim: usize) -> Result<usize> {
 /// The value rules of [`corpus`] alone (finiteness, the overflow rule) for
 /// whole `dim`-value rows; errors name rows counted from the start of `data`.
 pub fn corpus_values(data: &[f32], dim: usize) -> Result<()> {
-    check_dim(dim)?;
+    self::dim(dim)?;
     bounded(data, dim, Located::Row)
 }
 
 /// The value rules of [`corpus`] for whole `dim`-value rows whose first row
 /// is corpus row `first_row`, so that errors name the row in the whole corpus.
 pub fn corpus_values_from(data: &[f32], dim: usize, first_row: usize) -> Result<()> {
-    check_dim(dim)?;
+    self::dim(dim)?;
     bounded(data, dim, |i| Located::Row(first_row + i))
 }
 
@@ -74,7 +74,7 @@ pub fn corpus_values_from(data: &[f32], dim: usize, first_row: usize) -> Result<
 /// returns `(n, d)`.
 pub fn corpus_view(rows: ArrayView2<'_, f32>) -> Result<(usize, usize)> {
     let (n, d) = rows.dim();
-    check_dim(d)?;
+    self::dim(d)?;
     if n == 0 {
         return Err(Error::EmptyCorpus);
     }
@@ -106,7 +106,7 @@ pub fn query_at(q: &[f32], dim: usize, which: usize) -> Result<()> {
 /// Checks a row-major buffer of queries of `dim` values each, query by
 /// query as [`query_at`] does, and returns how many it holds.
 pub fn queries_rowmajor(queries: &[f32], dim: usize) -> Result<usize> {
-    check_dim(dim)?;
+    self::dim(dim)?;
     if queries.len() % dim != 0 {
         return Err(Error::DimensionMismatch {
             what: format!("a batch buffer of {} values", queries.len()),
@@ -140,8 +140,9 @@ pub fn k(k: usize, n: usize) -> Result<usize> {
     Ok(k.min(n))
 }
 
-/// Rejects a dimension of 0 or above [`MAX_DIM`].
-fn check_dim(dim: usize) -> Result<()> {
+/// Rejects a dimension of 0 or above [`MAX_DIM`]: the rule every corpus,
+/// index and engine applies to D before anything is allocated.
+pub fn dim(dim: usize) -> Result<()> {
     if dim == 0 {
         return Err(Error::ZeroDimension);
     }

@@ -45,16 +45,7 @@ impl CudaResident {
         capacity: usize,
         config: &CudaConfig,
     ) -> Result<CudaResident, LoadError> {
-        if dim == 0 {
-            return Err(topk_core::Error::ZeroDimension.into());
-        }
-        if dim > validate::MAX_DIM {
-            return Err(topk_core::Error::DimensionTooLarge {
-                dim,
-                max: validate::MAX_DIM,
-            }
-            .into());
-        }
+        validate::dim(dim)?;
         let p = plugin()?;
         let inner = p
             .resident_open(

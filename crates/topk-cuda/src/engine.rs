@@ -164,16 +164,7 @@ impl Engine {
         config: CudaConfig,
         capacity: usize,
     ) -> Result<Self, CudaError> {
-        if dim == 0 {
-            return Err(topk_core::Error::ZeroDimension.into());
-        }
-        if dim > validate::MAX_DIM {
-            return Err(topk_core::Error::DimensionTooLarge {
-                dim,
-                max: validate::MAX_DIM,
-            }
-            .into());
-        }
+        validate::dim(dim)?;
         // Before the device is touched: the rows a resident corpus may hold
         // (its ids' limit), and a size in bytes that arithmetic can hold.
         let max_rows = u32::MAX as usize / 2;

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use ndarray::ArrayView2;
 use rayon::slice::ParallelSliceMut;
-use topk_core::{validate, Dtype, Error as CoreError, IdProblem, Metric, RowStore, MAX_ID};
+use topk_core::{validate, Dtype, IdProblem, Metric, RowStore, MAX_ID};
 use topk_cpu::{CertifiedRows, Kernels};
 
 use crate::error::IndexError;
@@ -102,16 +102,7 @@ struct Checked<'a> {
 impl Index {
     /// An empty index of `dim`-value rows.
     pub fn new(dim: usize, metric: Metric, backend: IndexBackend) -> Result<Index, IndexError> {
-        if dim == 0 {
-            return Err(CoreError::ZeroDimension.into());
-        }
-        if dim > validate::MAX_DIM {
-            return Err(CoreError::DimensionTooLarge {
-                dim,
-                max: validate::MAX_DIM,
-            }
-            .into());
-        }
+        validate::dim(dim)?;
         Ok(Index {
             dim,
             metric,
