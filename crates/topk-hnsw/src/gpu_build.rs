@@ -71,8 +71,8 @@ impl Hnsw {
         params: HnswParams,
         gpu: &CudaRetriever,
     ) -> Result<Self> {
-        params.validate()?;
         check_corpus(data, dim)?;
+        params.validate()?;
         let vectors = Vectors::new(data.to_vec(), dim, metric);
         check_engine(gpu, &vectors)?;
         spot_check(gpu, &vectors)?;
@@ -270,8 +270,8 @@ impl Hnsw {
         gpu: &CudaRetriever,
         progress: Option<&(dyn Fn(usize) + Sync)>,
     ) -> Result<Self> {
-        params.validate()?;
         check_corpus(&data, dim)?;
+        params.validate()?;
         let vectors = Vectors::new(data, dim, metric);
         check_engine(gpu, &vectors)?;
         spot_check(gpu, &vectors)?;

@@ -175,8 +175,10 @@ impl Hnsw {
         params: HnswParams,
         progress: Option<&(dyn Fn(usize) + Sync)>,
     ) -> Result<Self> {
-        params.validate()?;
+        // The corpus's rules first, then the parameters: the order of every
+        // backend (docs/CONTRACTS.md §4).
         check_corpus(&data, dim)?;
+        params.validate()?;
         let vectors = Vectors::new(data, dim, metric);
         let mode = if params.parallel {
             Mode::Parallel

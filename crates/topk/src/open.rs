@@ -295,11 +295,6 @@ pub fn open<'a>(
         }),
         Backend::Hnsw => {
             let params = options.hnsw;
-            // The corpus's rules first, then the parameters, in every form
-            // (the builders from row-major rows check the parameters first).
-            if !matches!(corpus, Corpus::View(_)) {
-                corpus.check()?;
-            }
             match &options.progress {
                 Some(progress) => {
                     let (data, dim) = match corpus {
