@@ -96,14 +96,9 @@ pub(crate) fn info_of(dev: Device) -> Result<DeviceInfo, CudaError> {
 pub(crate) fn pinned<T: DeviceCopy + Default>(len: usize) -> Result<LockedBuffer<T>, CudaError> {
     #[cfg(test)]
     driver::faults::fail_here("pinned host buffer", len * std::mem::size_of::<T>())?;
-    LockedBuffer::new(&T::default(), len.max(1)).map_err(|e| match e {
-        cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
-            what: "pinned host buffer",
-            requested: len.max(1) * std::mem::size_of::<T>(),
-            available: driver::free_memory().unwrap_or(0),
-        },
-        other => CudaError::driver("cuMemAllocHost", other),
-    })
+    let requested = len.max(1) * std::mem::size_of::<T>();
+    LockedBuffer::new(&T::default(), len.max(1))
+        .map_err(|e| CudaError::allocation("pinned host buffer", requested, "cuMemAllocHost", e))
 }
 
 /// A device buffer holding a copy of `data`, naming `what` in an
@@ -114,14 +109,8 @@ pub(crate) fn upload<T: DeviceCopy>(
 ) -> Result<DeviceBuffer<T>, CudaError> {
     #[cfg(test)]
     driver::faults::fail_here(what, std::mem::size_of_val(data))?;
-    DeviceBuffer::from_slice(data).map_err(|e| match e {
-        cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
-            what,
-            requested: std::mem::size_of_val(data),
-            available: driver::free_memory().unwrap_or(0),
-        },
-        other => CudaError::driver("cuMemcpyHtoD", other),
-    })
+    DeviceBuffer::from_slice(data)
+        .map_err(|e| CudaError::allocation(what, std::mem::size_of_val(data), "cuMemcpyHtoD", e))
 }
 
 /// A device buffer that frees itself with its context current.

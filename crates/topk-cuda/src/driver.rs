@@ -90,14 +90,8 @@ pub(crate) fn alloc<T: DeviceCopy>(
     // never as a Rust reference; every buffer is written by a copy or a
     // kernel before it is read (the counters and histograms are zeroed
     // explicitly after allocation).
-    unsafe { DeviceBuffer::uninitialized(len) }.map_err(|e| match e {
-        cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
-            what,
-            requested: len * std::mem::size_of::<T>(),
-            available: free_memory().unwrap_or(0),
-        },
-        other => CudaError::driver("cuMemAlloc", other),
-    })
+    unsafe { DeviceBuffer::uninitialized(len) }
+        .map_err(|e| CudaError::allocation(what, len * std::mem::size_of::<T>(), "cuMemAlloc", e))
 }
 
 /// Allocation failures on demand, for the tests that check that running

@@ -189,12 +189,30 @@ pub enum CudaError {
 
 #[cfg(feature = "cuda")]
 impl CudaError {
-    /// Wraps a driver status for the operation `op`, turning out-of-memory into
-    /// the variant that names the bytes.
+    /// Wraps a driver status for the operation `op`.
     pub(crate) fn driver(op: &'static str, e: cust::error::CudaError) -> Self {
         CudaError::Driver {
             op,
             reason: format!("{e} ({e:?})"),
+        }
+    }
+
+    /// The error of a failed allocation of `requested` bytes for `what` by
+    /// the driver call `op`: out of memory names the bytes (and the device
+    /// memory free then), anything else is the driver's.
+    pub(crate) fn allocation(
+        what: &'static str,
+        requested: usize,
+        op: &'static str,
+        e: cust::error::CudaError,
+    ) -> Self {
+        match e {
+            cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
+                what,
+                requested,
+                available: crate::driver::free_memory().unwrap_or(0),
+            },
+            other => CudaError::driver(op, other),
         }
     }
 }
