@@ -6,7 +6,9 @@ killed mid-run (docs/CONTRACTS.md §12)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -95,7 +97,9 @@ def test_merge_refuses_bad_input() -> None:
         (([(one[0].astype(np.float64), one[1])], 2, "dot"), "float32"),
         (([(one[0], np.array([-2, 0]))], 2, "dot"), "id -2 is negative"),
         (([(np.array([np.nan, 1], np.float32), one[1])], 2, "dot"), "NaN"),
-        (([one, one], 2, "dot"), "more than one shard"),
+        (([one, one], 2, "dot"), "shards 0 and 1 for query 0"),
+        (([one, one], 1, "dot"), "shards 0 and 1 for query 0"),
+        (([(one[0], np.array([3, 3]))], 1, "dot"), "id 3 is twice in shard 0's result"),
         (([one], 2, "hamming"), "hamming"),
     ]
     for args, message in bad:
@@ -493,10 +497,65 @@ def test_torn_log_record_is_ignored(tmp_path) -> None:
     assert [r[:2] for r in got] == [("base", {}), ("mut", 1)]
     assert log.read_bytes() == whole
     bad = bytearray(whole)
-    bad[10] ^= 0xFF
+    bad[20] ^= 0xFF
     log.write_bytes(bytes(bad) + topk._ray_shard._encode(("mut", 2, "remove", np.array([2]))))
-    with pytest.raises(topk.IndexFileError, match="fails its CRC-32"):
+    with pytest.raises(topk.IndexFileError, match="record at byte 0 fails its CRC-32"):
         topk._ray_shard._read_log(log)
+    # A crash that left zeros past the last whole record: dropped.
+    log.write_bytes(whole + bytes(64))
+    assert [r[:2] for r in topk._ray_shard._read_log(log)] == [("base", {}), ("mut", 1)]
+    assert log.read_bytes() == whole
+
+
+def test_corrupt_log_length_is_refused_not_cut(tmp_path) -> None:
+    log = tmp_path / "x.log"
+    records = [("base", {}, 0), ("mut", 1, "remove", np.array([1])), ("mut", 2, "add", None)]
+    whole = b"".join(topk._ray_shard._encode(r) for r in records)
+    second = len(topk._ray_shard._encode(records[0]))
+    bad = bytearray(whole)
+    bad[second : second + 4] = (0xFFFFFFF0).to_bytes(4, "little")
+    log.write_bytes(bytes(bad))
+    with pytest.raises(topk.IndexFileError, match=f"header at byte {second} fails"):
+        topk._ray_shard._read_log(log)
+    assert log.read_bytes() == bytes(bad), "a corrupt log must not be cut"
+
+
+@pytest.mark.parametrize("op", ["add", "upsert", "remove"])
+def test_a_log_that_cannot_take_a_mutation_leaves_the_shard_unchanged(
+    tmp_path, monkeypatch, op
+) -> None:
+    init = {"dim": D, "metric": "dot", "backend": "cpu"}
+    log = tmp_path / "s.log"
+    shard = topk._ray_shard._Shard(0, 1, str(log), init)
+    rows = np.arange(4 * D, dtype=np.float32).reshape(4, D)
+    shard.mutate(1, "add", (rows, np.arange(4, dtype=np.int64)), False)
+    before = (shard.ids().copy(), [shard.get(i).copy() for i in range(4)], log.read_bytes())
+
+    def full(fd: int, data: bytes) -> None:
+        os.write(fd, data[:5])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(topk._ray_shard, "_append", full)
+    ids = np.array([2, 7], dtype=np.int64)
+    args = {
+        "add": (np.ones((1, D), np.float32), ids[1:]),
+        "upsert": (np.ones((2, D), np.float32), ids),
+        "remove": ids,
+    }[op]
+    with pytest.raises(topk.IndexFileError, match="No space left on device"):
+        shard.mutate(2, op, args, False)
+    np.testing.assert_array_equal(shard.ids(), before[0])
+    for i, v in enumerate(before[1]):
+        np.testing.assert_array_equal(shard.get(i).view(np.uint32), v.view(np.uint32))
+    assert shard.get(7) is None
+    assert log.read_bytes() == before[2], "the torn record must be cut off the log"
+    # The shard goes on: the same mutation is taken once the disk has room,
+    # and a restart from the log sees it.
+    monkeypatch.undo()
+    shard.mutate(2, op, args, False)
+    after = shard.ids().copy()
+    restarted = topk._ray_shard._Shard(0, 1, str(log), init)
+    np.testing.assert_array_equal(restarted.ids(), after)
 
 
 def test_ray_is_imported_only_when_used() -> None:

@@ -21,8 +21,10 @@ from ._topk import (
 from .errors import IndexFileError, InvalidInputError
 
 _LOG_FOLDER = ".topk-ray-logs"
-# Each log record: payload length, CRC-32 of the payload, then the payload.
-_RECORD = struct.Struct("<II")
+# Each log record: payload length, CRC-32 of the payload, CRC-32 of those
+# eight bytes, then the payload. The header's own check tells a corrupt
+# length (refused) from a record cut short by a crash (dropped).
+_RECORD = struct.Struct("<III")
 # A query array above this size goes to the object store once per search,
 # not once per shard.
 _PUT_BYTES = 1 << 17
@@ -50,17 +52,23 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _read_log(path: Path) -> list[Any]:
-    """The records of the log at ``path``; a torn last record (a crash while
-    it was written) is cut off the file. A bad record before the last is an
-    :class:`IndexFileError` naming its offset."""
+    """The records of the log at ``path``. A torn last record (a crash while
+    it was written: a short header, a payload running past the end, a last
+    payload failing its check, or a zero-filled tail) is cut off the file.
+    Any other bad record is an :class:`IndexFileError` naming its offset, and
+    the file is left as it is."""
     data = path.read_bytes()
     records: list[Any] = []
     offset = 0
     while offset < len(data):
         end = offset + _RECORD.size
-        if end > len(data):
+        if end > len(data) or not any(data[offset:]):
             break
-        length, crc = _RECORD.unpack_from(data, offset)
+        length, crc, header_crc = _RECORD.unpack_from(data, offset)
+        if zlib.crc32(data[offset : offset + 8]) != header_crc:
+            raise IndexFileError(
+                f"{path}: the log record header at byte {offset} fails its CRC-32 check"
+            )
         if end + length > len(data):
             break
         payload = data[end : end + length]
@@ -80,7 +88,16 @@ def _read_log(path: Path) -> list[Any]:
 
 def _encode(record: Any) -> bytes:
     payload = pickle.dumps(record, protocol=5)
-    return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+    head = struct.pack("<II", len(payload), zlib.crc32(payload))
+    return head + struct.pack("<I", zlib.crc32(head)) + payload
+
+
+def _append(fd: int, data: bytes) -> None:
+    """Writes all of ``data`` at the end of the log ``fd`` and syncs it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
 
 
 class _Shard:
@@ -95,7 +112,7 @@ class _Shard:
         self._undo: tuple[int, tuple[str, Any] | None] = (0, None)
         self._seq = 0
         self._error: BaseException | None = None
-        self._log: Any = None
+        self._log: int | None = None
         try:
             if self._log_path.exists():
                 records = _read_log(self._log_path)
@@ -111,12 +128,16 @@ class _Shard:
             else:
                 self._open(init)
                 self._write_base(init)
-            self._log = open(self._log_path, "ab")  # noqa: SIM115 (held for the actor's life)
+            self._log = self._open_log()
         except Exception as e:
             # Ray reports a constructor's exception as the actor's death, not
             # as the exception itself: kept and raised by every later call,
             # the driver sees topk's own error class and message.
             self._error = e
+
+    def _open_log(self) -> int:
+        """The log's file descriptor, for appending (held for the actor's life)."""
+        return os.open(self._log_path, os.O_WRONLY | os.O_APPEND)
 
     def _open(self, init: dict[str, Any]) -> None:
         self._init = dict(init)
@@ -214,12 +235,38 @@ class _Shard:
                 self._record(seq, None, None)
                 return None
             op, args = inverse
-        result, inverse = self._apply(op, args, undoable)
-        self._log.write(_encode(("mut", seq, op, args)))
-        self._log.flush()
-        os.fsync(self._log.fileno())
-        self._record(seq, result, inverse)
+        record = _encode(("mut", seq, op, args))
+        # The inverse is taken whatever `undoable` says: a log that cannot
+        # take the record (a full disk) undoes the mutation here.
+        result, inverse = self._apply(op, args, True)
+        size = os.fstat(self._log).st_size
+        try:
+            _append(self._log, record)
+        except OSError as e:
+            self._unlog(size, inverse, e)
+            raise IndexFileError(
+                f"{self._log_path}: the write-ahead log could not take mutation {seq} "
+                f"({op}): {e}; the shard is as it was before the call"
+            ) from e
+        self._record(seq, result, inverse if undoable else None)
         return result
+
+    def _unlog(self, size: int, inverse: tuple[str, Any] | None, cause: OSError) -> None:
+        """Puts the log back to ``size`` bytes and the index back as it was,
+        after an append failed; a failure here leaves the shard refusing
+        every call (a restart replays the log as it is on disk)."""
+        try:
+            os.ftruncate(self._log, size)
+            os.fsync(self._log)
+            if inverse is None:
+                raise InvalidInputError("an undo cannot itself be undone")
+            self._apply(*inverse, False)
+        except Exception as e:
+            self._error = IndexFileError(
+                f"{self._log_path}: a mutation that the log could not take ({cause}) could "
+                f"not be undone ({e}); the shard refuses calls until its actor restarts"
+            )
+            raise self._error from e
 
     def search(self, queries: np.ndarray, k: int, filter: Any) -> Any:
         """The shard's ``Index.search``."""
@@ -274,16 +321,20 @@ class _Shard:
         self._index.save(file)
         if rebase:
             base = {**self._init, "file": file, "backend": self._index.backend, "rows": None}
-            self._log.close()
-            self._write_base(base)
-            self._init = base
-            self._log = open(self._log_path, "ab")  # noqa: SIM115
+            os.close(self._log)
+            try:
+                self._write_base(base)
+                self._init = base
+            finally:
+                # The new log, or the old one when the new base failed.
+                self._log = self._open_log()
         return len(self._index), self._index.backend
 
     def close(self) -> None:
         """Deletes the log (the set is closed for good)."""
         if self._log is not None:
-            self._log.close()
+            os.close(self._log)
+            self._log = None
         self._log_path.unlink(missing_ok=True)
 
 

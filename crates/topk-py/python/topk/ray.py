@@ -29,9 +29,14 @@ that applied their part undo it before the error is raised.
 **Restarts.** Actors are created with ``max_restarts=-1`` and
 ``max_task_retries=-1``. Each keeps its shard durable in the set's folder
 (``path``, or a temporary folder): its index file from the last save plus a
-write-ahead log of every mutation since (one record per mutation, appended,
-flushed and fsynced before the call returns, with a CRC-32; a torn last
-record is ignored). A restarted actor reopens its file and replays its log;
+write-ahead log of every mutation since (one record per mutation, appended
+and fsynced before the call returns; a CRC-32 of the record's header and
+one of its payload). A torn last record (a crash mid-write) is dropped; any
+other bad record stops the restart with an :class:`~topk.IndexFileError`
+naming its offset, and the log is left as it is. A mutation whose record
+the log cannot take (a full disk) is undone in its shard and raised as an
+:class:`~topk.IndexFileError`, so the shard never holds what its log lacks.
+A restarted actor reopens its file and replays its log;
 every mutation carries the driver's sequence number, so one retried after a
 restart is applied once. The folder must be reachable at the same path from
 every node that runs a shard (a shared file system) when Ray spans machines.
@@ -481,8 +486,9 @@ class ShardedIndex:
                     for f, (rows, backend) in zip(files, saved, strict=True)
                 ],
             }
-            _write_manifest(target, manifest)
-            _remove_stale(target, manifest)
+            # Older files go only once the new manifest is surely on disk.
+            if _write_manifest(target, manifest):
+                _remove_stale(target, manifest)
             if rebase:
                 # A set saved in its own temporary folder keeps the folder:
                 # closing deletes the logs only, never saved files.
