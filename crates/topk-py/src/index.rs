@@ -178,8 +178,11 @@ impl PyIndex {
                 format!("dim must be at least 1, got dim = {dim}"),
             )
         })?;
-        let index =
-            Index::with_options(dim, metric, backend, &options).map_err(|e| index_err(py, e))?;
+        // A `cuda` index sets up its device here (context, buffers for
+        // `capacity` rows): other threads run meanwhile.
+        let index = py
+            .detach(|| Index::with_options(dim, metric, backend, &options))
+            .map_err(|e| index_err(py, e))?;
         Ok(PyIndex::from_index(index))
     }
 
@@ -444,11 +447,21 @@ impl PyIndex {
         PyArray::from_owned_array(py, ids).into_any()
     }
 
-    /// The vector stored under `id` (a copy), or None.
-    fn get<'py>(&self, py: Python<'py>, id: i64) -> Option<Bound<'py, PyAny>> {
-        let id = u64::try_from(id).ok()?;
-        let row: Vec<f32> = py.detach(|| self.read().get(id).map(std::borrow::Cow::into_owned))?;
-        Some(PyArray::from_owned_array(py, Array1::from_vec(row)).into_any())
+    /// The vector stored under `id` (a copy), or None; as for `in`, any
+    /// integer may be asked (a negative one, or one past 2^63 - 1, is not
+    /// an id), anything else is a `TypeError`.
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let id = match id.extract::<u64>() {
+            Ok(id) => id,
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let row = py.detach(|| self.read().get(id).map(std::borrow::Cow::into_owned));
+        Ok(row.map(|row| PyArray::from_owned_array(py, Array1::from_vec(row)).into_any()))
     }
 
     /// Whether `id` is live; any integer may be asked (a negative one, or

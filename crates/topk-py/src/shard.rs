@@ -6,7 +6,7 @@
 //! shard files, so a set saved from Python opens in Rust and back
 //! (docs/CONTRACTS.md §12).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -157,17 +157,30 @@ fn merge(py: Python<'_>, results: &Bound<'_, PyAny>, k: i64, metric: &str) -> Py
     }
     let merged = py.detach(|| -> Result<Results, String> {
         let mut out = Results::with_room(queries, k)?;
-        for per_shard in &lists {
-            let views: Vec<&[Hit]> = per_shard.iter().map(Vec::as_slice).collect();
-            let hits = topk::merge_hits(&views, k);
-            let mut seen = HashSet::with_capacity(hits.len());
-            if let Some(dup) = hits.iter().find(|h| !seen.insert(h.id)) {
-                return Err(format!(
-                    "id {} is in more than one shard's result: shards must hold distinct ids",
-                    dup.id
-                ));
+        for (q, per_shard) in lists.iter().enumerate() {
+            // Every input hit, not only the merged top k: a repeat anywhere
+            // means the shards do not hold distinct ids.
+            let mut seen = HashMap::with_capacity(per_shard.iter().map(Vec::len).sum());
+            for (shard, hits) in per_shard.iter().enumerate() {
+                for h in hits {
+                    if let Some(first) = seen.insert(h.id, shard) {
+                        return Err(if first == shard {
+                            format!(
+                                "id {} is twice in shard {shard}'s result for query {q}",
+                                h.id
+                            )
+                        } else {
+                            format!(
+                                "id {} is in the results of shards {first} and {shard} for \
+                                 query {q}: shards must hold distinct ids",
+                                h.id
+                            )
+                        });
+                    }
+                }
             }
-            out.push(&hits, l2);
+            let views: Vec<&[Hit]> = per_shard.iter().map(Vec::as_slice).collect();
+            out.push(&topk::merge_hits(&views, k), l2);
         }
         Ok(out)
     });
@@ -293,9 +306,10 @@ fn _read_manifest(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyDict>> 
     manifest_dict(py, &m)
 }
 
-/// Writes `manifest` into the folder `path` atomically.
+/// Writes `manifest` into the folder `path` atomically; returns whether
+/// the folder was synced after (only then may older files go).
 #[pyfunction]
-fn _write_manifest(py: Python<'_>, path: PathBuf, manifest: &Bound<'_, PyDict>) -> PyResult<()> {
+fn _write_manifest(py: Python<'_>, path: PathBuf, manifest: &Bound<'_, PyDict>) -> PyResult<bool> {
     let m = manifest_of(py, manifest)?;
     py.detach(|| m.write(&path)).map_err(|e| shard_err(py, e))
 }

@@ -3,7 +3,9 @@ errors, files, threads, and bit-identity between the exact backends."""
 
 from __future__ import annotations
 
+import decimal
 import errno
+import pickle
 import threading
 import time
 
@@ -67,6 +69,24 @@ def test_auto_ids_reach_the_largest_id_and_stop_there() -> None:
     assert 2**63 not in idx and -1 not in idx and 10**30 not in idx and np.int64(-1) not in idx
     with pytest.raises(TypeError):
         _ = "7" in idx
+    for absent in [2**63, 2**64, 10**30, -1, np.int64(-1)]:
+        assert idx.get(absent) is None, absent
+    assert idx.get(np.uint64(topk.MAX_ID)) is not None
+    with pytest.raises(TypeError):
+        idx.get("7")
+
+
+@pytest.mark.parametrize("bad", [1.9, decimal.Decimal("12.7"), "7"])
+def test_object_ids_that_are_not_integers_are_refused_not_rounded(bad) -> None:
+    idx = topk.Index(2, metric="dot")
+    ids = np.array([3, bad], dtype=object)
+    with pytest.raises(TypeError, match=r"ids\[1\] = .* is not an integer"):
+        idx.add(np.ones((2, 2), np.float32), ids=ids)
+    assert len(idx) == 0
+    np.testing.assert_array_equal(
+        idx.add(np.ones((2, 2), np.float32), ids=np.array([3, np.int64(12)], dtype=object)),
+        [3, 12],
+    )
 
 
 def test_shapes_one_query_and_a_batch(rng: np.random.Generator) -> None:
@@ -342,6 +362,10 @@ def test_file_errors_are_os_errors_with_the_rust_message(tmp_path) -> None:
     assert isinstance(e, topk.IndexFileError) and isinstance(e, OSError)
     assert e.errno == errno.ENOENT and e.filename == str(missing)
     assert str(e).startswith(f"{missing}: cannot open")
+    # Whole through pickle, as a Ray shard's error reaches the driver.
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is topk.IndexFileError and str(back) == str(e)
+    assert back.errno == errno.ENOENT and back.filename == str(missing)
 
     idx = topk.Index(4)
     idx.add(np.ones((3, 4), np.float32))
@@ -452,22 +476,28 @@ def test_a_call_waiting_for_a_long_write_lets_other_threads_run() -> None:
     writing = threading.Thread(target=idx.add, args=(rows,))
     reader_done = threading.Event()
     span: list[float] = []
+    seen: list[int] = []
 
     def reader() -> None:
-        start = time.perf_counter()
-        assert len(idx) == 20_000
-        span.extend([start, time.perf_counter()])
-        reader_done.set()
+        try:
+            start = time.perf_counter()
+            seen.append(len(idx))
+            span.extend([start, time.perf_counter()])
+        finally:
+            reader_done.set()
 
     writing.start()
     time.sleep(0.05)
     assert writing.is_alive(), "the add ended before the reader started"
     threading.Thread(target=reader).start()
     ticks = [time.perf_counter()]
+    deadline = ticks[0] + 600
     while not reader_done.is_set():
+        assert time.perf_counter() < deadline, "the reader did not return in 10 minutes"
         time.sleep(0.001)
         ticks.append(time.perf_counter())
     writing.join()
+    assert seen == [20_000], f"the reader saw {seen} rows"
     wait = span[1] - span[0]
     assert wait > 0.2, f"the reader waited only {wait:.3f} s: the add was too short to tell"
     inside = [t for t in ticks if span[0] <= t <= span[1]]

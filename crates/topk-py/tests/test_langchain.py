@@ -153,6 +153,19 @@ def test_dot_relevance_is_higher_for_better_matches() -> None:
     assert rel(1.0) == 1.0 and rel(-1.0) == 0.0
 
 
+@pytest.mark.parametrize("name", ["L2", "euclidean", "l2"])
+def test_l2_relevance_follows_the_metric_under_any_of_its_names(name: str) -> None:
+    s = TopkVectorStore.from_texts(
+        ["near", "far"], DeterministicFakeEmbedding(size=16), ids=["n", "f"], metric=name
+    )
+    hits = s.similarity_search_with_relevance_scores("near", k=2)
+    assert [d.id for d, _ in hits] == ["n", "f"]
+    rels = [r for _, r in hits]
+    assert rels[0] == 1.0 and rels[0] > rels[1] >= 0.0
+    rel = s._select_relevance_score_fn()
+    assert rel(0.0) == 1.0 and rel(4.0) == 0.0
+
+
 def test_concurrent_adds_keep_every_document() -> None:
     import threading
 

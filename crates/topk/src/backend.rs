@@ -75,7 +75,8 @@ impl Backend {
     /// Whether the backend can run on this machine, and why not.
     ///
     /// The host backends always can; `cuda` needs this crate's `cuda`
-    /// feature, the NVIDIA driver and a device.
+    /// feature, the NVIDIA driver and a device (this asks about device 0;
+    /// opening an engine on another device checks that one).
     pub fn available(self) -> Result<(), Unavailable> {
         match self {
             Backend::Cpu | Backend::Oracle | Backend::Hnsw => Ok(()),

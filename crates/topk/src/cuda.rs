@@ -13,7 +13,7 @@ use crate::open::Error;
 use crate::CudaConfig;
 
 /// Whether the GPU engine can run here: its plugin and the driver load and
-/// the configured device exists.
+/// device 0 exists (an engine opened on another device checks that one).
 pub(crate) fn available() -> Result<(), Unavailable> {
     if !Backend::Cuda.compiled() {
         return Err(Unavailable::NotCompiled {

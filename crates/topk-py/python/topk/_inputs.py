@@ -9,6 +9,7 @@ converted once (and counted in :func:`copy_count`), refused with a
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any
 
@@ -121,9 +122,19 @@ def ids_int64(obj: Any, name: str) -> np.ndarray:
         obj = obj.detach().cpu().numpy()
     arr = np.asarray(obj)
     if arr.dtype == object:
+        values = []
+        for pos, v in enumerate(arr.ravel()):
+            try:
+                # operator.index, not int(): 1.9, Decimal("12.7") or "7" is
+                # refused, never rounded to an id.
+                values.append(operator.index(v))
+            except TypeError:
+                raise TypeError(
+                    f"{name}[{pos}] = {v!r} is not an integer ({type(v).__name__})"
+                ) from None
         try:
-            arr = np.asarray([int(v) for v in arr.ravel()], dtype=np.int64)
-        except (OverflowError, TypeError, ValueError) as e:
+            arr = np.asarray(values, dtype=np.int64)
+        except OverflowError as e:
             raise InvalidInputError(
                 f"{name}: every id must be an integer in 0..2^63-1 ({e})"
             ) from None

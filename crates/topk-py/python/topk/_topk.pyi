@@ -32,8 +32,8 @@ def merge(
     ``"l2"``), best first, ties by the smaller id: the bytes one index over
     the union returns. Hits are copied, never rescored (the Rust
     ``merge_hits``). A mismatched shape, ``k < 1``, a NaN score, a negative id
-    other than ``-1`` or an id in two shards' results is an
-    :class:`~topk.InvalidInputError`."""
+    other than ``-1``, or an id twice among the inputs (in two shards' results
+    or twice in one) is an :class:`~topk.InvalidInputError`."""
 
 def shard_of(ids: _Ids, shards: int) -> npt.NDArray[np.int64]:
     """The shard of each id among ``shards`` (the placement rule
@@ -47,9 +47,10 @@ def _read_manifest(path: str | PathLike[str]) -> dict[str, Any]:
     ``generation``, ``shards``: a list of ``{file, rows, backend}``); a
     missing or bad one is an :class:`~topk.IndexFileError`."""
 
-def _write_manifest(path: str | PathLike[str], manifest: dict[str, Any]) -> None:
+def _write_manifest(path: str | PathLike[str], manifest: dict[str, Any]) -> bool:
     """Writes ``manifest`` (``dim``, ``metric``, ``generation``, ``shards``)
-    into the folder ``path`` atomically."""
+    into the folder ``path`` atomically; returns whether the folder was
+    synced after the rename (only then may older files be deleted)."""
 
 def _remove_stale(path: str | PathLike[str], manifest: dict[str, Any]) -> int:
     """Deletes the shard files in ``path`` that ``manifest`` does not name;
@@ -168,7 +169,9 @@ class Index:
     def ids(self) -> npt.NDArray[np.int64]:
         """The live ids, ascending."""
     def get(self, id: int) -> npt.NDArray[np.float32] | None:
-        """A copy of the vector stored under ``id``, or ``None``."""
+        """A copy of the vector stored under ``id``, or ``None`` (also for a
+        negative int or one past 2**63 - 1); a value that is no int is a
+        ``TypeError``."""
     def __contains__(self, id: int) -> bool:
         """Whether ``id`` is a live id; a negative int or one past 2**63 - 1
         is not one (``False``), a value that is no int a ``TypeError``."""

@@ -15,6 +15,8 @@ option) is a plain ``TypeError``, as in numpy.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["DeviceError", "IndexFileError", "InvalidInputError", "TopkError"]
 
 
@@ -41,6 +43,13 @@ class IndexFileError(TopkError, OSError):
         if len(self.args) == 1:
             return str(self.args[0])
         return super().__str__()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # OSError pickles errno and filename only when its constructor set
+        # them; here they are set afterwards, so they travel in the state
+        # (a Ray shard's error reaches the driver whole).
+        state = {**self.__dict__, "errno": self.errno, "filename": self.filename}
+        return (type(self), self.args, state)
 
 
 class DeviceError(TopkError, RuntimeError):

@@ -76,7 +76,9 @@ class TopkVectorStore(VectorStore):
         self._embedding = embedding
         # Adds and deletes of several threads (aadd_texts) one at a time.
         self._lock = threading.RLock()
-        self._metric = index.metric if index is not None else metric
+        # The index's own name of the metric ("L2", "euclidean" -> "l2"),
+        # which the relevance function below compares.
+        self._metric = index.metric if index is not None else Index(1, metric=metric).metric
         self._backend = index.backend if index is not None else backend
         self._options = index_options
         self._index = index
@@ -275,7 +277,7 @@ class TopkVectorStore(VectorStore):
         if self._metric == "cosine":
             return lambda s: (1.0 + s) / 2.0
         if self._metric == "l2":
-            return lambda d: 1.0 - math.sqrt(max(d, 0.0)) / math.sqrt(2.0)
+            return lambda d: max(0.0, 1.0 - math.sqrt(max(d, 0.0)) / math.sqrt(2.0))
         # The index's dot product is a similarity, not LangChain's negated
         # inner-product distance.
         return lambda s: min(1.0, max(0.0, (1.0 + s) / 2.0))
