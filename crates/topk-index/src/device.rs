@@ -27,8 +27,8 @@ use crate::options::IndexBackend;
 const UPLOAD_ROWS: usize = 16_384;
 
 /// The device mirror of an `Index`: built on first need, or failed with the
-/// reason. A clone of an `Index` starts with an empty cell and uploads its
-/// own mirror when first searched.
+/// reason a mutation left it failed. A clone of an `Index` starts with an
+/// empty cell and uploads its own mirror when first searched.
 #[derive(Default)]
 pub(crate) struct DeviceCell(OnceLock<Result<CudaResident, String>>);
 
@@ -140,13 +140,26 @@ impl Index {
     }
 
     /// The mirror, built now if it was not (a clone, or an index switched
-    /// to `cuda`).
+    /// to `cuda`). A build that fails is not kept: the next search tries
+    /// again (the device may have freed memory since); only a mirror that
+    /// failed under a mutation waits for [`Index::sync_device`].
     fn mirror(&self) -> Result<&CudaResident, IndexError> {
-        self.device
-            .0
-            .get_or_init(|| self.upload_mirror())
-            .as_ref()
-            .map_err(|e| IndexError::Cuda { reason: e.clone() })
+        let failed = |reason: &String| IndexError::Cuda {
+            reason: reason.clone(),
+        };
+        if let Some(built) = self.device.0.get() {
+            return built.as_ref().map_err(failed);
+        }
+        let r = self.upload_mirror().map_err(|e| failed(&e))?;
+        // Another search of this `&Index` may have built one meanwhile:
+        // either mirror holds the same rows, and the first one set is kept.
+        let _ = self.device.0.set(Ok(r));
+        match self.device.0.get() {
+            Some(built) => built.as_ref().map_err(failed),
+            None => Err(IndexError::Cuda {
+                reason: "the device mirror was built but not kept".to_owned(),
+            }),
+        }
     }
 
     /// Adds checked rows on the device before the host takes them.

@@ -420,6 +420,7 @@ impl Index {
             }
         }
         index.rows_of = ids.iter().enumerate().map(|(r, &id)| (id, r)).collect();
+        index.largest = ids.iter().max().copied();
         index.live = full_bitset(n);
         index.data = data;
         index.ids = ids;

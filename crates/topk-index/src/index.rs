@@ -43,6 +43,9 @@ pub struct Index {
     pub(crate) live: Vec<u64>,
     /// Stored row of each live id.
     pub(crate) rows_of: IdMap<usize>,
+    /// The largest live id (kept up to date, so that automatic ids cost no
+    /// scan of the ids per add).
+    pub(crate) largest: Option<u64>,
     /// Tombstoned rows.
     pub(crate) dead: usize,
     /// The ids of the rows below `sorted_upto` that were live when last
@@ -113,6 +116,7 @@ impl Index {
             norms: Vec::new(),
             live: Vec::new(),
             rows_of: IdMap::default(),
+            largest: None,
             dead: 0,
             by_id: Vec::new(),
             by_id_rows: Vec::new(),
@@ -151,6 +155,8 @@ impl Index {
         metric: Metric,
         backend: IndexBackend,
     ) -> Result<Index, IndexError> {
+        // D first: ids are only made for rows that exist.
+        validate::dim(rows.ncols())?;
         let ids: Vec<u64> = (0..rows.nrows() as u64).collect();
         Index::with_ids(&ids, rows, metric, backend)
     }
@@ -270,12 +276,19 @@ impl Index {
 
     /// The largest live id, `None` when empty.
     pub fn largest_id(&self) -> Option<u64> {
-        self.rows_of.keys().max().copied()
+        self.largest
     }
 
     /// Adds rows under the ids that follow the largest id present (`0, 1, …`
     /// in an empty index) and returns the first new id.
     pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, IndexError> {
+        // The shape first: ids are only made for rows that exist.
+        if rows.ncols() != self.dim {
+            return Err(IndexError::DimensionMismatch {
+                expected: self.dim,
+                got: rows.ncols(),
+            });
+        }
         let ids: Vec<u64> = auto_ids(self.largest_id(), rows.nrows())?.collect();
         self.add(&ids, rows)?;
         Ok(ids
@@ -332,6 +345,9 @@ impl Index {
         }
         if removed > 0 {
             self.device_remove(ids);
+            if self.largest.is_some_and(|l| !self.rows_of.contains_key(&l)) {
+                self.largest = self.rows_of.keys().max().copied();
+            }
         }
         self.dead += removed;
         if self.dead > 0 && self.dead as f64 >= COMPACT_FRACTION * self.ids.len() as f64 {
@@ -403,16 +419,9 @@ impl Index {
             Some(s) => Cow::Borrowed(s),
             None => Cow::Owned(rows.iter().copied().collect()),
         };
-        let rows = match self.data.dtype() {
-            Dtype::F32 => rows,
-            dtype => {
-                // The values as stored, checked as stored (an f16 overflow, a
-                // norm that rounding pushed over the limit) before anything
-                // changes.
-                let mut stored = RowStore::empty(self.dim, dtype)?;
-                stored.push_rows(&rows)?;
-                Cow::Owned(stored.to_f32())
-            }
+        let rows = match check_stored(self.dim, self.data.dtype(), &rows)? {
+            Some(stored) => Cow::Owned(stored),
+            None => rows,
         };
         Ok(Checked { ids, rows })
     }
@@ -435,6 +444,7 @@ impl Index {
         }
         self.rows_of
             .extend(c.ids.iter().enumerate().map(|(j, &id)| (id, start + j)));
+        self.largest = self.largest.max(c.ids.iter().max().copied());
         let unsorted = stored - self.sorted_upto;
         if unsorted as f64 > UNSORTED_FRACTION * self.by_id.len() as f64 {
             self.merge_unsorted();
@@ -495,9 +505,11 @@ pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        // The folded high half spreads the product's best bits over the low
-        // bits the table indexes with.
-        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // The id's high half is folded in first, so that ids differing only
+        // there (tenant << 40, say) still differ in the product's low bits;
+        // the product's high half is then folded over the low bits the
+        // table indexes with.
+        let h = (self.0 ^ (self.0 >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         h ^ (h >> 29)
     }
 
@@ -536,6 +548,24 @@ pub fn auto_ids(largest: Option<u64>, rows: usize) -> Result<std::ops::Range<u64
     Ok(first..first + n)
 }
 
+/// The rules of docs/CONTRACTS.md §14 for rows stored as `dtype`: the
+/// values as stored (an f16 overflow, a norm that rounding pushed over the
+/// limit), checked before anything is stored. Returns the stored values
+/// widened back to `f32`, or `None` for `f32` storage (nothing to check
+/// beyond [`check_rows`]). Errors name rows counted in `rows`.
+pub fn check_stored(
+    dim: usize,
+    dtype: Dtype,
+    rows: &[f32],
+) -> Result<Option<Vec<f32>>, IndexError> {
+    if dtype == Dtype::F32 {
+        return Ok(None);
+    }
+    let mut stored = RowStore::empty(dim, dtype)?;
+    stored.push_rows(rows)?;
+    Ok(Some(stored.to_f32()))
+}
+
 /// The checks of [`Index::add`] and [`Index::upsert`] that need no index:
 /// `rows` is `N × dim`, one id per row, every id at most [`MAX_ID`] and given
 /// once, and the rows keep docs/CONTRACTS.md §4. A caller that splits one
@@ -568,4 +598,26 @@ pub fn check_rows(dim: usize, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<
         validate::corpus_view(rows)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::hash::{BuildHasher, BuildHasherDefault};
+
+    use super::IdHasher;
+
+    /// Ids that differ only in their high bits (k << 40) land in as many
+    /// table slots (the hash's low bits) as random ids would.
+    #[test]
+    fn ids_differing_in_high_bits_spread_over_the_table() {
+        let build = BuildHasherDefault::<IdHasher>::default();
+        for shift in [0, 20, 32, 40, 52] {
+            let slots: HashSet<u64> = (0..4096_u64)
+                .map(|k| build.hash_one(k << shift) & 0xFFF)
+                .collect();
+            // 4096 random keys fill about 4096 (1 - 1/e) = 2589 of 4096 slots.
+            assert!(slots.len() > 2300, "k << {shift}: {} slots", slots.len());
+        }
+    }
 }

@@ -68,7 +68,7 @@ pub use error::IndexError;
 pub use file::{FileInfo, MAGIC, VERSION};
 pub use filter::{Filter, FilterSpec};
 pub use graph::ProgressHook;
-pub use index::{auto_ids, check_rows, FilterResolution, Index, COMPACT_FRACTION};
+pub use index::{auto_ids, check_rows, check_stored, FilterResolution, Index, COMPACT_FRACTION};
 pub use options::{IndexBackend, IndexOptions};
 pub use search::{MERGE_FRACTION, SPARSE_FRACTION};
 pub use topk_core::{cmp_hit, Hit, MAX_ID};

@@ -37,7 +37,7 @@ mod sharded;
 pub use error::ShardError;
 pub use manifest::{Manifest, ShardEntry, FORMAT, MANIFEST_FILE, MANIFEST_VERSION};
 pub use placement::{shard_of, PLACEMENT};
-pub use sharded::{ShardSpec, ShardedIndex};
+pub use sharded::{ShardSpec, ShardedIndex, SAVE_LOCK};
 
 // Searches take `&self` from many threads, as for one `Index`.
 const _: fn() = || {

@@ -146,10 +146,12 @@ impl Manifest {
     }
 
     /// Writes the manifest into `dir` atomically: the old manifest stays
-    /// until the new one is complete and on disk.
-    pub fn write(&self, dir: &Path) -> Result<(), ShardError> {
+    /// until the new one is complete and on disk. Returns whether the folder
+    /// could be synced after the rename (some file systems refuse; until it
+    /// is, a crash may bring the old manifest back, so the files it names
+    /// must stay).
+    pub fn write(&self, dir: &Path) -> Result<bool, ShardError> {
         let path = Manifest::path_in(dir);
-        let tmp = dir.join(format!(".{MANIFEST_FILE}.tmp"));
         let io = |op: &'static str, p: &Path| {
             let p = p.to_owned();
             move |source| ShardError::Io {
@@ -163,20 +165,24 @@ impl Manifest {
             reason: format!("could not encode: {e}"),
         })?;
         text.push(b'\n');
+        // A fresh temporary name, created exclusively: two writers never
+        // share it, and a planted file or symlink is never written through.
+        let (tmp, mut f) = topk_io::create_temp_beside(&path).map_err(io("create", &path))?;
         let written = (|| {
-            let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
             f.write_all(&text).map_err(io("write", &tmp))?;
             f.sync_all().map_err(io("sync", &tmp))?;
             fs::rename(&tmp, &path).map_err(io("rename the temporary manifest over", &path))
         })();
-        if written.is_err() {
+        drop(f);
+        if let Err(e) = written {
             let _ = fs::remove_file(&tmp);
-            return written;
+            return Err(e);
         }
         if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-            tracing::warn!(folder = %dir.display(), error = %e, "could not sync the folder after writing the manifest");
+            tracing::warn!(folder = %dir.display(), error = %e, "could not sync the folder after writing the manifest; the older shard files stay");
+            return Ok(false);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Deletes the shard files in `dir` that this manifest does not name

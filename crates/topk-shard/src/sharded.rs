@@ -5,9 +5,10 @@ use std::path::Path;
 
 use ndarray::{s, Array2, ArrayView2, Axis};
 use rayon::prelude::*;
-use topk_core::{merge_hits, validate, Error as CoreError, Hit, Metric, MAX_ID};
+use topk_core::{merge_hits, validate, Dtype, Error as CoreError, Hit, Metric, MAX_ID};
 use topk_index::{
-    auto_ids, check_rows, Filter, FilterSpec, Index, IndexBackend, IndexError, IndexOptions,
+    auto_ids, check_rows, check_stored, Filter, FilterSpec, Index, IndexBackend, IndexError,
+    IndexOptions,
 };
 
 use crate::error::ShardError;
@@ -177,7 +178,7 @@ impl ShardedIndex {
     /// Adds rows under new ids, all or nothing across the shards (the rules
     /// and errors of [`Index::add`], positions counted in this call).
     pub fn add(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), ShardError> {
-        check_rows(self.dim, ids, rows)?;
+        self.check_call(ids, rows)?;
         if let Some((position, &id)) = ids.iter().enumerate().find(|(_, &id)| self.contains(id)) {
             return Err(IndexError::IdExists { id, position }.into());
         }
@@ -187,6 +188,14 @@ impl ShardedIndex {
     /// Adds rows under the ids that follow the largest id of the whole set
     /// (`0, 1, …` when empty) and returns the first new id.
     pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, ShardError> {
+        // The shape first: ids are only made for rows that exist.
+        if rows.ncols() != self.dim {
+            return Err(IndexError::DimensionMismatch {
+                expected: self.dim,
+                got: rows.ncols(),
+            }
+            .into());
+        }
         let largest = self.shards.iter().filter_map(Index::largest_id).max();
         let ids: Vec<u64> = auto_ids(largest, rows.nrows())?.collect();
         self.add(&ids, rows)?;
@@ -199,8 +208,28 @@ impl ShardedIndex {
     /// Replaces the vector of every present id and adds the others, all or
     /// nothing across the shards (the rules of [`Index::upsert`]).
     pub fn upsert(&mut self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), ShardError> {
-        check_rows(self.dim, ids, rows)?;
+        self.check_call(ids, rows)?;
         self.apply(ids, rows, true)
+    }
+
+    /// Every input rule of a whole add or upsert, the shards' storage type
+    /// included (docs/CONTRACTS.md §12, §14), before any shard changes:
+    /// errors name positions in this call.
+    fn check_call(&self, ids: &[u64], rows: ArrayView2<'_, f32>) -> Result<(), ShardError> {
+        check_rows(self.dim, ids, rows)?;
+        let dtype = self.shards.first().map_or(Dtype::F32, Index::dtype);
+        if dtype != Dtype::F32 && rows.nrows() > 0 {
+            let owned;
+            let flat = match rows.to_slice() {
+                Some(flat) => flat,
+                None => {
+                    owned = rows.iter().copied().collect::<Vec<f32>>();
+                    &owned
+                }
+            };
+            check_stored(self.dim, dtype, flat)?;
+        }
+        Ok(())
     }
 
     /// Removes `ids` from every later result; returns how many were live
@@ -280,7 +309,21 @@ impl ShardedIndex {
             op: "create the folder",
             source,
         })?;
-        let generation = next_generation(dir);
+        // One save of a folder at a time, in this process or another: a
+        // second writer's cleanup would delete the first one's files.
+        let lock_path = dir.join(SAVE_LOCK);
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .and_then(|f| f.lock().map(|()| f))
+            .map_err(|source| ShardError::Io {
+                path: lock_path.clone(),
+                op: "lock the folder for a save",
+                source,
+            })?;
+        let generation = next_generation(dir)?;
         let entries: Vec<ShardEntry> = self
             .shards
             .iter()
@@ -291,7 +334,8 @@ impl ShardedIndex {
                 backend: shard.backend().as_str().to_owned(),
             })
             .collect();
-        self.shards
+        let saved = self
+            .shards
             .par_iter()
             .zip(&entries)
             .enumerate()
@@ -299,10 +343,26 @@ impl ShardedIndex {
                 shard
                     .save(dir.join(&entry.file))
                     .map_err(|source| at_shard(i, source))
-            })?;
+            });
         let manifest = Manifest::new(self.dim, self.metric, generation, entries);
-        manifest.write(dir)?;
-        let stale = manifest.remove_stale(dir)?;
+        let written = saved.and_then(|()| manifest.write(dir));
+        let synced = match written {
+            Ok(synced) => synced,
+            Err(e) => {
+                // The files of this generation name no manifest: they go
+                // (a full disk gets its room back for the next try).
+                for entry in &manifest.shards {
+                    let _ = std::fs::remove_file(dir.join(&entry.file));
+                }
+                return Err(e);
+            }
+        };
+        let stale = if synced {
+            manifest.remove_stale(dir)?
+        } else {
+            0
+        };
+        drop(lock);
         tracing::debug!(dir = %dir.display(), generation, stale, "sharded index saved");
         Ok(())
     }
@@ -495,6 +555,11 @@ impl ShardedIndex {
 /// Rows of one call grouped by shard at a time (1 GiB of rows at D = 1024).
 const BLOCK_ROWS: usize = 1 << 18;
 
+/// The file in a set's folder that a save holds locked (an advisory lock
+/// of the operating system, released when the save ends or its process
+/// dies); it stays, empty.
+pub const SAVE_LOCK: &str = ".topk-save.lock";
+
 /// A shard's error, with the row positions it names mapped back to the call.
 fn to_call_positions(error: IndexError, at: &[usize]) -> IndexError {
     let call = |p: usize| at.get(p).copied().unwrap_or(p);
@@ -587,7 +652,7 @@ fn check_shard(
 /// One more than the largest generation named in `dir`: by its manifest, or
 /// by shard files a failed save left behind, so a save never overwrites a
 /// file the current manifest names.
-fn next_generation(dir: &Path) -> u64 {
+fn next_generation(dir: &Path) -> Result<u64, ShardError> {
     let from_manifest = Manifest::read(dir).map(|m| m.generation).unwrap_or(0);
     let from_files = std::fs::read_dir(dir)
         .into_iter()
@@ -600,7 +665,16 @@ fn next_generation(dir: &Path) -> u64 {
         })
         .max()
         .unwrap_or(0);
-    from_manifest.max(from_files) + 1
+    from_manifest
+        .max(from_files)
+        .checked_add(1)
+        .ok_or_else(|| ShardError::Manifest {
+            path: Manifest::path_in(dir),
+            reason: format!(
+                "generation {} is the largest there is: no save can follow it",
+                u64::MAX
+            ),
+        })
 }
 
 #[cfg(test)]

@@ -147,9 +147,9 @@ fn run_history(
                 let on_disk = std::fs::read_dir(&path)
                     .map_err(|e| ctx(e.to_string()))?
                     .count();
-                if on_disk != m.shards.len() + 1 {
+                if on_disk != m.shards.len() + 2 {
                     return Err(ctx(format!(
-                        "{on_disk} files for {} shards and a manifest",
+                        "{on_disk} files for {} shards, a manifest and the save lock",
                         m.shards.len()
                     )));
                 }
@@ -388,6 +388,98 @@ fn half_width_shards_answer_like_one_index() {
         same(&set.search(q, 25, None).expect("search"), &want).expect("set");
         same(&back.search(q, 25, None).expect("search"), &want).expect("reopened");
     }
+}
+
+/// A value an f16 shard cannot store is refused before any shard changes,
+/// at its position in the call, as one f16 index refuses it.
+#[test]
+fn half_width_rules_are_checked_for_the_whole_call_first() {
+    let half = IndexOptions::default().dtype(Dtype::F16);
+    let spec = ShardSpec::new(IndexBackend::Cpu).options(half.clone());
+    let mut set = ShardedIndex::uniform(2, Metric::Dot, 4, &spec).expect("set");
+    let mut one = Index::with_options(2, Metric::Dot, IndexBackend::Cpu, &half).expect("index");
+    let rows = [1.0_f32, 0.0, 1.0, 0.0, 1.0, 0.0, 7e4, 0.0];
+    let view = ArrayView2::from_shape((4, 2), &rows).expect("shape");
+    let ids = [0_u64, 1, 2, 3];
+    let want = one
+        .add(&ids, view)
+        .expect_err("7e4 is past f16")
+        .to_string();
+    for upsert in [false, true] {
+        let e = if upsert {
+            set.upsert(&ids, view)
+        } else {
+            set.add(&ids, view)
+        }
+        .expect_err("7e4 is past f16");
+        assert!(matches!(e, ShardError::Index(_)), "{e:?}");
+        assert_eq!(e.to_string(), want);
+        assert_eq!(set.len(), 0);
+        assert!(set.shards().iter().all(|s| s.tombstones() == 0));
+    }
+    // Zero-width rows are refused by their width, before any id is made.
+    let empty: [f32; 0] = [];
+    let wide = ArrayView2::from_shape((1 << 40, 0), &empty).expect("shape");
+    assert!(matches!(
+        set.add_auto(wide),
+        Err(ShardError::Index(IndexError::DimensionMismatch {
+            expected: 2,
+            got: 0
+        }))
+    ));
+    assert!(matches!(
+        one.add_auto(wide),
+        Err(IndexError::DimensionMismatch {
+            expected: 2,
+            got: 0
+        })
+    ));
+}
+
+/// Saves of one folder from several threads at once leave one whole set:
+/// no save deletes the files of another's manifest.
+#[test]
+fn concurrent_saves_of_one_folder_leave_a_whole_set() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut set =
+        ShardedIndex::uniform(4, Metric::Dot, 3, &ShardSpec::new(IndexBackend::Cpu)).expect("set");
+    let data = corpora::shuffled_duplicates(5, 300, 4, 30);
+    let r = ArrayView2::from_shape((300, 4), &data).expect("shape");
+    set.add(&(0..300).collect::<Vec<u64>>(), r).expect("add");
+    let set = &set;
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                for _ in 0..5 {
+                    set.save(dir.path()).expect("save");
+                }
+            });
+        }
+    });
+    let m = Manifest::read(dir.path()).expect("manifest");
+    assert_eq!(m.generation, 20);
+    let back = ShardedIndex::open(dir.path(), |_| ShardSpec::new(IndexBackend::Cpu)).expect("open");
+    let q = [0.5_f32, -1.0, 2.0, 0.25];
+    same(
+        &back.search(&q, 20, None).expect("search"),
+        &set.search(&q, 20, None).expect("search"),
+    )
+    .expect("reopened");
+    let mut files: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut want: Vec<String> = m.shards.iter().map(|s| s.file.clone()).collect();
+    want.extend([
+        topk_shard::MANIFEST_FILE.to_owned(),
+        topk_shard::SAVE_LOCK.to_owned(),
+    ]);
+    want.sort();
+    assert_eq!(
+        files, want,
+        "only the last generation, its manifest and the lock stay"
+    );
 }
 
 #[test]
