@@ -342,6 +342,7 @@ pub fn run(opts: &Options) -> Result<usize> {
         "{written} records in {:.0} s",
         started.elapsed().as_secs_f64()
     ));
+    writer.finish()?;
     env.mark_end();
     env.write(&opts.out)?;
 

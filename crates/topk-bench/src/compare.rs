@@ -198,6 +198,7 @@ pub fn run(spec: &CompareSpec, out: &Path, data_dir: &Path, progress: bool) -> R
         }
     }
     bar.finish_and_clear();
+    writer.finish()?;
     env.mark_end();
     env.write(out)?;
     Ok(written)

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::error::{BenchError, Result};
+use crate::error::Result;
 use crate::membw::HostBandwidth;
 
 /// What `nvidia-smi` reports for the first GPU.
@@ -110,7 +110,7 @@ impl Environment {
     pub fn write(&self, dir: &Path) -> Result<()> {
         let path = dir.join("environment.json");
         let text = serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".to_owned());
-        std::fs::write(&path, text + "\n").map_err(|e| BenchError::io(&path, e))
+        crate::record::write_whole(&path, (text + "\n").as_bytes())
     }
 }
 

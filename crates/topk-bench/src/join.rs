@@ -243,7 +243,7 @@ pub fn to_csv(rows: &[Row]) -> String {
 pub fn join_dir(dir: &Path) -> Result<Vec<Row>> {
     let rows = join(&read_dir_records(dir)?);
     let path = dir.join("joined.csv");
-    std::fs::write(&path, to_csv(&rows)).map_err(|e| BenchError::io(&path, e))?;
+    crate::record::write_whole(&path, to_csv(&rows).as_bytes())?;
     Ok(rows)
 }
 

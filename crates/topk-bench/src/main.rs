@@ -369,7 +369,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             let rows = join::join_dir(&dir)?;
             let md = table::cpu_compare(&rows, &RunFacts::read(&dir), &notes);
             let path = dir.join("table.md");
-            std::fs::write(&path, &md).map_err(|e| BenchError::io(&path, e))?;
+            topk_bench::record::write_whole(&path, md.as_bytes())?;
             print!("{md}");
         }
         Command::Scale {

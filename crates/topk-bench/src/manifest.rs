@@ -78,7 +78,7 @@ impl Manifest {
         std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
         let path = dir.join("manifest.json");
         let text = serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".to_owned());
-        std::fs::write(&path, text + "\n").map_err(|e| BenchError::io(&path, e))
+        crate::record::write_whole(&path, (text + "\n").as_bytes())
     }
 
     /// Reads `dir/manifest.json`.

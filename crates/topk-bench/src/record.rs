@@ -168,8 +168,11 @@ pub fn csv_field(s: &str) -> String {
     }
 }
 
-/// Appends records to `results.jsonl` and `results.csv` in a folder, one
-/// flushed line at a time, and echoes each as a `TOPK_BENCH_JSON` line.
+/// Appends records to `results.jsonl.partial` and `results.csv.partial` in
+/// a folder, one flushed line at a time, and echoes each as a
+/// `TOPK_BENCH_JSON` line; [`ResultsWriter::finish`] renames them to
+/// `results.jsonl` and `results.csv`. A run that fails leaves the results of
+/// an earlier run whole, and its own records in the `.partial` files.
 #[derive(Debug)]
 pub struct ResultsWriter {
     jsonl: File,
@@ -179,11 +182,12 @@ pub struct ResultsWriter {
 }
 
 impl ResultsWriter {
-    /// Creates (truncating) `dir/results.jsonl` and `dir/results.csv`.
+    /// Creates (truncating) `dir/results.jsonl.partial` and
+    /// `dir/results.csv.partial`.
     pub fn create(dir: &Path, echo: bool) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
-        let jp = dir.join("results.jsonl");
-        let cp = dir.join("results.csv");
+        let jp = dir.join(RESULTS_JSONL).with_extension(PARTIAL_JSONL);
+        let cp = dir.join(RESULTS_CSV).with_extension(PARTIAL_CSV);
         let jsonl = File::create(&jp).map_err(|e| BenchError::io(&jp, e))?;
         let mut csv = File::create(&cp).map_err(|e| BenchError::io(&cp, e))?;
         writeln!(csv, "{CSV_HEADER}").map_err(|e| BenchError::io(&cp, e))?;
@@ -200,15 +204,55 @@ impl ResultsWriter {
         if self.echo {
             println!("{}", r.to_line());
         }
-        let jp = self.dir.join("results.jsonl");
-        let cp = self.dir.join("results.csv");
+        let jp = self.dir.join(RESULTS_JSONL).with_extension(PARTIAL_JSONL);
+        let cp = self.dir.join(RESULTS_CSV).with_extension(PARTIAL_CSV);
         writeln!(self.jsonl, "{}", r.to_json()).map_err(|e| BenchError::io(&jp, e))?;
         self.jsonl.flush().map_err(|e| BenchError::io(&jp, e))?;
         writeln!(self.csv, "{}", r.to_csv()).map_err(|e| BenchError::io(&cp, e))?;
         self.csv.flush().map_err(|e| BenchError::io(&cp, e))?;
         Ok(())
     }
+
+    /// Syncs both files and renames them over `results.jsonl` and
+    /// `results.csv` (each whole, the old one until then).
+    pub fn finish(self) -> Result<()> {
+        for (file, name, partial) in [
+            (&self.jsonl, RESULTS_JSONL, PARTIAL_JSONL),
+            (&self.csv, RESULTS_CSV, PARTIAL_CSV),
+        ] {
+            let done = self.dir.join(name);
+            let from = done.with_extension(partial);
+            file.sync_all().map_err(|e| BenchError::io(&from, e))?;
+            std::fs::rename(&from, &done).map_err(|e| BenchError::io(&done, e))?;
+            topk_io::sync_folder_of(&done);
+        }
+        Ok(())
+    }
 }
+
+/// Writes `bytes` to `path` whole or not at all: a temporary file beside
+/// it, synced, then renamed over it.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let (tmp, mut file) = topk_io::create_temp_beside(path).map_err(|e| BenchError::io(path, e))?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    drop(file);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(BenchError::io(path, e));
+    }
+    topk_io::sync_folder_of(path);
+    Ok(())
+}
+
+/// The results of a run, one JSON record a line.
+pub const RESULTS_JSONL: &str = "results.jsonl";
+/// The results of a run, as CSV.
+pub const RESULTS_CSV: &str = "results.csv";
+const PARTIAL_JSONL: &str = "jsonl.partial";
+const PARTIAL_CSV: &str = "csv.partial";
 
 /// Reads every record of a JSON-lines file. Blank lines and lines that are
 /// not JSON objects (log lines captured with the output) are skipped; a line

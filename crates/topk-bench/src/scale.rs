@@ -392,5 +392,5 @@ pub fn write_table(records: &[ScaleRecord], path: &Path) -> Result<()> {
             r.batch_qps,
         ));
     }
-    std::fs::write(path, t).map_err(|e| BenchError::io(path, e))
+    crate::record::write_whole(path, t.as_bytes())
 }

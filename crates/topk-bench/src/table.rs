@@ -574,7 +574,7 @@ pub fn update_readme(readme: &Path, table: &str) -> Result<()> {
         table.trim_end(),
         &text[e..]
     );
-    std::fs::write(readme, new).map_err(|e| BenchError::io(readme, e))
+    crate::record::write_whole(readme, new.as_bytes())
 }
 
 #[cfg(test)]

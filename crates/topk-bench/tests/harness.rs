@@ -202,6 +202,8 @@ fn rec(backend: &str, path: &str, n: usize, k: usize, ms: f64) -> Record {
 #[test]
 fn results_are_written_row_by_row_and_joined_with_anchors() {
     let dir = tempfile::tempdir().unwrap();
+    // An earlier run's results stay whole until this run finishes.
+    std::fs::write(dir.path().join("results.jsonl"), "earlier\n").unwrap();
     let mut w = ResultsWriter::create(dir.path(), false).unwrap();
     let ours = [
         rec("cuda", "resident", 10_000, 8, 0.02),
@@ -212,12 +214,21 @@ fn results_are_written_row_by_row_and_joined_with_anchors() {
         w.write(r).unwrap();
         // Every finished row is on disk before the next starts (an
         // interrupted campaign keeps it), without dropping the writer.
-        let on_disk = read_jsonl(&dir.path().join("results.jsonl")).unwrap();
+        let on_disk = read_jsonl(&dir.path().join("results.jsonl.partial")).unwrap();
         assert_eq!(on_disk.len(), i + 1);
-        let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
+        let csv = std::fs::read_to_string(dir.path().join("results.csv.partial")).unwrap();
         assert_eq!(csv.lines().count(), i + 2);
         assert_eq!(csv.lines().next(), Some(CSV_HEADER));
+        let earlier = std::fs::read_to_string(dir.path().join("results.jsonl")).unwrap();
+        assert_eq!(earlier, "earlier\n");
     }
+    w.finish().unwrap();
+    assert_eq!(
+        read_jsonl(&dir.path().join("results.jsonl")).unwrap().len(),
+        3
+    );
+    assert!(!dir.path().join("results.jsonl.partial").exists());
+    assert!(!dir.path().join("results.csv.partial").exists());
     std::fs::create_dir_all(dir.path().join("anchors")).unwrap();
     let torch = [
         rec("torch", "resident", 10_000, 8, 0.11),

@@ -70,6 +70,19 @@ pub enum HnswError {
         #[source]
         source: std::io::Error,
     },
+    /// An index file's bytes break a rule of the format ([`Hnsw::load`]
+    /// names the file; [`Hnsw::from_bytes`] returns the rule alone).
+    ///
+    /// [`Hnsw::load`]: crate::Hnsw::load
+    /// [`Hnsw::from_bytes`]: crate::Hnsw::from_bytes
+    #[error("index file {path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The rule it breaks (`BadMagic`, `Truncated`, `ChecksumMismatch`, …).
+        #[source]
+        source: Box<HnswError>,
+    },
     /// The file does not start with the index magic.
     #[error("not a topk HNSW index file: magic bytes {found:02x?}, expected {expected:02x?}")]
     BadMagic {

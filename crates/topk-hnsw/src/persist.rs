@@ -59,6 +59,63 @@ fn metric_code(m: Metric) -> u32 {
     m as u32
 }
 
+/// The checks that need only the header (`head`, the file's first bytes)
+/// and the file's length `got`: the magic, the version, the header's CRC,
+/// and the length the header declares.
+fn check_head(head: &[u8], got: u64) -> Result<()> {
+    let magic_len = head.len().min(MAGIC.len());
+    if head[..magic_len] != MAGIC[..magic_len] {
+        return Err(HnswError::BadMagic {
+            found: head[..magic_len].to_vec(),
+            expected: MAGIC,
+        });
+    }
+    if got < (PAYLOAD_START + 4) as u64 || head.len() < PAYLOAD_START {
+        return Err(HnswError::Truncated {
+            expected: (PAYLOAD_START + 4) as u64,
+            got,
+        });
+    }
+    let version = u32_at(head, MAGIC.len());
+    if version != FORMAT_VERSION && version != 1 {
+        return Err(HnswError::UnsupportedVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let stored = u32_at(head, HEADER_LEN);
+    let computed = crc32fast::hash(&head[..HEADER_LEN]);
+    if stored != computed {
+        return Err(HnswError::ChecksumMismatch {
+            part: "header",
+            stored,
+            computed,
+        });
+    }
+    let payload_len = u64::from_le_bytes(
+        head[HEADER_LEN - 8..HEADER_LEN]
+            .try_into()
+            .map_err(|_| corrupt("header too short".to_owned()))?,
+    );
+    let total = (PAYLOAD_START as u64)
+        .checked_add(payload_len)
+        .and_then(|t| t.checked_add(4))
+        .ok_or_else(|| corrupt(format!("payload length {payload_len} overflows")))?;
+    if got < total {
+        return Err(HnswError::Truncated {
+            expected: total,
+            got,
+        });
+    }
+    if got > total {
+        return Err(HnswError::TrailingBytes {
+            expected: total,
+            extra: got - total,
+        });
+    }
+    Ok(())
+}
+
 fn metric_from_code(c: u32) -> Option<Metric> {
     Metric::ALL.into_iter().find(|m| *m as u32 == c)
 }
@@ -97,13 +154,31 @@ impl Hnsw {
             path: path.to_path_buf(),
             source,
         };
-        let (mut file, len) = topk_io::open_regular_file(path).map_err(io)?;
+        let in_file = |e: HnswError| HnswError::File {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        };
+        let (file, len) = topk_io::open_regular_file(path).map_err(io)?;
+        // The header first: a file that is not an index, or whose length is
+        // not the one its header declares, is refused before the rest is
+        // read (a 100 GiB file of something else costs no memory).
+        let mut head = Vec::with_capacity(PAYLOAD_START);
+        (&file)
+            .take(PAYLOAD_START as u64)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+        check_head(&head, len).map_err(in_file)?;
         let mut bytes = Vec::new();
-        bytes
-            .try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX))
-            .map_err(|_| io(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))?;
-        file.read_to_end(&mut bytes).map_err(io)?;
-        Self::from_bytes(&bytes)
+        let count = usize::try_from(len).unwrap_or(usize::MAX);
+        topk_io::memory::reserve(&mut bytes, count).map_err(|want| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("{want} bytes do not fit in this machine's memory"),
+            ))
+        })?;
+        bytes.extend_from_slice(&head);
+        (&file).read_to_end(&mut bytes).map_err(io)?;
+        Self::from_bytes(&bytes).map_err(in_file)
     }
 
     /// The file image of the index.
@@ -160,6 +235,7 @@ impl Hnsw {
 
     /// Parses and checks a file image (see the module docs for the checks).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        check_head(bytes, bytes.len() as u64)?;
         let got = bytes.len() as u64;
         let magic_len = bytes.len().min(MAGIC.len());
         if bytes[..magic_len] != MAGIC[..magic_len] {

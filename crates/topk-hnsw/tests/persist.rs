@@ -260,3 +260,44 @@ fn a_fifo_or_a_folder_is_refused_without_blocking() {
     let e = Hnsw::load(dir.path()).unwrap_err();
     assert!(e.to_string().contains("is a directory"), "{e}");
 }
+
+/// A file that is not an index is refused from its header, before the rest
+/// is read (a sparse 1 TiB file costs no memory), and the error names it.
+#[test]
+fn a_huge_file_of_something_else_is_refused_from_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.hnsw");
+    let file = std::fs::File::create(&path).unwrap();
+    if file.set_len(1 << 40).is_err() {
+        eprintln!("skipped: this file system refuses a sparse 1 TiB file");
+        return;
+    }
+    let e = Hnsw::load(&path).unwrap_err();
+    assert!(
+        matches!(&e, HnswError::File { source, .. } if matches!(**source, HnswError::BadMagic { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
+
+    // A real header on a file longer than it declares: refused by length.
+    let bytes = small_index().to_bytes();
+    std::fs::write(&path, &bytes[..200]).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let e = Hnsw::load(&path).unwrap_err();
+    assert!(
+        matches!(&e, HnswError::File { source, .. } if matches!(**source, HnswError::TrailingBytes { .. })),
+        "{e}"
+    );
+    // And one shorter than it declares.
+    std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+    let e = Hnsw::load(&path).unwrap_err();
+    assert!(
+        matches!(&e, HnswError::File { source, .. } if matches!(**source, HnswError::Truncated { .. })),
+        "{e}"
+    );
+}

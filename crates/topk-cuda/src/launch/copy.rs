@@ -186,16 +186,7 @@ pub(crate) fn h2d_staged<T: DeviceCopy + Default + Send + Sync>(
     let stages = STAGES.min(src.len().div_ceil(chunk));
     let mut buffers = Vec::with_capacity(stages);
     for _ in 0..stages {
-        buffers.push(
-            LockedBuffer::new(&T::default(), chunk).map_err(|e| match e {
-                cust::error::CudaError::OutOfMemory => CudaError::OutOfMemory {
-                    what: "pinned upload staging",
-                    requested: chunk * std::mem::size_of::<T>(),
-                    available: 0,
-                },
-                other => CudaError::driver("cuMemHostAlloc", other),
-            })?,
-        );
+        buffers.push(crate::device::pinned::<T>(chunk)?);
     }
     let stream = Stream::new(StreamFlags::NON_BLOCKING, None)
         .map_err(|e| CudaError::driver("cuStreamCreate", e))?;
