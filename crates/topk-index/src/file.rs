@@ -87,7 +87,9 @@ impl Index {
             op: "create a temporary file beside",
             source,
         })?;
-        let result = self.write_to(&tmp, file).and_then(|()| {
+        // Errors name `path`, the file the caller asked for: the temporary
+        // one is deleted on failure.
+        let result = self.write_to(path, file).and_then(|()| {
             std::fs::rename(&tmp, path).map_err(|source| IndexError::Io {
                 path: path.to_owned(),
                 op: "rename the temporary file over",
@@ -104,10 +106,10 @@ impl Index {
         Ok(())
     }
 
-    fn write_to(&self, tmp: &Path, file: File) -> Result<(), IndexError> {
+    fn write_to(&self, target: &Path, file: File) -> Result<(), IndexError> {
         let io = |op: &'static str| {
             move |source| IndexError::Io {
-                path: tmp.to_owned(),
+                path: target.to_owned(),
                 op,
                 source,
             }

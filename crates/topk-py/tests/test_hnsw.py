@@ -32,6 +32,6 @@ def test_a_beam_wider_than_the_graph_is_exact(tmp_path) -> None:
 
 
 def test_bad_graph_parameters_are_input_errors() -> None:
-    with pytest.raises(topk.InvalidInputError, match="m"):
+    with pytest.raises(topk.InvalidInputError, match="invalid HNSW parameter m = 0"):
         idx = topk.Index(8, backend="hnsw", m=0)
         idx.add(np.ones((2, 8), np.float32))

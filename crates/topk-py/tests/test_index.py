@@ -325,7 +325,7 @@ def test_every_input_error_is_a_value_error_naming_the_value() -> None:
 
 def test_hnsw_options_are_checked_on_every_backend() -> None:
     for backend in ("cpu", "oracle"):
-        with pytest.raises(topk.InvalidInputError, match="m"):
+        with pytest.raises(topk.InvalidInputError, match="invalid HNSW parameter m = 1"):
             topk.Index(4, backend=backend, m=1)
     assert topk.Index(4, backend="cpu", m=8).backend == "cpu"
 
