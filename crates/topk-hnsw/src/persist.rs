@@ -235,39 +235,11 @@ impl Hnsw {
 
     /// Parses and checks a file image (see the module docs for the checks).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        // The magic, version, header CRC and declared length.
         check_head(bytes, bytes.len() as u64)?;
-        let got = bytes.len() as u64;
-        let magic_len = bytes.len().min(MAGIC.len());
-        if bytes[..magic_len] != MAGIC[..magic_len] {
-            return Err(HnswError::BadMagic {
-                found: bytes[..magic_len].to_vec(),
-                expected: MAGIC,
-            });
-        }
-        if bytes.len() < PAYLOAD_START + 4 {
-            return Err(HnswError::Truncated {
-                expected: (PAYLOAD_START + 4) as u64,
-                got,
-            });
-        }
         let mut h = Reader::new(&bytes[..PAYLOAD_START]);
         h.skip(MAGIC.len());
         let version = h.u32();
-        if version != FORMAT_VERSION && version != 1 {
-            return Err(HnswError::UnsupportedVersion {
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        let stored = u32_at(bytes, HEADER_LEN);
-        let computed = crc32fast::hash(&bytes[..HEADER_LEN]);
-        if stored != computed {
-            return Err(HnswError::ChecksumMismatch {
-                part: "header",
-                stored,
-                computed,
-            });
-        }
 
         let metric_raw = h.u32();
         let metric = metric_from_code(metric_raw)
@@ -335,23 +307,8 @@ impl Hnsw {
             }
             (payload_len - fixed) / 4
         };
-        let total = (PAYLOAD_START as u64)
-            .checked_add(payload_len)
-            .and_then(|t| t.checked_add(4))
-            .ok_or_else(|| corrupt(format!("payload length {payload_len} overflows")))?;
-        if got < total {
-            return Err(HnswError::Truncated {
-                expected: total,
-                got,
-            });
-        }
-        if got > total {
-            return Err(HnswError::TrailingBytes {
-                expected: total,
-                extra: got - total,
-            });
-        }
-        // From here every size fits in memory: the file holds them all.
+        // From here every size fits in memory: the file holds them all
+        // (its length is the declared one, checked above).
         let end = bytes.len() - 4;
         let stored = u32_at(bytes, end);
         let computed = crc32fast::hash(&bytes[PAYLOAD_START..end]);
