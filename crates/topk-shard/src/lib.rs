@@ -30,14 +30,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 mod error;
+mod files;
 mod manifest;
 mod placement;
 mod sharded;
 
 pub use error::ShardError;
+pub use files::SAVE_LOCK;
 pub use manifest::{Manifest, ShardEntry, FORMAT, MANIFEST_FILE, MANIFEST_VERSION};
 pub use placement::{shard_of, PLACEMENT};
-pub use sharded::{ShardSpec, ShardedIndex, SAVE_LOCK};
+pub use sharded::{ShardSpec, ShardedIndex};
 
 // Searches take `&self` from many threads, as for one `Index`.
 const _: fn() = || {

@@ -1,8 +1,6 @@
 //! [`ShardedIndex`]: N [`Index`]es behind one `Index`-like interface
 //! (docs/CONTRACTS.md §12).
 
-use std::path::Path;
-
 use ndarray::{s, Array2, ArrayView2, Axis};
 use rayon::prelude::*;
 use topk_core::{merge_hits, validate, Dtype, Error as CoreError, Hit, Metric, MAX_ID};
@@ -12,7 +10,6 @@ use topk_index::{
 };
 
 use crate::error::ShardError;
-use crate::manifest::{Manifest, ShardEntry};
 use crate::placement::shard_of;
 
 /// How one shard is built: its backend and that backend's options (for a
@@ -59,9 +56,9 @@ impl ShardSpec {
 /// way; their results are approximate, as on one `hnsw` index.
 #[derive(Debug)]
 pub struct ShardedIndex {
-    dim: usize,
-    metric: Metric,
-    shards: Vec<Index>,
+    pub(crate) dim: usize,
+    pub(crate) metric: Metric,
+    pub(crate) shards: Vec<Index>,
 }
 
 /// The rows of one call that go to one shard.
@@ -298,117 +295,6 @@ impl ShardedIndex {
             .collect())
     }
 
-    /// Saves the set into the folder `dir` (created if missing): one index
-    /// file per shard, then `manifest.json` naming them, replaced atomically,
-    /// then the older generations' files deleted. A failure at any point
-    /// leaves the previously saved set whole.
-    pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), ShardError> {
-        let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|source| ShardError::Io {
-            path: dir.to_owned(),
-            op: "create the folder",
-            source,
-        })?;
-        // One save of a folder at a time, in this process or another: a
-        // second writer's cleanup would delete the first one's files.
-        let lock_path = dir.join(SAVE_LOCK);
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .and_then(|f| f.lock().map(|()| f))
-            .map_err(|source| ShardError::Io {
-                path: lock_path.clone(),
-                op: "lock the folder for a save",
-                source,
-            })?;
-        let generation = next_generation(dir)?;
-        let entries: Vec<ShardEntry> = self
-            .shards
-            .iter()
-            .enumerate()
-            .map(|(i, shard)| ShardEntry {
-                file: Manifest::shard_file_name(generation, i),
-                rows: shard.len(),
-                backend: shard.backend().as_str().to_owned(),
-            })
-            .collect();
-        let saved = self
-            .shards
-            .par_iter()
-            .zip(&entries)
-            .enumerate()
-            .try_for_each(|(i, (shard, entry))| {
-                shard
-                    .save(dir.join(&entry.file))
-                    .map_err(|source| at_shard(i, source))
-            });
-        let manifest = Manifest::new(self.dim, self.metric, generation, entries);
-        let written = saved.and_then(|()| manifest.write(dir));
-        let synced = match written {
-            Ok(synced) => synced,
-            Err(e) => {
-                // The files of this generation name no manifest: they go
-                // (a full disk gets its room back for the next try).
-                for entry in &manifest.shards {
-                    let _ = std::fs::remove_file(dir.join(&entry.file));
-                }
-                return Err(e);
-            }
-        };
-        let stale = if synced {
-            manifest.remove_stale(dir)?
-        } else {
-            0
-        };
-        drop(lock);
-        tracing::debug!(dir = %dir.display(), generation, stale, "sharded index saved");
-        Ok(())
-    }
-
-    /// Opens the set saved in `dir`, shard `i` built by `spec(i)` (any
-    /// backend: the files hold rows, not a backend). Every shard's dimension,
-    /// metric, row count and placement are checked against the manifest.
-    pub fn open(
-        dir: impl AsRef<Path>,
-        spec: impl Fn(usize) -> ShardSpec + Sync,
-    ) -> Result<Self, ShardError> {
-        let dir = dir.as_ref();
-        let manifest = Manifest::read(dir)?;
-        let metric = manifest.metric()?;
-        let n = manifest.shards.len();
-        let shards = manifest
-            .shards
-            .par_iter()
-            .enumerate()
-            .map(|(i, entry)| {
-                let s = spec(i);
-                let index = Index::open_with_options(dir.join(&entry.file), s.backend, &s.options)
-                    .map_err(|source| at_shard(i, source))?;
-                check_shard(i, &index, manifest.dim, metric, n)?;
-                if index.len() != entry.rows {
-                    return Err(ShardError::Manifest {
-                        path: Manifest::path_in(dir),
-                        reason: format!(
-                            "shard {i} ({}) holds {} rows, the manifest says {}",
-                            entry.file,
-                            index.len(),
-                            entry.rows
-                        ),
-                    });
-                }
-                Ok(index)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        same_storage(&shards)?;
-        Ok(ShardedIndex {
-            dim: manifest.dim,
-            metric,
-            shards,
-        })
-    }
-
     /// Runs `search` on every shard in parallel; the first error (in shard
     /// order) names its shard.
     fn fan_out<T: Send>(
@@ -555,11 +441,6 @@ impl ShardedIndex {
 /// Rows of one call grouped by shard at a time (1 GiB of rows at D = 1024).
 const BLOCK_ROWS: usize = 1 << 18;
 
-/// The file in a set's folder that a save holds locked (an advisory lock
-/// of the operating system, released when the save ends or its process
-/// dies); it stays, empty.
-pub const SAVE_LOCK: &str = ".topk-save.lock";
-
 /// A shard's error, with the row positions it names mapped back to the call.
 fn to_call_positions(error: IndexError, at: &[usize]) -> IndexError {
     let call = |p: usize| at.get(p).copied().unwrap_or(p);
@@ -587,7 +468,7 @@ fn failure(shard: usize, source: IndexError, undone: Option<(usize, IndexError)>
     }
 }
 
-fn at_shard(shard: usize, source: IndexError) -> ShardError {
+pub(crate) fn at_shard(shard: usize, source: IndexError) -> ShardError {
     ShardError::Shard { shard, source }
 }
 
@@ -600,7 +481,7 @@ fn check_k(k: usize) -> Result<(), ShardError> {
 
 /// Every shard stores its rows as shard 0 does: a result must not depend on
 /// which shard holds a row (docs/CONTRACTS.md §12, §14).
-fn same_storage(shards: &[Index]) -> Result<(), ShardError> {
+pub(crate) fn same_storage(shards: &[Index]) -> Result<(), ShardError> {
     let Some(first) = shards.first() else {
         return Ok(());
     };
@@ -616,7 +497,7 @@ fn same_storage(shards: &[Index]) -> Result<(), ShardError> {
 }
 
 /// Shard `shard` of `n` agrees with the set and holds only its own ids.
-fn check_shard(
+pub(crate) fn check_shard(
     shard: usize,
     index: &Index,
     dim: usize,
@@ -647,34 +528,6 @@ fn check_shard(
         });
     }
     Ok(())
-}
-
-/// One more than the largest generation named in `dir`: by its manifest, or
-/// by shard files a failed save left behind, so a save never overwrites a
-/// file the current manifest names.
-fn next_generation(dir: &Path) -> Result<u64, ShardError> {
-    let from_manifest = Manifest::read(dir).map(|m| m.generation).unwrap_or(0);
-    let from_files = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let rest = name.strip_prefix("shard-")?.strip_suffix(".topkidx")?;
-            rest.split_once(".g")?.1.parse::<u64>().ok()
-        })
-        .max()
-        .unwrap_or(0);
-    from_manifest
-        .max(from_files)
-        .checked_add(1)
-        .ok_or_else(|| ShardError::Manifest {
-            path: Manifest::path_in(dir),
-            reason: format!(
-                "generation {} is the largest there is: no save can follow it",
-                u64::MAX
-            ),
-        })
 }
 
 #[cfg(test)]
