@@ -62,10 +62,14 @@ def _read_log(path: Path) -> list[Any]:
     offset = 0
     while offset < len(data):
         end = offset + _RECORD.size
-        if end > len(data) or not any(data[offset:]):
+        if end > len(data):
             break
         length, crc, header_crc = _RECORD.unpack_from(data, offset)
         if zlib.crc32(data[offset : offset + 8]) != header_crc:
+            # Scanned only here, not per record: zeros to the end are the
+            # tail a crash left, anything else a corrupt header.
+            if not any(data[offset:]):
+                break
             raise IndexFileError(
                 f"{path}: the log record header at byte {offset} fails its CRC-32 check"
             )
