@@ -230,21 +230,9 @@ impl ResultsWriter {
     }
 }
 
-/// Writes `bytes` to `path` whole or not at all: a temporary file beside
-/// it, synced, then renamed over it.
+/// [`topk_io::write_whole`], its error naming `path`.
 pub fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
-    let (tmp, mut file) = topk_io::create_temp_beside(path).map_err(|e| BenchError::io(path, e))?;
-    let written = file
-        .write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    drop(file);
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(BenchError::io(path, e));
-    }
-    topk_io::sync_folder_of(path);
-    Ok(())
+    topk_io::write_whole(path, bytes).map_err(|e| BenchError::io(path, e))
 }
 
 /// The results of a run, one JSON record a line.

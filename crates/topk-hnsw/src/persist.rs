@@ -34,7 +34,7 @@
 //! file that fails any check is a typed error; none can cause a panic or an
 //! index that answers wrongly.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 use topk_core::{validate, Metric};
@@ -130,20 +130,7 @@ impl Hnsw {
             path: path.to_path_buf(),
             source,
         };
-        let bytes = self.to_bytes();
-        let (tmp, mut file) = topk_io::create_temp_beside(path).map_err(io)?;
-        let written = file
-            .write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
-            drop(file);
-            // Best effort: the write's error is the one to report.
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(e));
-        }
-        topk_io::sync_folder_of(path);
-        Ok(())
+        topk_io::write_whole(path, &self.to_bytes()).map_err(io)
     }
 
     /// Reads an index written by [`Hnsw::save`]. A path that is not a

@@ -126,6 +126,26 @@ pub fn create_temp_beside(target: &Path) -> io::Result<(PathBuf, File)> {
     Ok((temp, file))
 }
 
+/// Writes `bytes` to `path` whole or not at all: a temporary file beside it
+/// ([`create_temp_beside`]), synced, renamed over `path`, then the folder
+/// synced. On failure the temporary file is removed and any previous file
+/// at `path` is left as it was.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let (tmp, mut file) = create_temp_beside(path)?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| fs::rename(&tmp, path));
+    drop(file);
+    if let Err(e) = written {
+        // Best effort: the write's error is the one to report.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_folder_of(path);
+    Ok(())
+}
+
 /// Syncs the folder holding `path` after a rename into it, so that the
 /// rename survives a crash. A folder that cannot be synced (some file
 /// systems refuse) still holds the complete file, so the failure is only

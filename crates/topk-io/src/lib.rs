@@ -65,7 +65,7 @@ use ndarray::{Array2, ArrayView2};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use format::Format;
-pub use fsutil::{create_temp_beside, open_regular_file, sync_folder_of};
+pub use fsutil::{create_temp_beside, open_regular_file, sync_folder_of, write_whole};
 pub use map::{Mapped, MappedMatrix};
 pub use npy::{
     npy_info, read_npy, read_npy_f32, read_npy_i32, read_npy_u32, write_npy, write_npy_f32,
