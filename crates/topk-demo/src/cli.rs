@@ -64,17 +64,17 @@ pub struct Args {
     pub k: usize,
 
     /// Similarity: inner product, cosine, or (negated squared) Euclidean distance.
-    #[arg(long, value_enum, default_value_t = MetricArg::Dot)]
+    #[arg(long, value_enum, ignore_case = true, default_value_t = MetricArg::Dot)]
     pub metric: MetricArg,
 
     /// Which engine answers.
-    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Backend::Cpu)]
     pub backend: Backend,
 
     /// How the corpus is stored: f16 and bf16 round each value once and
     /// search the stored values exactly (docs/CONTRACTS.md §14); cpu and
     /// oracle hold them at half the bytes.
-    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    #[arg(long, value_enum, ignore_case = true, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
 
     /// Write every result: FILE.jsonl (one line per query) or FILE.npy
@@ -144,10 +144,13 @@ impl Args {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MetricArg {
     /// Inner product (higher is closer).
+    #[value(alias = "ip", alias = "inner")]
     Dot,
     /// Cosine similarity.
+    #[value(alias = "cos")]
     Cosine,
     /// Euclidean: results show the squared distance.
+    #[value(alias = "euclidean")]
     L2,
 }
 
@@ -185,14 +188,14 @@ pub enum IndexCommand {
         #[arg(long, value_name = "FILE")]
         ids: Option<PathBuf>,
         /// Similarity of the index's searches.
-        #[arg(long, value_enum, default_value_t = MetricArg::Dot)]
+        #[arg(long, value_enum, ignore_case = true, default_value_t = MetricArg::Dot)]
         metric: MetricArg,
         /// The index file to write.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
         /// `hnsw` builds an HNSW graph and saves it in the file; the exact
         /// backends save the rows only.
-        #[arg(long, value_enum, default_value_t = IndexBackendArg::Cpu)]
+        #[arg(long, value_enum, ignore_case = true, default_value_t = IndexBackendArg::Cpu)]
         backend: IndexBackendArg,
         /// HNSW: links per node on the upper layers (M); layer 0 keeps 2M.
         #[arg(long, default_value_t = 16)]
@@ -207,7 +210,7 @@ pub enum IndexCommand {
         /// How the rows are stored: f16 and bf16 take half the bytes, each
         /// value rounded once; searches are exact over the stored values
         /// (docs/CONTRACTS.md §14). The file keeps the type.
-        #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+        #[arg(long, value_enum, ignore_case = true, default_value_t = DtypeArg::F32)]
         dtype: DtypeArg,
     },
     /// Adds rows to an index file (ids after the largest one without --ids).
@@ -250,7 +253,7 @@ pub enum IndexCommand {
         k: usize,
         /// Which engine answers: hnsw when the file holds a graph, cpu
         /// otherwise, unless given.
-        #[arg(long, value_enum)]
+        #[arg(long, value_enum, ignore_case = true)]
         backend: Option<IndexBackendArg>,
         /// HNSW: beam width of this search (the file's by default).
         #[arg(long)]
@@ -276,10 +279,13 @@ pub enum IndexCommand {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DtypeArg {
     /// 4-byte IEEE single, as given.
+    #[value(alias = "float32", alias = "fp32")]
     F32,
     /// 2-byte IEEE half (values up to 65504).
+    #[value(alias = "float16", alias = "fp16", alias = "half")]
     F16,
     /// 2-byte bfloat16 (the range of f32, 8 significant bits).
+    #[value(alias = "bfloat16")]
     Bf16,
 }
 
@@ -311,5 +317,48 @@ impl From<IndexBackendArg> for topk::IndexBackend {
             IndexBackendArg::Oracle => topk::IndexBackend::Oracle,
             IndexBackendArg::Hnsw => topk::IndexBackend::Hnsw,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name the core types parse (docs/CONTRACTS.md: any case, the
+    /// aliases) is accepted on the command line and means the same.
+    #[test]
+    fn the_command_line_takes_every_name_the_core_types_take() {
+        for name in [
+            "dot",
+            "ip",
+            "inner",
+            "IP",
+            "cosine",
+            "cos",
+            "Cosine",
+            "l2",
+            "euclidean",
+            "L2",
+        ] {
+            let want: Metric = name.parse().expect("core name");
+            let got = MetricArg::from_str(name, true).expect("command-line name");
+            assert_eq!(Metric::from(got), want, "{name}");
+            let args = Args::try_parse_from(["topk_demo", "--metric", name]).expect(name);
+            assert_eq!(Metric::from(args.metric), want, "{name}");
+        }
+        for name in [
+            "f32", "float32", "fp32", "F32", "f16", "float16", "fp16", "half", "bf16", "bfloat16",
+            "BF16",
+        ] {
+            let want: topk::Dtype = name.parse().expect("core name");
+            let args = Args::try_parse_from(["topk_demo", "--dtype", name]).expect(name);
+            assert_eq!(topk::Dtype::from(args.dtype), want, "{name}");
+        }
+        for name in ["cpu", "CPU", "Oracle", "gpu", "CUDA", "hnsw"] {
+            let want: Backend = name.parse().expect("core name");
+            let args = Args::try_parse_from(["topk_demo", "--backend", name]).expect(name);
+            assert_eq!(args.backend, want, "{name}");
+        }
+        assert!(Args::try_parse_from(["topk_demo", "--metric", "hamming"]).is_err());
     }
 }

@@ -14,6 +14,15 @@ pub enum DemoError {
         /// The `--out` path as given.
         out: std::path::PathBuf,
     },
+    /// `--out` cannot be written (a folder of that name, a read-only folder).
+    #[error("--out {} cannot be written: {source}", .out.display())]
+    OutputUnwritable {
+        /// The `--out` path as given.
+        out: std::path::PathBuf,
+        /// What creating a file there said.
+        #[source]
+        source: std::io::Error,
+    },
     /// `--out` (or its `.scores.npy` sibling) is one of the input files.
     #[error(
         "--out {} would overwrite the input {}; choose another output name",
@@ -118,15 +127,26 @@ pub enum DemoError {
     /// A search parameter out of range (K = 0).
     #[error(transparent)]
     Parameter(topk_core::Error),
-    /// The synthetic corpus asked for cannot be allocated.
-    #[error(
-        "a synthetic corpus of --n {n} rows x --d {d} values does not fit in memory addresses"
-    )]
+    /// The synthetic corpus or query set asked for cannot be allocated.
+    #[error("a synthetic {what} of {flag} {rows} rows x --d {d} values does not fit in memory addresses")]
     SyntheticTooLarge {
+        /// "corpus" or "query set".
+        what: &'static str,
+        /// The flag that asked for the rows: `--n` or `--nq`.
+        flag: &'static str,
         /// Rows asked for.
-        n: usize,
+        rows: usize,
         /// Values per row asked for.
         d: usize,
+    },
+    /// The backend cannot run on this machine (found before any input is read).
+    #[error("{backend} backend: {source}")]
+    Unavailable {
+        /// The backend asked for.
+        backend: topk::Backend,
+        /// Why it cannot run here.
+        #[source]
+        source: topk::Unavailable,
     },
     /// The backend could not be built: bad `--m`/`--ef-construction`/`--ef`,
     /// no `cuda` feature in this build, no driver or device, or not enough

@@ -3,13 +3,13 @@
 //! and saves it atomically, so an interrupted command leaves the old file.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
 use ndarray::{Array2, Axis};
 use topk::index::ProgressHook;
 use topk::{Filter, Hit, Index, IndexBackend, IndexOptions};
+use topk_core::validate;
 use tracing::info;
 
 use crate::cli::IndexCommand;
@@ -45,6 +45,7 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
                     });
                 }
             }
+            crate::output::check_writable(out)?;
             let rows = read_rows(corpus, progress)?;
             let ids = match ids {
                 Some(p) => ids_for(p, rows.nrows(), corpus)?,
@@ -130,14 +131,30 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             if *recall_sample == Some(0) {
                 return Err(DemoError::RecallSampleZero);
             }
-            let mut index = open(path, backend.map(Into::into), progress)?;
-            if ef.is_some() && index.backend() != IndexBackend::Hnsw {
-                // Silently ignoring it would hide a mistake.
-                return Err(DemoError::HnswOnlyFlag {
-                    flag: "--ef",
-                    backend: index.backend().to_string(),
-                });
+            // Before the index is opened (which may build a graph): a bad K
+            // or --ef, or --ef for an exact search, is refused now.
+            validate::k(*k, usize::MAX).map_err(DemoError::Parameter)?;
+            if let Some(ef) = ef {
+                let chosen = match backend {
+                    Some(b) => IndexBackend::from(*b),
+                    None if Index::file_info(path)?.graph => IndexBackend::Hnsw,
+                    None => IndexBackend::Cpu,
+                };
+                if chosen != IndexBackend::Hnsw {
+                    // Silently ignoring it would hide a mistake.
+                    return Err(DemoError::HnswOnlyFlag {
+                        flag: "--ef",
+                        backend: chosen.to_string(),
+                    });
+                }
+                topk::HnswParams {
+                    ef_search: *ef,
+                    ..topk::HnswParams::default()
+                }
+                .validate()
+                .map_err(topk::IndexError::from)?;
             }
+            let mut index = open(path, backend.map(Into::into), progress)?;
             if let Some(ef) = ef {
                 index.set_ef(*ef)?;
             }
@@ -191,11 +208,8 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
         }
         IndexCommand::Info { index: path } => describe(&open(path, None, progress)?, path),
     };
-    let mut stdout = std::io::stdout().lock();
-    if let Err(e) = writeln!(stdout, "{report}").and_then(|()| stdout.flush()) {
-        // The index file is already written; only the report is lost.
-        tracing::warn!(error = %e, "could not write the report to stdout");
-    }
+    // The index file is already written; a closed stdout only loses the report.
+    crate::output::print(&format!("{report}\n"));
     Ok(())
 }
 

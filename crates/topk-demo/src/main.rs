@@ -3,12 +3,13 @@
 //!
 //! Run `topk_demo --help` for the options. The report goes to stdout, timings
 //! to stderr through `tracing` (info level unless `RUST_LOG` says otherwise),
-//! and any error to stderr as `error: <message>` with exit status 1.
+//! and any error to stderr as `error: <message>` with exit status 1 (a
+//! command line that does not parse: clap's message and status 2).
 //!
 //! `--out` files are written completely or not at all, before the report: a
 //! stdout that closes early (`| head`) or fails (`> /dev/full`) only cuts the
-//! report short (the latter with a warning on stderr); the results are kept
-//! and the exit status stays 0.
+//! report short (the latter with a warning on stderr); the results (and the
+//! index file of an `index` command) are kept and the exit status stays 0.
 
 mod cli;
 mod error;

@@ -21,6 +21,27 @@ pub fn check_not_input(out: &Path, inputs: &[&Path]) -> Result<(), DemoError> {
     Ok(())
 }
 
+/// Refuses, before any long work, an output file that cannot be written
+/// whole: a folder of that name, or a folder where no file can be created
+/// (read-only, full of inodes). A temporary file is made beside `out` and
+/// removed again, as the final atomic write will do.
+pub fn check_writable(out: &Path) -> Result<(), DemoError> {
+    let unwritable = |source: std::io::Error| DemoError::OutputUnwritable {
+        out: out.to_path_buf(),
+        source,
+    };
+    if out.is_dir() {
+        return Err(unwritable(std::io::Error::new(
+            ErrorKind::IsADirectory,
+            "it is a folder",
+        )));
+    }
+    let (temp, file) = topk_io::create_temp_beside(out).map_err(unwritable)?;
+    drop(file);
+    let _ = std::fs::remove_file(temp);
+    Ok(())
+}
+
 /// Whether writing `out` would replace the file `input` names.
 fn same_file(out: &Path, input: &Path) -> bool {
     #[cfg(unix)]

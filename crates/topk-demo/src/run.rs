@@ -38,7 +38,7 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
     validate::k(args.k, usize::MAX).map_err(DemoError::Parameter)?;
     let pending = match &args.out {
         Some(out) => {
-            topk_io::results::ResultFormat::require(out)?;
+            let format = topk_io::results::ResultFormat::require(out)?;
             // A search over a large corpus should not end in "no such directory".
             if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
                 if !dir.is_dir() {
@@ -54,7 +54,10 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
                 .map(|p| p.as_path())
                 .collect();
             output::check_not_input(out, &inputs)?;
-            output::check_not_input(&topk_io::scores_path(out), &inputs)?;
+            if format == topk_io::results::ResultFormat::Npy {
+                // Only .npy output writes the scores beside it.
+                output::check_not_input(&topk_io::scores_path(out), &inputs)?;
+            }
             // The temporary output files are created now, so that an output
             // that cannot be written (/proc, a directory of that name, a
             // read-only folder) is found before the search, not after it.
@@ -62,6 +65,13 @@ pub fn run(args: &Args) -> Result<(), DemoError> {
         }
         None => None,
     };
+    // An engine that cannot run here is named before a large corpus is read.
+    args.backend
+        .available()
+        .map_err(|source| DemoError::Unavailable {
+            backend: args.backend,
+            source,
+        })?;
     let metric = Metric::from(args.metric);
     let progress = Progress::new(args.no_progress);
     let inputs = load(args, progress)?;
@@ -327,11 +337,15 @@ fn load(args: &Args, progress: Progress) -> Result<Inputs, DemoError> {
                     .and_then(|v| v.checked_mul(size_of::<f32>()))
                     .is_some_and(|b| b <= isize::MAX as usize)
             };
-            if !fits(n) || !fits(args.nq) {
-                return Err(DemoError::SyntheticTooLarge {
-                    n: n.max(args.nq),
-                    d,
-                });
+            for (what, flag, rows) in [("corpus", "--n", n), ("query set", "--nq", args.nq)] {
+                if !fits(rows) {
+                    return Err(DemoError::SyntheticTooLarge {
+                        what,
+                        flag,
+                        rows,
+                        d,
+                    });
+                }
             }
             let started = Instant::now();
             let corpus = synthetic(Stream::Corpus, n, d, seed, "corpus")?;

@@ -341,6 +341,31 @@ fn integer_npy_corpus() {
 }
 
 #[test]
+fn jsonl_output_beside_a_scores_named_input() {
+    // Only .npy output writes `NAME.scores.npy`: a .jsonl output next to an
+    // input of that name is fine, and the input is untouched.
+    let (corpus, queries) = fixture(20, 6, 2);
+    let f = write_fixture(&corpus, &queries, "c.npy", "hits.scores.npy");
+    let before = std::fs::read(&f.queries).expect("read");
+    let out = f.dir.join("hits.jsonl");
+    let o = f.run(Some(&out), &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.exists());
+    assert_eq!(std::fs::read(&f.queries).expect("read"), before);
+    let npy = f.dir.join("hits.npy");
+    let o = f.run(Some(&npy), &[]);
+    fails_with(&o, &["hits.scores.npy", "would overwrite the input"]);
+}
+
+#[test]
+fn too_many_synthetic_queries_name_nq() {
+    let o = demo(["--nq", "4611686018427387904", "--d", "8"]);
+    fails_with(&o, &["synthetic query set", "--nq 4611686018427387904"]);
+    let o = demo(["--n", "4611686018427387904", "--d", "8"]);
+    fails_with(&o, &["synthetic corpus", "--n 4611686018427387904"]);
+}
+
+#[test]
 fn unknown_output_extension() {
     let (corpus, queries) = fixture(20, 6, 2);
     let f = write_fixture(&corpus, &queries, "c.npy", "q.npy");
@@ -354,6 +379,17 @@ fn unknown_output_extension() {
 fn cuda_backend_without_the_feature() {
     let o = demo(["--backend", "cuda", "--n", "64", "--d", "8"]);
     fails_with(&o, &["no CUDA support", "--features cuda"]);
+    // Said before any input is read: the missing files are never reached.
+    let o = demo([
+        "--backend",
+        "cuda",
+        "--corpus",
+        "/nonexistent/c.npy",
+        "--queries",
+        "/nonexistent/q.npy",
+    ]);
+    fails_with(&o, &["cuda backend", "no CUDA support"]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("nonexistent"));
 }
 
 /// With the GPU engine built in, the demo either runs on the device (and says

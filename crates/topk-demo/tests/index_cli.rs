@@ -436,6 +436,38 @@ fn index_build_never_replaces_its_inputs_and_checks_the_folder_first() {
     fails_with(&o, "missing");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("index built"), "{err}");
+    // An --out that can never be written is refused before the corpus is
+    // read (the corpus named here does not exist).
+    std::fs::create_dir(p("a-folder.topkidx")).expect("mkdir");
+    let o = demo([
+        OsStr::new("index"),
+        OsStr::new("build"),
+        OsStr::new("--corpus"),
+        p("absent.npy").as_os_str(),
+        OsStr::new("--out"),
+        p("a-folder.topkidx").as_os_str(),
+    ]);
+    fails_with(&o, "cannot be written: it is a folder");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let ro = p("read-only");
+        std::fs::create_dir(&ro).expect("mkdir");
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+        // Root writes anywhere: the check only means something for others.
+        if std::fs::File::create(ro.join("probe")).is_err() {
+            let o = demo([
+                OsStr::new("index"),
+                OsStr::new("build"),
+                OsStr::new("--corpus"),
+                p("absent.npy").as_os_str(),
+                OsStr::new("--out"),
+                ro.join("x.topkidx").as_os_str(),
+            ]);
+            fails_with(&o, "cannot be written");
+        }
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
 }
 
 #[test]
@@ -485,6 +517,22 @@ fn flags_are_checked_before_any_work() {
         &search(&["--ef", "40"]),
         "--ef only applies to --backend hnsw",
     );
+    // K and --ef are checked before the file is opened (on hnsw, opening a
+    // file without a graph builds one): a missing file is never reached.
+    let absent = |extra: &[&str]| {
+        let mut args = vec!["index", "search", "--index", "/nonexistent/x.topkidx"];
+        args.extend(["--queries", "/nonexistent/q.npy"]);
+        args.extend(extra);
+        demo(args)
+    };
+    fails_with(&absent(&["--k", "0"]), "invalid K = 0");
+    fails_with(
+        &absent(&["--backend", "cpu", "--ef", "40"]),
+        "--ef only applies to --backend hnsw (the backend is cpu)",
+    );
+    let o = absent(&["--backend", "hnsw", "--ef", "0"]);
+    fails_with(&o, "must be at least 1 (values below k are raised to k)");
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("nonexistent"));
     // On an exact backend the recall sample is measured (and is 1).
     assert!(ok(&search(&["--recall-sample", "2"])).contains("against exact search: 1.000"));
     // `--no-progress` goes before or after the command; a flag of the search
