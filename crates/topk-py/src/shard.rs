@@ -329,6 +329,54 @@ fn _shard_file_name(generation: u64, shard: usize) -> String {
     Manifest::shard_file_name(generation, shard)
 }
 
+/// The generation the next save into the folder `path` writes (one past
+/// its manifest's and every shard file's there).
+#[pyfunction]
+fn _next_generation(py: Python<'_>, path: PathBuf) -> PyResult<u64> {
+    py.detach(|| topk::shard::next_generation(&path))
+        .map_err(|e| shard_err(py, e))
+}
+
+/// The save lock of a set's folder ([`topk::shard::SaveLock`], the one the
+/// Rust `ShardedIndex::save` takes), as a context manager: `with
+/// _SaveLock(folder):` waits for it, holds it and releases it.
+#[pyclass(module = "topk._topk", name = "_SaveLock")]
+struct SaveLockPy {
+    folder: PathBuf,
+    held: Option<topk::shard::SaveLock>,
+}
+
+#[pymethods]
+impl SaveLockPy {
+    #[new]
+    fn new(folder: PathBuf) -> Self {
+        Self { folder, held: None }
+    }
+
+    fn __enter__(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        let py = slf.py();
+        if slf.held.is_none() {
+            let folder = slf.folder.clone();
+            // Waiting on another process's save must not hold the GIL.
+            let lock = py
+                .detach(|| topk::shard::SaveLock::acquire(&folder))
+                .map_err(|e| shard_err(py, e))?;
+            slf.held = Some(lock);
+        }
+        Ok(slf)
+    }
+
+    fn __exit__(
+        &mut self,
+        _kind: &Bound<'_, PyAny>,
+        _value: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> bool {
+        self.held = None;
+        false
+    }
+}
+
 /// Registers the functions of this module in `_topk`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge, m)?)?;
@@ -337,6 +385,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_write_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(_remove_stale, m)?)?;
     m.add_function(wrap_pyfunction!(_shard_file_name, m)?)?;
+    m.add_function(wrap_pyfunction!(_next_generation, m)?)?;
+    m.add_class::<SaveLockPy>()?;
     m.add("PLACEMENT", topk::shard::PLACEMENT)?;
     m.add("MANIFEST_FILE", topk::shard::MANIFEST_FILE)?;
     Ok(())

@@ -615,3 +615,90 @@ def test_concurrent_adds_with_automatic_ids_never_clash(ray_local, rng) -> None:
         np.testing.assert_array_equal(s.ids(), np.arange(160))
     finally:
         s.close()
+
+
+def test_a_failed_save_leaves_the_previous_save_whole(
+    ray_local, tmp_path, rng, monkeypatch
+) -> None:
+    """The manifest cannot be written (a full disk): the save raises, the
+    shard files it wrote go, the manifest and files of the save before
+    stand, the shards keep their restart point, and the next save works."""
+    folder = tmp_path / "set"
+    s = topk.ray.ShardedIndex(D, metric="dot", shards=3, path=folder, num_cpus=0)
+    try:
+        rows = rng.standard_normal((60, D)).astype(np.float32)
+        s.add(rows)
+        s.save()
+        before = topk._topk._read_manifest(folder)
+        saved = {
+            p.name: p.read_bytes()
+            for p in folder.iterdir()
+            if p.name.endswith(".topkidx") or p.name == "manifest.json"
+        }
+        s.add(rows[:7] + 1)
+        generation = topk._topk._next_generation(folder)
+        assert generation == before["generation"] + 1
+
+        def full(path: object, manifest: object) -> bool:
+            raise topk.IndexFileError(f"{path}: No space left on device")
+
+        monkeypatch.setattr(topk.ray, "_write_manifest", full)
+        with pytest.raises(topk.IndexFileError, match="No space left"):
+            s.save()
+        monkeypatch.undo()
+        now = {
+            p.name: p.read_bytes()
+            for p in folder.iterdir()
+            if p.name.endswith(".topkidx") or p.name == "manifest.json"
+        }
+        assert now == saved, "the failed save's files must go, the old ones stay"
+        # A shard restarted now reopens the old file and replays its log.
+        victim = s.actors[1]
+        pid = ray.get(victim.pid.remote())
+        ray.kill(victim, no_restart=False)
+        assert len(s) == 67
+        restarted(victim, pid)
+        s.save()
+        after = topk._topk._read_manifest(folder)
+        assert after["generation"] == generation
+        assert sum(e["rows"] for e in after["shards"]) == 67
+        names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".topkidx"))
+        assert names == sorted(e["file"] for e in after["shards"])
+    finally:
+        s.close()
+    again = topk.ray.ShardedIndex.open(folder, num_cpus=0)
+    try:
+        assert len(again) == 67
+    finally:
+        again.close()
+
+
+def test_a_save_waits_for_the_folders_save_lock(ray_local, tmp_path, rng) -> None:
+    """The Python set takes the lock the Rust ``ShardedIndex::save`` takes:
+    while another writer holds it, a save waits."""
+    folder = tmp_path / "locked"
+    s = topk.ray.ShardedIndex(D, shards=2, path=folder, num_cpus=0)
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def save() -> None:
+        try:
+            s.save()
+        except BaseException as e:
+            failures.append(e)
+        finally:
+            done.set()
+
+    try:
+        s.add(rng.standard_normal((10, D)).astype(np.float32))
+        with topk._topk._SaveLock(folder):
+            worker = threading.Thread(target=save)
+            worker.start()
+            assert not done.wait(1.0), "the save ran while the folder was locked"
+            assert not (folder / "manifest.json").exists()
+        worker.join(60)
+        assert done.is_set() and failures == []
+        assert topk._topk._read_manifest(folder)["generation"] == 1
+        assert (folder / ".topk-save.lock").exists()
+    finally:
+        s.close()

@@ -16,6 +16,35 @@ use crate::sharded::{at_shard, check_shard, same_storage, ShardSpec, ShardedInde
 /// dies); it stays, empty.
 pub const SAVE_LOCK: &str = ".topk-save.lock";
 
+/// The save lock of a set's folder, held: one save of a folder at a time,
+/// in this process or another (a second writer's cleanup would delete the
+/// first one's files). Every writer of a set takes it, the Python `topk.ray`
+/// sets included; it is released when dropped or when its process dies.
+#[derive(Debug)]
+pub struct SaveLock {
+    _file: std::fs::File,
+}
+
+impl SaveLock {
+    /// Waits for and takes the save lock of the folder `dir` (which must
+    /// exist), creating its [`SAVE_LOCK`] file if missing.
+    pub fn acquire(dir: &Path) -> Result<Self, ShardError> {
+        let path = dir.join(SAVE_LOCK);
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.lock().map(|()| f))
+            .map(|file| Self { _file: file })
+            .map_err(|source| ShardError::Io {
+                path,
+                op: "lock the folder for a save",
+                source,
+            })
+    }
+}
+
 impl ShardedIndex {
     /// Saves the set into the folder `dir` (created if missing): one index
     /// file per shard, then `manifest.json` naming them, replaced atomically,
@@ -28,20 +57,7 @@ impl ShardedIndex {
             op: "create the folder",
             source,
         })?;
-        // One save of a folder at a time, in this process or another: a
-        // second writer's cleanup would delete the first one's files.
-        let lock_path = dir.join(SAVE_LOCK);
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .and_then(|f| f.lock().map(|()| f))
-            .map_err(|source| ShardError::Io {
-                path: lock_path.clone(),
-                op: "lock the folder for a save",
-                source,
-            })?;
+        let lock = SaveLock::acquire(dir)?;
         let generation = next_generation(dir)?;
         let entries: Vec<ShardEntry> = self
             .shards
@@ -132,7 +148,10 @@ impl ShardedIndex {
 /// One more than the largest generation named in `dir`: by its manifest, or
 /// by shard files a failed save left behind, so a save never overwrites a
 /// file the current manifest names.
-fn next_generation(dir: &Path) -> Result<u64, ShardError> {
+/// The generation the next save into the folder `dir` writes: one past the
+/// larger of its manifest's and of every shard file's there, so a save
+/// never reuses the name of a file a failed or concurrent save left.
+pub fn next_generation(dir: &Path) -> Result<u64, ShardError> {
     let from_manifest = Manifest::read(dir).map(|m| m.generation).unwrap_or(0);
     let from_files = std::fs::read_dir(dir)
         .into_iter()

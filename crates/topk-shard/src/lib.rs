@@ -36,7 +36,7 @@ mod placement;
 mod sharded;
 
 pub use error::ShardError;
-pub use files::SAVE_LOCK;
+pub use files::{next_generation, SaveLock, SAVE_LOCK};
 pub use manifest::{Manifest, ShardEntry, FORMAT, MANIFEST_FILE, MANIFEST_VERSION};
 pub use placement::{shard_of, PLACEMENT};
 pub use sharded::{ShardSpec, ShardedIndex};

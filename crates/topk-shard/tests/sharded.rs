@@ -7,7 +7,9 @@ use ndarray::ArrayView2;
 use proptest::prelude::*;
 use topk_core::{Dtype, Metric, MAX_ID};
 use topk_index::{Filter, FilterSpec, Index, IndexBackend, IndexError, IndexOptions};
-use topk_shard::{shard_of, Manifest, ShardError, ShardSpec, ShardedIndex};
+use topk_shard::{
+    next_generation, shard_of, Manifest, SaveLock, ShardError, ShardSpec, ShardedIndex,
+};
 use topk_testkit::corpora::{self, Kind, Rng};
 use topk_testkit::hits::{rows_of as rows, same_hits as same};
 
@@ -480,6 +482,40 @@ fn concurrent_saves_of_one_folder_leave_a_whole_set() {
         files, want,
         "only the last generation, its manifest and the lock stay"
     );
+}
+
+#[test]
+fn a_save_waits_for_another_writers_lock() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut set =
+        ShardedIndex::uniform(4, Metric::Dot, 2, &ShardSpec::new(IndexBackend::Cpu)).expect("set");
+    let data = corpora::shuffled_duplicates(9, 40, 4, 5);
+    let r = ArrayView2::from_shape((40, 4), &data).expect("shape");
+    set.add(&(0..40).collect::<Vec<u64>>(), r).expect("add");
+    // Another writer's save: the first free generation is 1 until it ends.
+    let held = SaveLock::acquire(dir.path()).expect("lock");
+    assert_eq!(next_generation(dir.path()).expect("generation"), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        let set = &set;
+        let path = dir.path();
+        scope.spawn(move || {
+            let saved = set.save(path);
+            tx.send(saved.is_ok()).expect("send");
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(500))
+                .is_err(),
+            "the save ran while another writer held the folder's lock"
+        );
+        assert!(!dir.path().join(topk_shard::MANIFEST_FILE).exists());
+        drop(held);
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the save ends once the lock is free"));
+    });
+    assert_eq!(Manifest::read(dir.path()).expect("manifest").generation, 1);
+    assert_eq!(next_generation(dir.path()).expect("generation"), 2);
 }
 
 #[test]

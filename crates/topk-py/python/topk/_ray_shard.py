@@ -318,21 +318,25 @@ class _Shard:
         self._check()
         self._index.compact()
 
-    def save(self, file: str, rebase: bool) -> tuple[int, str]:
-        """Saves the shard to ``file``; with ``rebase`` that file becomes the
-        shard's base and its log starts again. Returns ``(rows, backend)``."""
+    def save(self, file: str) -> tuple[int, str]:
+        """Saves the shard to ``file``. Returns ``(rows, backend)``."""
         self._check()
         self._index.save(file)
-        if rebase:
-            base = {**self._init, "file": file, "backend": self._index.backend, "rows": None}
-            os.close(self._log)
-            try:
-                self._write_base(base)
-                self._init = base
-            finally:
-                # The new log, or the old one when the new base failed.
-                self._log = self._open_log()
         return len(self._index), self._index.backend
+
+    def rebase(self, file: str) -> None:
+        """Makes ``file`` (this shard's rows, just saved and named by the
+        set's manifest) the shard's restart point: its log starts again.
+        When the new log cannot be written the old one stays in use."""
+        self._check()
+        base = {**self._init, "file": file, "backend": self._index.backend, "rows": None}
+        os.close(self._log)
+        try:
+            self._write_base(base)
+            self._init = base
+        finally:
+            # The new log, or the old one when the new base failed.
+            self._log = self._open_log()
 
     def close(self) -> None:
         """Deletes the log (the set is closed for good)."""

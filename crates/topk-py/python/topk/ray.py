@@ -53,6 +53,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,10 @@ from ._topk import (
     MANIFEST_FILE,
     MAX_ID,
     Index,
+    _next_generation,
     _read_manifest,
     _remove_stale,
+    _SaveLock,
     _shard_file_name,
     _write_manifest,
     merge,
@@ -87,7 +90,11 @@ def _capacity(value: Any) -> int:
     """The ``capacity`` option checked as ``topk.Index`` checks it."""
     if isinstance(value, bool):
         raise TypeError(f"option capacity must be an integer, got a bool ({value})")
-    if not isinstance(value, int | np.integer) or value < 0:
+    if not isinstance(value, int | np.integer):
+        raise TypeError(
+            f"option capacity must be an integer, got {value!r} ({type(value).__name__})"
+        )
+    if value < 0:
         raise InvalidInputError(f"option capacity must be a non-negative integer, got {value!r}")
     return int(value)
 
@@ -313,7 +320,7 @@ class ShardedIndex:
         """Removes the rows of ``ids``; returns how many were present (absent
         and negative ids are ignored)."""
         self._live()
-        ids = _inputs.ids_int64(ids, "ids")
+        ids = _inputs.ids_int64(ids, "ids", lookup=True)
         ids = ids[ids >= 0]
         parts: list[Any] = [None] * len(self._actors)
         for s, sel in enumerate(self._route(ids)):
@@ -456,8 +463,10 @@ class ShardedIndex:
         """Saves the set into the folder ``path`` (default: the set's own):
         one ``topk.Index`` file per shard, then ``manifest.json`` replaced
         atomically, then the files of older saves deleted; the layout the
-        Rust ``ShardedIndex`` reads. A save into the set's own folder also
-        makes the new files the shards' restart point (their logs restart)."""
+        Rust ``ShardedIndex`` reads, under the same folder lock. A failure
+        leaves the previous save whole and deletes this one's files. A save
+        into the set's own folder also makes the new files the shards'
+        restart point (their logs restart)."""
         with self._lock:
             self._live()
             target = self._path if path is None else Path(path).absolute()
@@ -465,17 +474,15 @@ class ShardedIndex:
                 target.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise IndexFileError(f"could not create the folder {target}: {e}") from None
-            try:
-                generation = int(_read_manifest(target)["generation"]) + 1
-            except IndexFileError:
-                generation = 1
-            rebase = target.resolve() == self._path.resolve()
-            files = [_shard_file_name(generation, s) for s in range(len(self._actors))]
+            with _SaveLock(target):
+                self._save_locked(target)
+
+    def _save_locked(self, target: Path) -> None:
+        generation = _next_generation(target)
+        files = [_shard_file_name(generation, s) for s in range(len(self._actors))]
+        try:
             saved = self._get(
-                [
-                    a.save.remote(str(target / f), rebase)
-                    for a, f in zip(self._actors, files, strict=True)
-                ]
+                [a.save.remote(str(target / f)) for a, f in zip(self._actors, files, strict=True)]
             )
             manifest = {
                 "dim": self._dim,
@@ -486,13 +493,38 @@ class ShardedIndex:
                     for f, (rows, backend) in zip(files, saved, strict=True)
                 ],
             }
-            # Older files go only once the new manifest is surely on disk.
-            if _write_manifest(target, manifest):
-                _remove_stale(target, manifest)
-            if rebase:
-                # A set saved in its own temporary folder keeps the folder:
-                # closing deletes the logs only, never saved files.
-                self._owned = False
+            synced = _write_manifest(target, manifest)
+        except BaseException:
+            # No manifest names them: this save's files go (a full disk
+            # gets its room back for the next try).
+            for f in files:
+                with contextlib.suppress(OSError):
+                    (target / f).unlink()
+            raise
+        rebased = True
+        if target.resolve() == self._path.resolve():
+            # Only now that the manifest names the new files do the shards
+            # restart from them; a shard whose restart point could not move
+            # keeps its old file and log, so no older file may go yet.
+            refs = [
+                a.rebase.remote(str(target / f)) for a, f in zip(self._actors, files, strict=True)
+            ]
+            try:
+                self._get(refs)
+            except Exception as e:  # the save itself stands
+                rebased = False
+                warnings.warn(
+                    f"the set was saved in {target}, but a shard kept its older restart "
+                    f"point ({e}); the older files stay until the next save",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            # A set saved in its own temporary folder keeps the folder:
+            # closing deletes the logs only, never saved files.
+            self._owned = False
+        # Older files go only once the new manifest is surely on disk.
+        if synced and rebased:
+            _remove_stale(target, manifest)
 
     @classmethod
     def open(
