@@ -127,10 +127,29 @@ impl<'py> Ids<'py> {
     /// `obj` read in place when it can be, otherwise converted by
     /// `topk._inputs.ids_int64` (named `name` in its errors).
     pub(crate) fn new(py: Python<'py>, obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Ids<'py>> {
+        Ids::convert(py, obj, name, false)
+    }
+
+    /// Ids to find, not to store (`remove`, a filter): as [`Ids::new`], but
+    /// an id no index can hold (above 2^63 - 1) is dropped, not refused.
+    pub(crate) fn lookup(
+        py: Python<'py>,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+    ) -> PyResult<Ids<'py>> {
+        Ids::convert(py, obj, name, true)
+    }
+
+    fn convert(
+        py: Python<'py>,
+        obj: &Bound<'py, PyAny>,
+        name: &str,
+        lookup: bool,
+    ) -> PyResult<Ids<'py>> {
         if let Some(ids) = Ids::in_place(obj) {
             return Ok(ids);
         }
-        let converted = inputs(py)?.call_method1("ids_int64", (obj, name))?;
+        let converted = inputs(py)?.call_method1("ids_int64", (obj, name, lookup))?;
         Ids::in_place(&converted).ok_or_else(|| {
             new_err(
                 py,
@@ -204,12 +223,12 @@ impl<'py> FilterArgs<'py> {
         if how == "shared" {
             return Ok(FilterArgs {
                 per_query: false,
-                arrays: vec![Ids::new(py, &value, "filter")?],
+                arrays: vec![Ids::lookup(py, &value, "filter")?],
             });
         }
         let mut arrays = Vec::with_capacity(queries);
         for (i, item) in value.try_iter()?.enumerate() {
-            arrays.push(Ids::new(py, &item?, &format!("filter[{i}]"))?);
+            arrays.push(Ids::lookup(py, &item?, &format!("filter[{i}]"))?);
         }
         Ok(FilterArgs {
             per_query: true,

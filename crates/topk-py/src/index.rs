@@ -258,7 +258,7 @@ impl PyIndex {
     /// Removes the rows of `ids` and returns how many were present (absent
     /// and negative ids are ignored).
     fn remove(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let ids = Ids::new(py, ids, "ids")?;
+        let ids = Ids::lookup(py, ids, "ids")?;
         let ids: Vec<u64> = ids
             .values()?
             .iter()

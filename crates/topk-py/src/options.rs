@@ -28,22 +28,44 @@ pub(crate) const NAMES: [&str; 11] = [
     "streams",
 ];
 
-/// A non-negative integer option.
+/// A non-negative integer option: a value that is not an integer at all
+/// (`1.5`, `"8"`, a bool) is a `TypeError`, an integer out of range an
+/// `InvalidInputError`.
 fn count(py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let shown = || {
+        value
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|_| "?".to_owned())
+    };
     if value.is_instance_of::<pyo3::types::PyBool>() {
         return Err(PyTypeError::new_err(format!(
             "option {name} must be an integer, got a bool ({value})"
         )));
     }
-    value.extract::<usize>().map_err(|_| {
-        let shown = value
-            .repr()
-            .map(|r| r.to_string())
-            .unwrap_or_else(|_| "?".to_owned());
+    // operator.index: ints and numpy integers, never a float or a string.
+    let int = py
+        .import("operator")?
+        .call_method1("index", (value,))
+        .map_err(|_| {
+            let kind = value
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "?".to_owned());
+            PyTypeError::new_err(format!(
+                "option {name} must be an integer, got {} ({kind})",
+                shown()
+            ))
+        })?;
+    int.extract::<usize>().map_err(|_| {
         new_err(
             py,
             Kind::InvalidInput,
-            format!("option {name} must be a non-negative integer, got {shown}"),
+            format!(
+                "option {name} must be a non-negative integer, got {}",
+                shown()
+            ),
         )
     })
 }

@@ -195,6 +195,29 @@ def test_filters_shared_and_per_query() -> None:
     np.testing.assert_array_equal(ids, [[-1, -1], [-1, -1]])
 
 
+def test_ids_no_index_can_hold_are_ignored_by_remove_and_filters() -> None:
+    """Ids above 2^63 - 1 are absent from every index: ``remove`` and
+    filters ignore them as they ignore negative ids, where ``add`` refuses
+    them naming the value."""
+    idx = topk.Index(1, metric="dot")
+    idx.add(np.arange(1, 6, dtype=np.float32)[:, None])
+    big = np.array([2**63, 2**64 - 1, 3], np.uint64)
+    q = np.ones((2, 1), np.float32)
+    _, ids = idx.search(q, 2, filter=big)
+    np.testing.assert_array_equal(ids, [[3, -1], [3, -1]])
+    _, ids = idx.search(q, 2, filter=[[2**64, 1], np.array([2**63], np.uint64)])
+    np.testing.assert_array_equal(ids, [[1, -1], [-1, -1]])
+    assert idx.remove(np.array([2**63], np.uint64)) == 0
+    assert idx.remove([2**70, -5, 4]) == 1
+    np.testing.assert_array_equal(idx.ids(), [0, 1, 2, 3])
+    for bad in ([2**64], [5, 2**70]):
+        with pytest.raises(
+            topk.InvalidInputError, match=rf"id {bad[-1]} at position {len(bad) - 1}"
+        ):
+            idx.add(np.ones((len(bad), 1), np.float32), ids=bad)
+    assert len(idx) == 4
+
+
 def test_a_list_of_numpy_integer_scalars_is_one_shared_filter() -> None:
     idx = topk.Index(1, metric="dot")
     idx.add(np.arange(1, 11, dtype=np.float32)[:, None])
@@ -337,6 +360,12 @@ def test_unknown_option_is_a_type_error_naming_it() -> None:
         topk.Index(4, parallel=3)
     with pytest.raises(TypeError, match="option m must be an integer, got a bool"):
         topk.Index(4, m=True)
+    # Not an integer at all: a TypeError too (never rounded, never parsed).
+    with pytest.raises(TypeError, match=r"option capacity must be an integer, got 10\.0 \(float\)"):
+        topk.Index(4, capacity=10.0)
+    with pytest.raises(TypeError, match="option m must be an integer, got '8' \\(str\\)"):
+        topk.Index(4, m="8")
+    assert topk.Index(4, capacity=np.int64(10), m=np.uint8(8)).dim == 4
     # Every option is accepted by every backend.
     idx = topk.Index(4, capacity=10, m=8, ef_construction=20, ef=10, seed=1, parallel=False)
     idx = topk.Index(4, device=0, max_k=100, max_batch=8, streams=2, ef_search=5)

@@ -184,6 +184,65 @@ def test_concurrent_adds_keep_every_document() -> None:
     assert len(s.similarity_search("t0-0", k=200)) == 160
 
 
+def test_searches_beside_adds_and_deletes_see_whole_documents() -> None:
+    """Searches, MMR and filtered searches on some threads while others add
+    and delete: every hit is a whole document (no KeyError, no missing
+    vector), and the store ends with what the writers left."""
+    import threading
+
+    s = TopkVectorStore(DeterministicFakeEmbedding(size=16))
+    s.add_texts(["seed"], [{"w": -1}], ids=["seed"])
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def write(t: int) -> None:
+        try:
+            for i in range(40):
+                key = f"w{t}-{i}"
+                s.add_texts([key], [{"w": t}], ids=[key])
+                if i % 2:
+                    s.delete([key])
+        except BaseException as e:
+            failures.append(e)
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                for doc, _ in s.similarity_search_with_score("w0-1", k=10):
+                    assert doc.page_content == doc.id
+                for doc in s.similarity_search("w1-2", k=5, filter={"w": 1}):
+                    assert doc.metadata == {"w": 1}
+                for doc in s.max_marginal_relevance_search("w1-3", k=3, fetch_k=8):
+                    assert doc.page_content == doc.id
+        except BaseException as e:
+            failures.append(e)
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    writers = [threading.Thread(target=write, args=(t,)) for t in range(2)]
+    for t in readers + writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    for t in readers:
+        t.join()
+    assert failures == []
+    assert s.index is not None and len(s.index) == 1 + 2 * 20
+    assert len(s.get_by_ids([f"w{t}-{i}" for t in range(2) for i in range(0, 40, 2)])) == 40
+
+
+def test_load_local_keeps_an_hnsw_store_on_hnsw(tmp_path) -> None:
+    emb = DeterministicFakeEmbedding(size=16)
+    s = TopkVectorStore.from_texts([f"t{i}" for i in range(50)], emb, backend="hnsw")
+    assert s.index is not None and s.index.backend == "hnsw"
+    s.save_local(tmp_path / "h")
+    back = TopkVectorStore.load_local(tmp_path / "h", emb)
+    assert back.index is not None and back.index.backend == "hnsw"
+    assert back.similarity_search("t7", k=3) == s.similarity_search("t7", k=3)
+    exact = TopkVectorStore.load_local(tmp_path / "h", emb, backend="cpu")
+    assert exact.index is not None and exact.index.backend == "cpu"
+
+
 def test_mmr_spreads_the_picks_over_near_duplicates() -> None:
     from langchain_core.embeddings import Embeddings
 

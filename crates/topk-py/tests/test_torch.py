@@ -96,3 +96,25 @@ def test_a_non_finite_device_query_is_refused() -> None:
     q[1, 3] = float("nan")
     with pytest.raises(topk.InvalidInputError, match="device query 1"):
         gpu.search(q, 2)
+
+
+def test_cuda_inputs_follow_the_host_rules() -> None:
+    """Integer and bool query tensors are a TypeError on the device as on the
+    host; CUDA id and filter tensors are read like numpy ones; ids no index
+    can hold are ignored by a filter."""
+    t = cuda_backend_or_skip()
+    rows = np.arange(40, dtype=np.float32).reshape(10, 4)
+    cpu = topk.Index(4, metric="dot", backend="cpu")
+    gpu = topk.Index(4, metric="dot", backend="cuda")
+    for idx in (cpu, gpu):
+        idx.add(rows, ids=t.arange(100, 110, device="cuda"))
+    np.testing.assert_array_equal(gpu.ids(), cpu.ids())
+    for dtype in (t.int64, t.int32, t.bool):
+        with pytest.raises(TypeError, match="floating-point"):
+            gpu.search(t.ones((2, 4), dtype=dtype, device="cuda"), 3)
+    q = t.ones((2, 4), device="cuda")
+    allowed = t.tensor([101, 105, 2**63 - 1], device="cuda")
+    got = gpu.search(q, 3, filter=allowed)
+    want = cpu.search(np.ones((2, 4), np.float32), 3, filter=[101, 105])
+    same_bytes((got[0].cpu().numpy(), got[1].cpu().numpy()), want)
+    assert gpu.remove(t.tensor([100, 2**62], device="cuda")) == 1

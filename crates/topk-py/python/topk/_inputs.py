@@ -115,29 +115,38 @@ def _cuda_to_host(obj: Any) -> Any:
     return torch.as_tensor(obj, device="cuda").cpu()
 
 
-def ids_int64(obj: Any, name: str) -> np.ndarray:
-    """``obj`` (an integer array, list or scalar) as a 1-D int64 C-contiguous
-    numpy array; values above 2^63 - 1 are refused, naming the first."""
+def ids_int64(obj: Any, name: str, lookup: bool = False) -> np.ndarray:
+    """``obj`` (an integer array, list or scalar, on the host or a CUDA
+    device) as a 1-D int64 C-contiguous numpy array. An id above 2^63 - 1
+    is refused, naming it and its position; with ``lookup`` (ids to find,
+    as ``remove`` and ``filter`` take them, not to store) it is dropped
+    instead, as no index can hold it."""
+    if cuda_device(obj) is not None:
+        obj = _cuda_to_host(obj)
     if _torch_tensor(obj):
-        obj = obj.detach().cpu().numpy()
+        obj = obj.detach().numpy()
     arr = np.asarray(obj)
     if arr.dtype == object:
+        if arr.ndim > 1:
+            raise InvalidInputError(f"{name} must be one-dimensional, got shape {arr.shape}")
         values = []
         for pos, v in enumerate(arr.ravel()):
             try:
                 # operator.index, not int(): 1.9, Decimal("12.7") or "7" is
                 # refused, never rounded to an id.
-                values.append(operator.index(v))
+                i = operator.index(v)
             except TypeError:
                 raise TypeError(
                     f"{name}[{pos}] = {v!r} is not an integer ({type(v).__name__})"
                 ) from None
-        try:
-            arr = np.asarray(values, dtype=np.int64)
-        except OverflowError as e:
-            raise InvalidInputError(
-                f"{name}: every id must be an integer in 0..2^63-1 ({e})"
-            ) from None
+            if i > _MAX_ID or i < -(2**63):
+                if lookup:
+                    continue
+                raise InvalidInputError(
+                    f"{name}: id {i} at position {pos} is outside the ids 0..=2^63 - 1"
+                )
+            values.append(i)
+        arr = np.asarray(values, dtype=np.int64)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:
@@ -147,10 +156,13 @@ def ids_int64(obj: Any, name: str) -> np.ndarray:
             f"{name} must hold integers (int64 is read in place), got dtype {arr.dtype}"
         )
     if arr.dtype.kind == "u" and arr.size and arr.max() > _MAX_ID:
-        pos = int(np.argmax(arr > _MAX_ID))
-        raise InvalidInputError(
-            f"id {int(arr[pos])} at position {pos} is above the largest id {_MAX_ID} (2^63 - 1)"
-        )
+        if lookup:
+            arr = arr[arr <= _MAX_ID]
+        else:
+            pos = int(np.argmax(arr > _MAX_ID))
+            raise InvalidInputError(
+                f"id {int(arr[pos])} at position {pos} is above the largest id {_MAX_ID} (2^63 - 1)"
+            )
     return np.require(arr, dtype=np.int64, requirements=["C", "A"])
 
 
@@ -172,8 +184,8 @@ def filter_spec(obj: Any, queries: int) -> tuple[str, Any]:
             raise InvalidInputError(
                 f"{len(obj)} filters for {queries} queries: give one filter per query"
             )
-        return "per_query", [ids_int64(f, f"filter[{i}]") for i, f in enumerate(obj)]
-    return "shared", ids_int64(obj, "filter")
+        return "per_query", [ids_int64(f, f"filter[{i}]", lookup=True) for i, f in enumerate(obj)]
+    return "shared", ids_int64(obj, "filter", lookup=True)
 
 
 def search_other(index: Any, queries: Any, k: int, filter: Any) -> Any:
@@ -199,6 +211,11 @@ def _search_cuda_tensor(index: Any, queries: Any, k: int, filter: Any) -> Any:
 
         with queries.device:
             q = queries
+            if q.dtype.kind != "f":
+                raise TypeError(
+                    f"queries must hold floating-point values (float32 is read in place), "
+                    f"got dtype {q.dtype}"
+                )
             if q.dtype != cupy.float32 or not q.flags.c_contiguous:
                 q = cupy.ascontiguousarray(q, dtype=cupy.float32)
                 _counted_copy()
@@ -217,6 +234,11 @@ def _search_cuda_tensor(index: Any, queries: Any, k: int, filter: Any) -> Any:
 
     tensor = queries if _torch_tensor(queries) else torch.as_tensor(queries, device="cuda")
     tensor = tensor.detach()
+    if not tensor.dtype.is_floating_point:
+        raise TypeError(
+            f"queries must hold floating-point values (float32 is read in place), "
+            f"got dtype {tensor.dtype}"
+        )
     if tensor.dtype != torch.float32 or not tensor.is_contiguous():
         tensor = tensor.to(dtype=torch.float32).contiguous()
         _counted_copy()

@@ -24,8 +24,8 @@ def merge(
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """The best ``k`` of several shards' results of the same queries.
 
-    ``results`` holds one ``(scores, ids)`` pair per shard, exactly as
-    :meth:`Index.search` returns them (all 1-D for one query, or all 2-D with
+    ``results`` holds one ``(scores, ids)`` pair per shard, as numpy arrays
+    in the layout :meth:`Index.search` returns them (all 1-D for one query, or all 2-D with
     the same number of rows; their widths may differ), from indexes holding
     distinct ids under ``metric``. Returns ``(scores, ids)`` in the same shape
     and convention (``-1`` / ``-inf`` padding, squared distances for
@@ -58,6 +58,19 @@ def _remove_stale(path: str | PathLike[str], manifest: dict[str, Any]) -> int:
 
 def _shard_file_name(generation: int, shard: int) -> str:
     """The file name of shard ``shard`` in save generation ``generation``."""
+
+def _next_generation(path: str | PathLike[str]) -> int:
+    """The generation the next save into the folder ``path`` writes: one past
+    the larger of its manifest's and of every shard file's there."""
+
+@final
+class _SaveLock:
+    """The save lock of a set's folder (the one the Rust ``ShardedIndex``
+    takes): ``with _SaveLock(folder):`` waits for it and holds it."""
+
+    def __init__(self, folder: str | PathLike[str]) -> None: ...
+    def __enter__(self) -> _SaveLock: ...
+    def __exit__(self, kind: object, value: object, traceback: object) -> bool: ...
 
 def backends() -> dict[str, bool | str]:
     """Every backend an :class:`Index` accepts: ``True`` when it can run on

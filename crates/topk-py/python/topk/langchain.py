@@ -48,6 +48,49 @@ _DOCS_FILE = "docs.json"
 _SAVED_INDEX = re.compile(r"index(-[0-9a-f]{32})?\.topkidx")
 
 
+class _ReadWriteLock:
+    """Many readers (searches, lookups) at once, or one writer (an add, a
+    delete, a save); a waiting writer goes before readers that come after
+    it. Not reentrant."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writing = False
+        self._writers_waiting = 0
+
+    @contextlib.contextmanager
+    def read(self) -> Any:
+        with self._cond:
+            while self._writing or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self) -> Any:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writing or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
 class TopkVectorStore(VectorStore):
     """A ``VectorStore`` whose vectors live in a :class:`topk.Index`.
 
@@ -74,8 +117,10 @@ class TopkVectorStore(VectorStore):
                 "or use TopkVectorStore.load_local"
             )
         self._embedding = embedding
-        # Adds and deletes of several threads (aadd_texts) one at a time.
-        self._lock = threading.RLock()
+        # Threads (LangChain's async methods run on executor threads): adds,
+        # deletes and saves one at a time, searches beside each other but
+        # never beside a change, so a search sees each document whole.
+        self._lock = _ReadWriteLock()
         # The index's own name of the metric ("L2", "euclidean" -> "l2"),
         # which the relevance function below compares.
         self._metric = index.metric if index is not None else Index(1, metric=metric).metric
@@ -134,7 +179,7 @@ class TopkVectorStore(VectorStore):
         vectors = np.asarray(
             self._embedding.embed_documents([texts[i] for i in order]), dtype=np.float32
         )
-        with self._lock:
+        with self._lock.write():
             index = self._ensure_index(vectors.shape[1])
             new_keys: dict[str, int] = {}
             int_ids = []
@@ -154,7 +199,7 @@ class TopkVectorStore(VectorStore):
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool | None:
         """Removes the documents of ``ids`` (all of them when ``None``);
         absent ids are ignored."""
-        with self._lock:
+        with self._lock.write():
             if ids is None:
                 ids = list(self._by_key)
             gone = [self._by_key.pop(key) for key in ids if key in self._by_key]
@@ -167,10 +212,11 @@ class TopkVectorStore(VectorStore):
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """The documents of ``ids`` that are present, in the order given."""
         out = []
-        for key in ids:
-            n = self._by_key.get(key)
-            if n is not None:
-                out.append(self._document(n))
+        with self._lock.read():
+            for key in ids:
+                n = self._by_key.get(key)
+                if n is not None:
+                    out.append(self._document(n))
         return out
 
     def _document(self, n: int) -> Document:
@@ -194,13 +240,16 @@ class TopkVectorStore(VectorStore):
         self, embedding: list[float], k: int = 4, filter: _Filter = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """The ``k`` best documents for a query vector, with their scores."""
-        if self._index is None or len(self._index) == 0:
-            return []
         query = np.asarray(embedding, dtype=np.float32)
-        scores, ids = self._index.search(query, k, filter=self._allowed(filter))
-        return [
-            (self._document(int(n)), float(s)) for s, n in zip(scores, ids, strict=True) if n >= 0
-        ]
+        with self._lock.read():
+            if self._index is None or len(self._index) == 0:
+                return []
+            scores, ids = self._index.search(query, k, filter=self._allowed(filter))
+            return [
+                (self._document(int(n)), float(s))
+                for s, n in zip(scores, ids, strict=True)
+                if n >= 0
+            ]
 
     def similarity_search_with_score(
         self, query: str, k: int = 4, filter: _Filter = None, **kwargs: Any
@@ -244,16 +293,18 @@ class TopkVectorStore(VectorStore):
         ``(1 - lambda_mult) * max(sim(picked))``, its similarities to the
         query and to the picks so far (LangChain's
         ``maximal_marginal_relevance``, cosine)."""
-        if self._index is None or len(self._index) == 0:
-            return []
         query = np.asarray(embedding, dtype=np.float32)
-        _, ids = self._index.search(query, max(fetch_k, k), filter=self._allowed(filter))
-        found = [int(n) for n in ids if n >= 0]
-        if not found:
-            return []
-        vectors = np.stack([self._index.get(n) for n in found])
+        with self._lock.read():
+            if self._index is None or len(self._index) == 0:
+                return []
+            _, ids = self._index.search(query, max(fetch_k, k), filter=self._allowed(filter))
+            found = [int(n) for n in ids if n >= 0]
+            if not found:
+                return []
+            vectors = np.stack([self._index.get(n) for n in found])
+            docs = [self._document(n) for n in found]
         picked = maximal_marginal_relevance(query, vectors, lambda_mult=lambda_mult, k=k)
-        return [self._document(found[i]) for i in picked]
+        return [docs[i] for i in picked]
 
     def max_marginal_relevance_search(
         self,
@@ -306,7 +357,7 @@ class TopkVectorStore(VectorStore):
         names it; the files of earlier saves are deleted after. A crash at
         any point leaves the previous save whole."""
         folder = Path(folder)
-        with self._lock:
+        with self._lock.write():
             index_file = f"index-{uuid.uuid4().hex}.topkidx" if self._index is not None else None
             docs = {
                 "metric": self._metric,
@@ -337,15 +388,18 @@ class TopkVectorStore(VectorStore):
 
     @classmethod
     def load_local(
-        cls, folder: str | Path, embedding: Embeddings, *, backend: str = "cpu"
+        cls, folder: str | Path, embedding: Embeddings, *, backend: str | None = None
     ) -> TopkVectorStore:
-        """A store read back from a folder written by :meth:`save_local`."""
+        """A store read back from a folder written by :meth:`save_local`, on
+        ``backend`` (by default as :meth:`topk.Index.open` chooses: ``hnsw``
+        when the file holds a graph, ``cpu`` otherwise)."""
         folder = Path(folder)
         saved = json.loads((folder / _DOCS_FILE).read_text(encoding="utf-8"))
         # Folders saved before the docs file named the index hold index.topkidx.
         name = saved.get("index", _INDEX_FILE if (folder / _INDEX_FILE).exists() else None)
         index = Index.open(folder / name, backend=backend) if name is not None else None
-        store = cls(embedding, metric=saved["metric"], backend=backend)
+        chosen = index.backend if index is not None else (backend or "cpu")
+        store = cls(embedding, metric=saved["metric"], backend=chosen)
         store._index = index
         store._next = saved["next"]
         for n, key, text, meta in saved["docs"]:
