@@ -548,6 +548,39 @@ fn mismatched_norms_and_stale_state_are_errors() {
             .contains("covers 100 rows, the corpus has 200"),
         "{err}"
     );
+    // A state of another width or metric with the same row count: refused,
+    // never a panic in the int8 product or bounds from other norms.
+    let wide = RowStore::from_f32(
+        corpora::corpus(9, 100, 2 * d, &[Kind::Uniform]),
+        2 * d,
+        Dtype::F32,
+    )
+    .unwrap();
+    let wide = CorpusRef::new(&wide, Metric::Dot, &[]).unwrap();
+    for gemm in [BatchGemm::F32, BatchGemm::Int8] {
+        let Ok(other) = CertifiedRows::build(wide, gemm) else {
+            continue; // this CPU does not run the int8 product
+        };
+        let q = ndarray::Array2::<f32>::ones((1, d));
+        let corpus = CorpusRef::new(&store, Metric::Dot, &[]).unwrap();
+        let err = select_all(corpus, &other, q.view(), 3).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("built for D = 8 under dot, the corpus has D = 4 under dot"),
+            "{err}"
+        );
+    }
+    let norms: Vec<f32> = vec![1.0; 100];
+    let cosine = CorpusRef::new(&store, Metric::Cosine, &norms).unwrap();
+    let corpus = CorpusRef::new(&store, Metric::Dot, &[]).unwrap();
+    let dot_state = CertifiedRows::build(corpus, BatchGemm::F32).unwrap();
+    let q = ndarray::Array2::<f32>::ones((1, d));
+    let err = select_all(cosine, &dot_state, q.view(), 3).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("under dot, the corpus has D = 4 under cosine"),
+        "{err}"
+    );
 }
 
 #[test]

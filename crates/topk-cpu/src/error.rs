@@ -46,6 +46,20 @@ pub enum CpuError {
         rows: usize,
     },
 
+    /// A certified search whose row state was built for rows of another
+    /// width or metric than the corpus's.
+    #[error("certified row state was built for D = {state_dim} under {state_metric}, the corpus has D = {dim} under {metric}: build it for this corpus")]
+    ForeignRows {
+        /// Values per row of the corpus the state was built for.
+        state_dim: usize,
+        /// That corpus's metric.
+        state_metric: topk_core::Metric,
+        /// Values per row of the corpus searched.
+        dim: usize,
+        /// Its metric.
+        metric: topk_core::Metric,
+    },
+
     // ---- threads ----------------------------------------------------------
     /// A thread count outside `1..`.
     #[error("invalid thread count {threads}: use at least 1")]

@@ -437,8 +437,8 @@ pub(crate) fn read_header(buf: &LockedBuffer<DevNeighbor>) -> u32 {
 
 /// A view of `len` values of `T` at the device address `ptr`, memory
 /// another library allocated (a torch or CuPy tensor), after checking with
-/// the driver that `ptr` lies in device memory and that `len` values from it
-/// stay inside that allocation. The caller keeps the allocation alive while
+/// the driver that `ptr` lies in device memory of the current context's
+/// device and that `len` values from it stay inside that allocation. The caller keeps the allocation alive while
 /// the view is used.
 pub(crate) fn external<T: DeviceCopy>(
     ptr: DPtr,
@@ -462,6 +462,29 @@ pub(crate) fn external<T: DeviceCopy>(
     {
         return Err(bad(format!(
             "not device memory of this process ({status:?}, memory type {kind})"
+        )));
+    }
+    // Memory of another device is addressable here too (unified addresses),
+    // but a kernel of this engine's device would fault reading it.
+    let mut ordinal: i32 = -1;
+    // SAFETY: `ordinal` is valid for the int the device-ordinal attribute writes.
+    check("cuPointerGetAttribute", unsafe {
+        cu::cuPointerGetAttribute(
+            &mut ordinal as *mut i32 as *mut c_void,
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    })?;
+    let mut current: cu::CUdevice = -1;
+    // SAFETY: `current` is valid for the device handle cuCtxGetDevice writes;
+    // the engine's context is current (every caller makes it so first).
+    check("cuCtxGetDevice", unsafe {
+        cu::cuCtxGetDevice(&mut current)
+    })?;
+    if ordinal != current {
+        return Err(bad(format!(
+            "it lives on device {ordinal}, this index runs on device {current}: \
+             move the queries there first"
         )));
     }
     let (mut start, mut size): (DPtr, usize) = (0, 0);

@@ -64,14 +64,6 @@ impl Hnsw {
     /// row would have taken, and leave the index unchanged.
     pub fn insert(&mut self, row: &[f32]) -> Result<u32> {
         let dim = self.vectors.dim();
-        if row.len() != dim {
-            return Err(Error::DimensionMismatch {
-                what: "inserted row".to_string(),
-                expected: dim,
-                got: row.len(),
-            }
-            .into());
-        }
         let n = self.vectors.len();
         let slot = match self.free.last() {
             Some(&s) => s,
@@ -84,6 +76,14 @@ impl Hnsw {
             }
             None => n as u32,
         };
+        if row.len() != dim {
+            return Err(Error::DimensionMismatch {
+                what: format!("row inserted at slot {slot}"),
+                expected: dim,
+                got: row.len(),
+            }
+            .into());
+        }
         validate::corpus(row, dim).map_err(|e| at_slot(e, slot))?;
         if self.free.pop().is_some() {
             self.reuse(slot, row)?;

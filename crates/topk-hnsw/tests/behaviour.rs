@@ -223,6 +223,40 @@ fn bad_build_parameters_are_typed_errors() {
     );
 }
 
+/// Every build checks the corpus before its parameters: the same bad call
+/// gets the same error whichever build it reaches.
+#[test]
+fn every_build_names_a_bad_corpus_before_bad_parameters() {
+    let data = [1.0, f32::NAN, 0.0, 0.0];
+    let bad = HnswParams {
+        m: 1,
+        ..HnswParams::default()
+    };
+    let is_nan = |e: &HnswError| {
+        matches!(
+            e,
+            HnswError::Input(Error::NonFinite {
+                at: Located::Row(0),
+                column: 1,
+                ..
+            })
+        )
+    };
+    let e = Hnsw::build(&data, 2, Metric::Dot, bad).unwrap_err();
+    assert!(is_nan(&e), "build: {e}");
+    let e = Hnsw::build_batched(
+        data.to_vec(),
+        2,
+        Metric::Dot,
+        bad,
+        topk_hnsw::BatchSchedule::default(),
+    )
+    .unwrap_err();
+    assert!(is_nan(&e), "build_batched: {e}");
+    let e = Hnsw::build_knn_cpu(&data, 2, Metric::Dot, bad).unwrap_err();
+    assert!(is_nan(&e), "build_knn_cpu: {e}");
+}
+
 #[test]
 fn bad_search_inputs_are_typed_errors() {
     let mut index =

@@ -268,6 +268,7 @@ fn inserted_rows_follow_the_input_rules_and_failures_change_nothing() {
         matches!(&e, HnswError::Input(Error::DimensionMismatch { expected: DIM, got, .. }) if *got == DIM + 1),
         "{e}"
     );
+    assert!(e.to_string().contains("row inserted at slot 42"), "{e}");
     let mut nan = vec![0.5; DIM];
     nan[3] = f32::NAN;
     let e = index.insert(&nan).unwrap_err();

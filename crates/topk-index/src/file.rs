@@ -222,80 +222,18 @@ impl Index {
             offset,
             reason,
         };
-        if len < HEADER {
-            if len >= 8 {
-                let mut magic = [0u8; 8];
-                file.read_exact(&mut magic).map_err(io("read"))?;
-                check_magic(path, &magic)?;
-            }
-            return Err(truncated(HEADER));
-        }
-        let mut header = [0u8; HEADER as usize];
-        file.read_exact(&mut header).map_err(io("read"))?;
-        check_magic(path, &header[..8])?;
-        let u32_at =
-            |o: usize| u32::from_le_bytes([header[o], header[o + 1], header[o + 2], header[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&header[o..o + 8]);
-            u64::from_le_bytes(b)
-        };
-        let version = u32_at(8);
-        if version == 0 || version > VERSION {
-            return Err(IndexError::UnsupportedVersion {
-                path: path.to_owned(),
-                version,
-                supported: VERSION,
-            });
-        }
-        if crc32fast::hash(&header[..HEADER_SUMMED]) != u32_at(40) {
-            return Err(IndexError::Checksum {
-                path: path.to_owned(),
-                start: 0,
-                end: HEADER_SUMMED as u64,
-            });
-        }
-        let kind = u32_at(12);
-        let metric = match kind & 0xff {
-            0 => Metric::Dot,
-            1 => Metric::Cosine,
-            2 => Metric::L2,
-            m => return Err(corrupt(12, format!("metric code {m}, expected 0, 1 or 2"))),
-        };
-        let dtype = file_dtype(version, kind).map_err(|reason| corrupt(12, reason))?;
+        let Header {
+            version,
+            metric,
+            dtype,
+            d,
+            n,
+            payload,
+            table_at,
+            end,
+        } = read_header(path, &mut file, len)?;
         let width = dtype.bytes() as u64;
-        let (d, n, payload) = (u64_at(16), u64_at(24), u64_at(32));
-        if d == 0 || d > validate::MAX_DIM as u64 {
-            return Err(corrupt(
-                16,
-                format!("dimension {d} outside 1..={}", validate::MAX_DIM),
-            ));
-        }
-        let want = n
-            .checked_mul(d)
-            .and_then(|nd| nd.checked_mul(width))
-            .and_then(|v| v.checked_add(n.checked_mul(8)?));
-        if want != Some(payload) {
-            return Err(corrupt(
-                32,
-                format!(
-                    "payload length {payload} is not 8 N + {width} N D for N = {n}, D = {d} ({dtype} rows)"
-                ),
-            ));
-        }
         let blocks = payload.div_ceil(BLOCK as u64);
-        let sizes = HEADER
-            .checked_add(payload)
-            .and_then(|table_at| Some((table_at, table_at.checked_add(4 * blocks + 4)?)));
-        let Some((table_at, end)) = sizes else {
-            return Err(corrupt(
-                32,
-                format!("payload length {payload} does not fit in a file"),
-            ));
-        };
-        if len < end {
-            return Err(truncated(end));
-        }
         // The graph section: where its body starts and its length.
         let mut graph: Option<(u64, u64)> = None;
         if len > end && version >= 2 {
@@ -474,8 +412,10 @@ pub struct FileInfo {
 
 impl Index {
     /// The header of the index file at `path` and whether it holds an
-    /// `hnsw` graph section, without reading its rows. Only the magic, the
-    /// version and the sizes are checked; [`Index::open`] checks the rest.
+    /// `hnsw` graph section, without reading its rows. The header gets every
+    /// check [`Index::open`] makes of it (magic, version, checksum, the zero
+    /// field, codes, sizes against the file's length); the rows, ids and
+    /// their checksums are left to `open`.
     pub fn file_info(path: impl AsRef<Path>) -> Result<FileInfo, IndexError> {
         let path = path.as_ref();
         let io = |op: &'static str| {
@@ -486,54 +426,153 @@ impl Index {
             }
         };
         let (mut file, len) = topk_io::open_regular_file(path).map_err(io("open"))?;
-        if len < HEADER {
-            return Err(IndexError::Truncated {
-                path: path.to_owned(),
-                len,
-                expected: HEADER,
-            });
-        }
-        let mut header = [0u8; HEADER as usize];
-        file.read_exact(&mut header).map_err(io("read"))?;
-        check_magic(path, &header[..8])?;
-        let u64_at = |o: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&header[o..o + 8]);
-            u64::from_le_bytes(b)
-        };
-        let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-        if version == 0 || version > VERSION {
-            return Err(IndexError::UnsupportedVersion {
-                path: path.to_owned(),
-                version,
-                supported: VERSION,
-            });
-        }
-        let kind = u32::from_le_bytes([header[12], header[13], header[14], header[15]]);
-        let dtype = file_dtype(version, kind).map_err(|reason| IndexError::Corrupt {
-            path: path.to_owned(),
-            offset: 12,
-            reason,
-        })?;
-        let payload = u64_at(32);
-        let end = payload
-            .checked_add(HEADER + 4)
-            .and_then(|e| e.checked_add(4 * payload.div_ceil(BLOCK as u64)));
+        let head = read_header(path, &mut file, len)?;
         let mut graph = false;
-        if let Some(end) = end.filter(|&e| version >= 2 && e.saturating_add(8) <= len) {
+        if head.version >= 2 && head.end.saturating_add(8) <= len {
             let mut magic = [0u8; 8];
-            file.seek(SeekFrom::Start(end)).map_err(io("seek in"))?;
+            file.seek(SeekFrom::Start(head.end))
+                .map_err(io("seek in"))?;
             file.read_exact(&mut magic).map_err(io("read"))?;
             graph = magic == GRAPH_MAGIC;
         }
         Ok(FileInfo {
-            version,
-            rows: u64_at(24),
-            dim: u64_at(16),
+            version: head.version,
+            rows: head.n,
+            dim: head.d,
             graph,
-            dtype,
+            dtype: head.dtype,
         })
     }
+}
+
+/// What an index file's header declares, checked ([`read_header`]).
+struct Header {
+    version: u32,
+    metric: Metric,
+    dtype: Dtype,
+    d: u64,
+    n: u64,
+    payload: u64,
+    /// Where the block checksum table starts.
+    table_at: u64,
+    /// Where the exact index's bytes end (E of docs/CONTRACTS.md §10).
+    end: u64,
+}
+
+/// Reads and checks the 48-byte header of the index file `file` (`len`
+/// bytes, at offset 0): the magic, the version, the header checksum, the
+/// zero field, the metric and storage codes, D, and the payload length
+/// against N, D and the file's length. [`Index::open`] and
+/// [`Index::file_info`] both start here.
+fn read_header(path: &Path, file: &mut std::fs::File, len: u64) -> Result<Header, IndexError> {
+    let io = |op: &'static str| {
+        move |source| IndexError::Io {
+            path: path.to_owned(),
+            op,
+            source,
+        }
+    };
+    let truncated = |expected: u64| IndexError::Truncated {
+        path: path.to_owned(),
+        len,
+        expected,
+    };
+    let corrupt = |offset: u64, reason: String| IndexError::Corrupt {
+        path: path.to_owned(),
+        offset,
+        reason,
+    };
+    if len < HEADER {
+        if len >= 8 {
+            let mut magic = [0u8; 8];
+            file.read_exact(&mut magic).map_err(io("read"))?;
+            check_magic(path, &magic)?;
+        }
+        return Err(truncated(HEADER));
+    }
+    let mut header = [0u8; HEADER as usize];
+    file.read_exact(&mut header).map_err(io("read"))?;
+    check_magic(path, &header[..8])?;
+    let u32_at =
+        |o: usize| u32::from_le_bytes([header[o], header[o + 1], header[o + 2], header[o + 3]]);
+    let u64_at = |o: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&header[o..o + 8]);
+        u64::from_le_bytes(b)
+    };
+    let version = u32_at(8);
+    if version == 0 || version > VERSION {
+        return Err(IndexError::UnsupportedVersion {
+            path: path.to_owned(),
+            version,
+            supported: VERSION,
+        });
+    }
+    if crc32fast::hash(&header[..HEADER_SUMMED]) != u32_at(40) {
+        return Err(IndexError::Checksum {
+            path: path.to_owned(),
+            start: 0,
+            end: HEADER_SUMMED as u64,
+        });
+    }
+    let zero = u32_at(44);
+    if zero != 0 {
+        return Err(corrupt(
+            44,
+            format!("the field at bytes 44..48 is {zero:#x}, expected zero"),
+        ));
+    }
+    let kind = u32_at(12);
+    let metric = match kind & 0xff {
+        0 => Metric::Dot,
+        1 => Metric::Cosine,
+        2 => Metric::L2,
+        m => return Err(corrupt(12, format!("metric code {m}, expected 0, 1 or 2"))),
+    };
+    let dtype = file_dtype(version, kind).map_err(|reason| corrupt(12, reason))?;
+    let width = dtype.bytes() as u64;
+    let (d, n, payload) = (u64_at(16), u64_at(24), u64_at(32));
+    if d == 0 || d > validate::MAX_DIM as u64 {
+        return Err(corrupt(
+            16,
+            format!("dimension {d} outside 1..={}", validate::MAX_DIM),
+        ));
+    }
+    let want = n
+        .checked_mul(d)
+        .and_then(|nd| nd.checked_mul(width))
+        .and_then(|v| v.checked_add(n.checked_mul(8)?));
+    if want != Some(payload) {
+        return Err(corrupt(
+            32,
+            format!(
+                "payload length {payload} is not 8 N + {width} N D for N = {n}, D = {d} ({dtype} rows)"
+            ),
+        ));
+    }
+    let blocks = payload.div_ceil(BLOCK as u64);
+    let sizes = HEADER
+        .checked_add(payload)
+        .and_then(|table_at| Some((table_at, table_at.checked_add(4 * blocks + 4)?)));
+    let Some((table_at, end)) = sizes else {
+        return Err(corrupt(
+            32,
+            format!("payload length {payload} does not fit in a file"),
+        ));
+    };
+    if len < end {
+        return Err(truncated(end));
+    }
+    Ok(Header {
+        version,
+        metric,
+        dtype,
+        d,
+        n,
+        payload,
+        table_at,
+        end,
+    })
 }
 
 /// Rows whose cosine norms are computed per step as a half-width file opens.

@@ -407,7 +407,9 @@ impl Index {
                 }
             }
         };
-        select_parallel(blocks, task_blocks, k, scan)
+        // At most the rows there are can be kept: a K far above N reserves
+        // no more than N.
+        select_parallel(blocks, task_blocks, k.min(blocks * BLOCK).max(1), scan)
     }
 
     /// Offers the stored rows `rows` only.
@@ -418,7 +420,7 @@ impl Index {
                 sel.offer(self.ids[r], self.score_one(query, qn, r));
             }
         };
-        select_parallel(rows.len(), task_rows, k, scan)
+        select_parallel(rows.len(), task_rows, k.min(rows.len()).max(1), scan)
     }
 }
 

@@ -357,6 +357,49 @@ fn a_header_whose_sizes_overflow_is_corrupt() {
     );
 }
 
+#[test]
+fn the_zero_field_and_a_header_that_lies_are_refused_by_open_and_file_info() {
+    let (dir, _path, bytes) = saved();
+    // Bytes 44..48 are not under the header checksum: checked on their own.
+    let mut zero = bytes.clone();
+    zero[45] = 0xFF;
+    let err = open_bytes(dir.path(), &zero).expect_err("zero field");
+    assert!(
+        err.to_string()
+            .contains("corrupt at offset 44: the field at bytes 44..48 is 0xff00, expected zero"),
+        "{err}"
+    );
+    let file = dir.path().join("zero.topkidx");
+    std::fs::write(&file, &zero).expect("write");
+    let err = Index::file_info(&file).expect_err("file_info of the zero field");
+    assert!(
+        matches!(err, IndexError::Corrupt { offset: 44, .. }),
+        "{err}"
+    );
+    // file_info checks the header checksum and the sizes too.
+    let mut flipped = bytes.clone();
+    flipped[20] ^= 1;
+    std::fs::write(&file, &flipped).expect("write");
+    let err = Index::file_info(&file).expect_err("file_info of a bad checksum");
+    assert!(
+        matches!(
+            err,
+            IndexError::Checksum {
+                start: 0,
+                end: 40,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    std::fs::write(&file, &bytes[..bytes.len() - 1]).expect("write");
+    let err = Index::file_info(&file).expect_err("file_info of a short file");
+    assert!(matches!(err, IndexError::Truncated { .. }), "{err}");
+    std::fs::write(&file, &bytes).expect("write");
+    let info = Index::file_info(&file).expect("file_info of the saved file");
+    assert!(!info.graph);
+}
+
 /// The names in `dir`, sorted.
 fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

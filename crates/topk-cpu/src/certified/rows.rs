@@ -21,6 +21,9 @@ use crate::kernels::Kernels;
 #[derive(Debug, Clone, PartialEq)]
 pub struct CertifiedRows {
     gemm: BatchGemm,
+    /// The width and metric of the corpus it was built for.
+    dim: usize,
+    metric: topk_core::Metric,
     norms: BoundNorms,
     codes: Option<CorpusCodes>,
 }
@@ -39,6 +42,8 @@ impl CertifiedRows {
     pub(crate) fn of(corpus: CorpusRef<'_>, gemm: BatchGemm) -> CertifiedRows {
         CertifiedRows {
             gemm,
+            dim: corpus.dim(),
+            metric: corpus.metric(),
             norms: BoundNorms::of_corpus(corpus, 0),
             codes: (gemm == BatchGemm::Int8).then(|| CorpusCodes::of(corpus)),
         }
@@ -112,7 +117,8 @@ impl CertifiedRows {
 ///
 /// # Errors
 /// The §4 errors of the queries and `k`, and
-/// [`CpuError::StaleRows`] when `rows` does not cover the corpus's rows;
+/// [`CpuError::StaleRows`] when `rows` does not cover the corpus's rows,
+/// [`CpuError::ForeignRows`] when it was built for another D or metric;
 /// `InvalidParameter` above D = 2^16, where the bound is not derived.
 pub fn select_certified<P: CertifiedPick>(
     corpus: CorpusRef<'_>,
@@ -137,6 +143,15 @@ pub fn select_certified<P: CertifiedPick>(
                 super::MAX_DIM
             ),
         });
+    }
+    if rows.dim != corpus.dim() || rows.metric != corpus.metric() {
+        return Err(CpuError::ForeignRows {
+            state_dim: rows.dim,
+            state_metric: rows.metric,
+            dim: corpus.dim(),
+            metric: corpus.metric(),
+        }
+        .into());
     }
     if rows.len() != corpus.len() {
         return Err(CpuError::StaleRows {

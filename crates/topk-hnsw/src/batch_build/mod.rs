@@ -434,9 +434,10 @@ impl Hnsw {
         params: HnswParams,
         schedule: BatchSchedule,
     ) -> Result<Self> {
+        // The corpus's rules first, as every build checks them.
+        check_corpus(&data, dim)?;
         params.validate()?;
         schedule.validate()?;
-        check_corpus(&data, dim)?;
         let vectors = Vectors::new(data, dim, metric);
         let graph = {
             let mut engine = CpuBatch::new(&vectors);

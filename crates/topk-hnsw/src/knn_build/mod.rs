@@ -199,6 +199,8 @@ impl Hnsw {
         metric: Metric,
         params: HnswParams,
     ) -> Result<Self> {
+        // The corpus's rules first, as every build checks them.
+        check_corpus(data, dim)?;
         params.validate()?;
         let cpu = CpuRetriever::from_rowmajor(data.to_vec(), dim, metric)?;
         Self::build_from_knn(data, dim, metric, params, &cpu)
@@ -215,8 +217,8 @@ impl Hnsw {
         schedule: Schedule,
         progress: Progress<'_>,
     ) -> Result<Self> {
-        params.validate()?;
         check_corpus(data, dim)?;
+        params.validate()?;
         let vectors = Vectors::new(data.to_vec(), dim, metric);
         Self::knn_build_vectors(vectors, params, knn, schedule, progress)
     }
