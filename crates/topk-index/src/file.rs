@@ -107,13 +107,7 @@ impl Index {
     }
 
     fn write_to(&self, target: &Path, file: File) -> Result<(), IndexError> {
-        let io = |op: &'static str| {
-            move |source| IndexError::Io {
-                path: target.to_owned(),
-                op,
-                source,
-            }
-        };
+        let io = |op: &'static str| io_error(target, op);
         let live: Vec<usize> = (0..self.ids.len()).filter(|&r| self.is_live(r)).collect();
         let (n, d) = (live.len() as u64, self.dim as u64);
         let dtype = self.data.dtype();
@@ -204,24 +198,10 @@ impl Index {
         let path = path.as_ref();
         // Before any reading: a backend switched to later uses them too.
         options.check()?;
-        let io = |op: &'static str| {
-            move |source| IndexError::Io {
-                path: path.to_owned(),
-                op,
-                source,
-            }
-        };
+        let io = |op: &'static str| io_error(path, op);
         let (mut file, len) = topk_io::open_regular_file(path).map_err(io("open"))?;
-        let truncated = |expected: u64| IndexError::Truncated {
-            path: path.to_owned(),
-            len,
-            expected,
-        };
-        let corrupt = |offset: u64, reason: String| IndexError::Corrupt {
-            path: path.to_owned(),
-            offset,
-            reason,
-        };
+        let truncated = |expected: u64| truncated_at(path, len, expected);
+        let corrupt = |offset: u64, reason: String| corrupt_at(path, offset, reason);
         let Header {
             version,
             metric,
@@ -418,13 +398,7 @@ impl Index {
     /// their checksums are left to `open`.
     pub fn file_info(path: impl AsRef<Path>) -> Result<FileInfo, IndexError> {
         let path = path.as_ref();
-        let io = |op: &'static str| {
-            move |source| IndexError::Io {
-                path: path.to_owned(),
-                op,
-                source,
-            }
-        };
+        let io = |op: &'static str| io_error(path, op);
         let (mut file, len) = topk_io::open_regular_file(path).map_err(io("open"))?;
         let head = read_header(path, &mut file, len)?;
         let mut graph = false;
@@ -442,6 +416,36 @@ impl Index {
             graph,
             dtype: head.dtype,
         })
+    }
+}
+
+/// The error of I/O operation `op` on the index file `path`.
+fn io_error<'a>(
+    path: &'a Path,
+    op: &'static str,
+) -> impl FnOnce(std::io::Error) -> IndexError + 'a {
+    move |source| IndexError::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    }
+}
+
+/// The index file `path`, `len` bytes, ends before `expected`.
+fn truncated_at(path: &Path, len: u64, expected: u64) -> IndexError {
+    IndexError::Truncated {
+        path: path.to_owned(),
+        len,
+        expected,
+    }
+}
+
+/// The bytes at `offset` of the index file `path` break the format.
+fn corrupt_at(path: &Path, offset: u64, reason: String) -> IndexError {
+    IndexError::Corrupt {
+        path: path.to_owned(),
+        offset,
+        reason,
     }
 }
 
@@ -465,23 +469,9 @@ struct Header {
 /// against N, D and the file's length. [`Index::open`] and
 /// [`Index::file_info`] both start here.
 fn read_header(path: &Path, file: &mut std::fs::File, len: u64) -> Result<Header, IndexError> {
-    let io = |op: &'static str| {
-        move |source| IndexError::Io {
-            path: path.to_owned(),
-            op,
-            source,
-        }
-    };
-    let truncated = |expected: u64| IndexError::Truncated {
-        path: path.to_owned(),
-        len,
-        expected,
-    };
-    let corrupt = |offset: u64, reason: String| IndexError::Corrupt {
-        path: path.to_owned(),
-        offset,
-        reason,
-    };
+    let io = |op: &'static str| io_error(path, op);
+    let truncated = |expected: u64| truncated_at(path, len, expected);
+    let corrupt = |offset: u64, reason: String| corrupt_at(path, offset, reason);
     if len < HEADER {
         if len >= 8 {
             let mut magic = [0u8; 8];
