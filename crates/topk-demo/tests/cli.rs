@@ -408,7 +408,7 @@ fn cuda_backend_runs_or_names_the_missing_device() {
             "TOPK_REQUIRE_GPU=1 but the cuda backend failed: {stderr}"
         );
         // A missing plugin, driver or device: the facade says which.
-        fails_with(&o, &["cuda backend over", "backend `cuda`"]);
+        fails_with(&o, &["cuda backend: ", "backend `cuda`"]);
     }
 }
 

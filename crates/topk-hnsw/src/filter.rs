@@ -6,7 +6,10 @@
 /// Used as the allow-list of [`crate::Hnsw::search_filtered`]: a filtered
 /// search returns only slots in the set that are not deleted. Slots the
 /// index does not have are ignored, so a filter may be built before rows are
-/// inserted or name rows that were never there.
+/// inserted or name rows that were never there. It takes one bit for every
+/// slot up to the largest it holds (slot 2^32 - 1: 512 MiB), so build it
+/// from slots of the index (as `topk_index::Index` does from ids), not from
+/// arbitrary numbers.
 ///
 /// ```
 /// use topk_hnsw::SlotFilter;
