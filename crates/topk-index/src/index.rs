@@ -280,7 +280,9 @@ impl Index {
     }
 
     /// Adds rows under the ids that follow the largest id present (`0, 1, …`
-    /// in an empty index) and returns the first new id.
+    /// in an empty index) and returns the first new id (with no rows, the id
+    /// the next row would take: `MAX_ID + 1` once `MAX_ID` is present, when
+    /// any further row is refused with `IdsExhausted`).
     pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, IndexError> {
         // The shape first: ids are only made for rows that exist.
         if rows.ncols() != self.dim {

@@ -183,7 +183,9 @@ impl ShardedIndex {
     }
 
     /// Adds rows under the ids that follow the largest id of the whole set
-    /// (`0, 1, …` when empty) and returns the first new id.
+    /// (`0, 1, …` when empty) and returns the first new id (with no rows, the id
+    /// the next row would take: `MAX_ID + 1` once `MAX_ID` is present, when
+    /// any further row is refused with `IdsExhausted`).
     pub fn add_auto(&mut self, rows: ArrayView2<'_, f32>) -> Result<u64, ShardError> {
         // The shape first: ids are only made for rows that exist.
         if rows.ncols() != self.dim {
