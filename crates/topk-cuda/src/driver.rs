@@ -438,8 +438,8 @@ pub(crate) fn read_header(buf: &LockedBuffer<DevNeighbor>) -> u32 {
 /// A view of `len` values of `T` at the device address `ptr`, memory
 /// another library allocated (a torch or CuPy tensor), after checking with
 /// the driver that `ptr` lies in device memory of the current context's
-/// device and that `len` values from it stay inside that allocation. The caller keeps the allocation alive while
-/// the view is used.
+/// device and that `len` values from it stay inside that allocation. The
+/// caller keeps the allocation alive while the view is used.
 pub(crate) fn external<T: DeviceCopy>(
     ptr: DPtr,
     len: usize,

@@ -134,18 +134,16 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
             // Before the index is opened (which may build a graph): a bad K
             // or --ef, or --ef for an exact search, is refused now.
             validate::k(*k, usize::MAX).map_err(DemoError::Parameter)?;
+            // Silently ignoring --ef on an exact search would hide a mistake.
+            let hnsw_only = |b: IndexBackend| DemoError::HnswOnlyFlag {
+                flag: "--ef",
+                backend: b.to_string(),
+            };
+            let backend: Option<IndexBackend> = backend.map(Into::into);
             if let Some(ef) = ef {
-                let chosen = match backend {
-                    Some(b) => IndexBackend::from(*b),
-                    None if Index::file_info(path)?.graph => IndexBackend::Hnsw,
-                    None => IndexBackend::Cpu,
-                };
-                if chosen != IndexBackend::Hnsw {
-                    // Silently ignoring it would hide a mistake.
-                    return Err(DemoError::HnswOnlyFlag {
-                        flag: "--ef",
-                        backend: chosen.to_string(),
-                    });
+                // A backend given, and the value itself, need no file.
+                if let Some(b) = backend.filter(|&b| b != IndexBackend::Hnsw) {
+                    return Err(hnsw_only(b));
                 }
                 topk::HnswParams {
                     ef_search: *ef,
@@ -154,7 +152,11 @@ pub fn run(cmd: &IndexCommand, progress: Progress) -> Result<(), DemoError> {
                 .validate()
                 .map_err(topk::IndexError::from)?;
             }
-            let mut index = open(path, backend.map(Into::into), progress)?;
+            let (chosen, info) = choose(path, backend)?;
+            if ef.is_some() && chosen != IndexBackend::Hnsw {
+                return Err(hnsw_only(chosen));
+            }
+            let mut index = open_as(path, chosen, &info, progress)?;
             if let Some(ef) = ef {
                 index.set_ef(*ef)?;
             }
@@ -324,12 +326,32 @@ fn open(
     backend: Option<IndexBackend>,
     progress: Progress,
 ) -> Result<Index, DemoError> {
+    let (backend, info) = choose(path, backend)?;
+    open_as(path, backend, &info, progress)
+}
+
+/// The backend [`open`] uses for the file at `path` (`backend`, or the
+/// file's own choice), with the file's header.
+fn choose(
+    path: &Path,
+    backend: Option<IndexBackend>,
+) -> Result<(IndexBackend, topk::index::FileInfo), DemoError> {
     let info = Index::file_info(path)?;
     let backend = match backend {
         Some(b) => b,
         None if info.graph => IndexBackend::Hnsw,
         None => IndexBackend::Cpu,
     };
+    Ok((backend, info))
+}
+
+/// [`open`] with the backend chosen and the header read.
+fn open_as(
+    path: &Path,
+    backend: IndexBackend,
+    info: &topk::index::FileInfo,
+    progress: Progress,
+) -> Result<Index, DemoError> {
     let started = Instant::now();
     // A file without a graph opened on hnsw builds one: its rows are counted.
     let (step, options) = if backend == IndexBackend::Hnsw && !info.graph {

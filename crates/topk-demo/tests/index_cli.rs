@@ -425,28 +425,24 @@ fn index_build_never_replaces_its_inputs_and_checks_the_folder_first() {
     }
     assert_eq!(std::fs::read(p("corpus.npy")).expect("read"), corpus_bytes);
     assert_eq!(std::fs::read(p("ids.npy")).expect("read"), ids_bytes);
-    let o = demo([
-        OsStr::new("index"),
-        OsStr::new("build"),
-        OsStr::new("--corpus"),
-        p("corpus.npy").as_os_str(),
-        OsStr::new("--out"),
-        p("missing/x.topkidx").as_os_str(),
-    ]);
+    let build = |corpus: &Path, out: &Path| {
+        demo([
+            OsStr::new("index"),
+            OsStr::new("build"),
+            OsStr::new("--corpus"),
+            corpus.as_os_str(),
+            OsStr::new("--out"),
+            out.as_os_str(),
+        ])
+    };
+    let o = build(&p("corpus.npy"), &p("missing/x.topkidx"));
     fails_with(&o, "missing");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("index built"), "{err}");
     // An --out that can never be written is refused before the corpus is
     // read (the corpus named here does not exist).
     std::fs::create_dir(p("a-folder.topkidx")).expect("mkdir");
-    let o = demo([
-        OsStr::new("index"),
-        OsStr::new("build"),
-        OsStr::new("--corpus"),
-        p("absent.npy").as_os_str(),
-        OsStr::new("--out"),
-        p("a-folder.topkidx").as_os_str(),
-    ]);
+    let o = build(&p("absent.npy"), &p("a-folder.topkidx"));
     fails_with(&o, "cannot be written: it is a folder");
     #[cfg(unix)]
     {
@@ -456,14 +452,7 @@ fn index_build_never_replaces_its_inputs_and_checks_the_folder_first() {
         std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).expect("chmod");
         // Root writes anywhere: the check only means something for others.
         if std::fs::File::create(ro.join("probe")).is_err() {
-            let o = demo([
-                OsStr::new("index"),
-                OsStr::new("build"),
-                OsStr::new("--corpus"),
-                p("absent.npy").as_os_str(),
-                OsStr::new("--out"),
-                ro.join("x.topkidx").as_os_str(),
-            ]);
+            let o = build(&p("absent.npy"), &ro.join("x.topkidx"));
             fails_with(&o, "cannot be written");
         }
         std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).expect("chmod");

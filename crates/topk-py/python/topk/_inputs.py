@@ -42,6 +42,13 @@ def _torch_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "is_cuda")
 
 
+def _not_float(name: str, dtype: Any) -> TypeError:
+    """The error of an input whose values are not floating-point."""
+    return TypeError(
+        f"{name} must hold floating-point values (float32 is read in place), got dtype {dtype}"
+    )
+
+
 def cuda_device(obj: Any) -> Any | None:
     """The device of a CUDA tensor (torch, CuPy, anything with
     ``__cuda_array_interface__``), or ``None`` for host data."""
@@ -68,10 +75,7 @@ def host_float32(obj: Any, name: str, backend: str) -> np.ndarray:
     if _torch_tensor(obj):
         tensor = obj.detach()
         if not tensor.dtype.is_floating_point:
-            raise TypeError(
-                f"{name} must hold floating-point values (float32 is read in place), "
-                f"got dtype {tensor.dtype}"
-            )
+            raise _not_float(name, tensor.dtype)
         if str(tensor.dtype) == "torch.bfloat16":
             # numpy has no bfloat16: widen on the torch side (the one copy).
             tensor = tensor.float()
@@ -87,10 +91,7 @@ def host_float32(obj: Any, name: str, backend: str) -> np.ndarray:
     else:
         arr = np.asarray(obj)
     if arr.dtype.kind != "f":
-        raise TypeError(
-            f"{name} must hold floating-point values (float32 is read in place), "
-            f"got dtype {arr.dtype}"
-        )
+        raise _not_float(name, arr.dtype)
     if arr.ndim not in (1, 2):
         raise InvalidInputError(
             f"{name} must be one vector (1-D) or a 2-D array of rows, got shape {arr.shape}"
@@ -212,10 +213,7 @@ def _search_cuda_tensor(index: Any, queries: Any, k: int, filter: Any) -> Any:
         with queries.device:
             q = queries
             if q.dtype.kind != "f":
-                raise TypeError(
-                    f"queries must hold floating-point values (float32 is read in place), "
-                    f"got dtype {q.dtype}"
-                )
+                raise _not_float("queries", q.dtype)
             if q.dtype != cupy.float32 or not q.flags.c_contiguous:
                 q = cupy.ascontiguousarray(q, dtype=cupy.float32)
                 _counted_copy()
@@ -235,10 +233,7 @@ def _search_cuda_tensor(index: Any, queries: Any, k: int, filter: Any) -> Any:
     tensor = queries if _torch_tensor(queries) else torch.as_tensor(queries, device="cuda")
     tensor = tensor.detach()
     if not tensor.dtype.is_floating_point:
-        raise TypeError(
-            f"queries must hold floating-point values (float32 is read in place), "
-            f"got dtype {tensor.dtype}"
-        )
+        raise _not_float("queries", tensor.dtype)
     if tensor.dtype != torch.float32 or not tensor.is_contiguous():
         tensor = tensor.to(dtype=torch.float32).contiguous()
         _counted_copy()
