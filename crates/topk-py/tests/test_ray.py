@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -656,8 +657,12 @@ def test_a_failed_save_leaves_the_previous_save_whole(
         victim = s.actors[1]
         pid = ray.get(victim.pid.remote())
         ray.kill(victim, no_restart=False)
-        assert len(s) == 67
+        # The kill is asynchronous: wait for the new process, then count.
+        deadline = time.monotonic() + 60
+        while ray.get(victim.pid.remote()) == pid and time.monotonic() < deadline:
+            time.sleep(0.05)
         restarted(victim, pid)
+        assert len(s) == 67
         s.save()
         after = topk._topk._read_manifest(folder)
         assert after["generation"] == generation
