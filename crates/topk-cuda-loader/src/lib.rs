@@ -330,22 +330,36 @@ impl CudaPlugin {
     }
 
     /// A batch of row-major queries (`queries.len() / D` of them), searched
-    /// by the engine's batch path, with this crate's error type.
+    /// by the engine's batch path, with this crate's error type. The engine
+    /// checks the values on the device as it stages them; a batch it refuses
+    /// is checked here for the typed error (the first query at fault, its
+    /// column and value).
     pub fn search_batch_rowmajor(
         &self,
         queries: &[f32],
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, LoadError> {
         let d = self.dim;
-        let nq = validate::queries_rowmajor(queries, d)?;
+        if d == 0 || queries.len() % d != 0 || k == 0 {
+            validate::queries_rowmajor(queries, d)?;
+        }
         let kk = validate::k(k, self.n)?;
+        let nq = queries.len() / d;
         if nq == 0 {
             return Ok(Vec::new());
         }
         let (mut indices, mut scores, mut counts) = result_buffers::<u32>(nq, kk, k)?;
         self.handle
             .search_batch(queries, d, k, kk, &mut indices, &mut scores, &mut counts)
-            .map_err(|e| self.fail(e))?;
+            .map_err(|e| match self.fail(e) {
+                e @ LoadError::Engine {
+                    kind: EngineErrorKind::InvalidInput,
+                    ..
+                } => validate::queries_rowmajor(queries, d)
+                    .err()
+                    .map_or(e, LoadError::from),
+                e => e,
+            })?;
         Ok(counts
             .iter()
             .enumerate()
@@ -388,8 +402,9 @@ impl Retriever for CudaPlugin {
         queries: ArrayView2<'_, f32>,
         k: usize,
     ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
-        validate::queries(queries, self.dim)?;
-        validate::k(k, self.n)?;
+        if queries.ncols() != self.dim || k == 0 {
+            validate::queries(queries, self.dim)?;
+        }
         let res = match queries.as_slice() {
             Some(flat) => self.search_batch_rowmajor(flat, k),
             None => {
@@ -397,6 +412,11 @@ impl Retriever for CudaPlugin {
                 self.search_batch_rowmajor(&flat, k)
             }
         };
+        // The values were checked on the device; a batch at fault gets the
+        // error every backend gives for this view.
+        if matches!(res, Err(LoadError::Input(_))) {
+            validate::queries(queries, self.dim)?;
+        }
         Ok(res?)
     }
 }

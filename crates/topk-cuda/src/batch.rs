@@ -12,13 +12,18 @@ use crate::launch::{self, Kernels, Queue};
 use crate::slot::{Sizes, Slot};
 
 /// Where a search's queries are (row-major, D values each): host memory
-/// (checked by docs/CONTRACTS.md §4 by the caller), or device memory of the
-/// caller (a torch tensor, say), checked there by
-/// [`Engine::check_device_queries`] and copied device to device, or not
-/// checked yet (`Unchecked`: checked as they are staged).
+/// (checked by docs/CONTRACTS.md §4 by the caller, or not yet:
+/// `HostUnchecked`), or device memory of the caller (a torch tensor, say),
+/// checked there by [`Engine::check_device_queries`] and copied device to
+/// device, or not checked yet (`Unchecked`: checked as they are staged).
 #[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
     Host(&'a [f32]),
+    /// Host queries not checked yet: staged as `Host` ones are, then checked
+    /// in place on the device (one kernel), the verdict read when the turn's
+    /// results are; a batch at fault is checked on the host to name the
+    /// query, column and value ([`Source::fault`]).
+    HostUnchecked(&'a [f32]),
     Device(DevSlice<'a, f32>),
     /// Device queries not checked yet: checked as they are staged (one
     /// kernel), the verdict read when the turn's results are.
@@ -29,7 +34,7 @@ impl<'a> Source<'a> {
     /// How many values of D it holds.
     pub(crate) fn values(&self) -> usize {
         match self {
-            Source::Host(h) => h.len(),
+            Source::Host(h) | Source::HostUnchecked(h) => h.len(),
             Source::Device(v) | Source::Unchecked(v) => v.len(),
         }
     }
@@ -41,14 +46,17 @@ impl<'a> Source<'a> {
         count: usize,
         d: usize,
     ) -> Result<Source<'a>, CudaError> {
-        Ok(match self {
-            Source::Host(h) => Source::Host(h.get(first * d..(first + count) * d).ok_or(
-                CudaError::CountMismatch {
+        let host = |h: &'a [f32]| {
+            h.get(first * d..(first + count) * d)
+                .ok_or(CudaError::CountMismatch {
                     what: "host query values",
                     got: h.len(),
                     expected: (first + count) * d,
-                },
-            )?),
+                })
+        };
+        Ok(match self {
+            Source::Host(h) => Source::Host(host(h)?),
+            Source::HostUnchecked(h) => Source::HostUnchecked(host(h)?),
             Source::Device(v) => Source::Device(v.range("device queries", first * d, count * d)?),
             Source::Unchecked(v) => {
                 Source::Unchecked(v.range("device queries", first * d, count * d)?)
@@ -67,23 +75,69 @@ impl<'a> Source<'a> {
     ) -> Result<(), CudaError> {
         match self {
             Source::Host(h) => Engine::stage_queries(slot, h),
+            Source::HostUnchecked(h) => {
+                Engine::stage_queries(slot, h)?;
+                Engine::queue_query_check(slot, kernels, d, Check::Staged(h.len() / d.max(1)))
+            }
             Source::Device(v) => {
                 let dst = DevSlice::of(&slot.queries).range("query staging", 0, v.len())?;
                 launch::d2d(slot.stream.as_inner(), dst, v)
             }
-            Source::Unchecked(v) => Engine::queue_query_check(slot, kernels, d, v, true),
+            Source::Unchecked(v) => Engine::queue_query_check(slot, kernels, d, Check::Stage(v)),
+        }
+    }
+
+    /// Whether staging these queries queues their check.
+    fn checked_as_staged(&self) -> bool {
+        matches!(self, Source::HostUnchecked(_) | Source::Unchecked(_))
+    }
+
+    /// The error of a failed check of these queries (of `d` values): for
+    /// host queries the host check's (the first query at fault, with its
+    /// column and value, as [`validate::queries_rowmajor`] names it); for
+    /// device queries, or where the host check finds nothing (a squared norm
+    /// within rounding of the bound, summed in another order), `e` itself.
+    pub(crate) fn fault(self, e: CudaError, d: usize) -> CudaError {
+        match (self, &e) {
+            (Source::HostUnchecked(h), CudaError::BadDeviceQuery { .. }) => {
+                match validate::queries_rowmajor(h, d) {
+                    Err(named) => named.into(),
+                    Ok(_) => e,
+                }
+            }
+            _ => e,
         }
     }
 }
 
+/// What a query check reads (row-major, D values a query).
+#[derive(Clone, Copy)]
+pub(crate) enum Check<'a> {
+    /// The caller's device queries, read only.
+    Caller(DevSlice<'a, f32>),
+    /// The caller's device queries, copied into the start of the slot's query
+    /// buffer as they are read.
+    Stage(DevSlice<'a, f32>),
+    /// The first `n` queries already staged in the slot's query buffer.
+    Staged(usize),
+}
+
 impl Engine {
-    /// [`Self::search_batch_from`] host queries, checked by the caller.
+    /// [`Self::search_batch_from`] row-major host queries, checked by
+    /// docs/CONTRACTS.md §4 on the device as they are staged (a batch at
+    /// fault is checked again on the host, for its error). Errors come in
+    /// the order of the host check's callers: the buffer's shape, the
+    /// values, then K.
     pub(crate) fn search_batch(
         &self,
         queries: &[f32],
         k: usize,
     ) -> Result<Vec<Vec<Neighbor>>, CudaError> {
-        self.search_batch_from(Source::Host(queries), k)
+        let d = self.dim();
+        if queries.len() % d != 0 || k == 0 {
+            validate::queries_rowmajor(queries, d)?;
+        }
+        self.search_batch_from(Source::HostUnchecked(queries), k)
     }
 
     /// A batch of row-major queries from `src`: staged a turn of up to the
@@ -134,7 +188,7 @@ impl Engine {
             }
             let part = src.part(start, tq, d)?;
             part.stage(slot, &self.kernels, d)?;
-            let checking = matches!(part, Source::Unchecked(_));
+            let checking = part.checked_as_staged();
             for first in (0..tq).step_by(chunk) {
                 let cq = chunk.min(tq - first);
                 let plan = self.planner.chunk(k, cq);
@@ -146,7 +200,7 @@ impl Engine {
                         slot.stream
                             .synchronize()
                             .op("cuStreamSynchronize (query check)")?;
-                        Self::turn_verdict(slot, start)?;
+                        Self::turn_verdict(slot, start).map_err(|e| src.fault(e, d))?;
                     }
                     for qi in 0..cq {
                         let mut v = Vec::with_capacity(k);
@@ -164,7 +218,7 @@ impl Engine {
                 }
                 Self::fetch_results(slot, tq, k)?;
                 if checking {
-                    Self::turn_verdict(slot, start)?;
+                    Self::turn_verdict(slot, start).map_err(|e| src.fault(e, d))?;
                 }
                 if filtered && self.refilter(slot, tq, k)? {
                     Self::fetch_results(slot, tq, k)?;
@@ -194,32 +248,33 @@ impl Engine {
         driver::wait_for_stream(&slot.stream, wait_on)?;
         let d = self.dim();
         let values = view.range("device queries", 0, nq * d)?;
-        Self::queue_query_check(slot, &self.kernels, d, values, false)?;
+        Self::queue_query_check(slot, &self.kernels, d, Check::Caller(values))?;
         slot.stream
             .synchronize()
             .op("cuStreamSynchronize (query check)")?;
         Self::turn_verdict(slot, 0)
     }
 
-    /// Queues on the slot's stream the check of the `view.len() / d`
-    /// queries in `view` (copied into the start of the slot's query buffer
-    /// as they are read where `stage`), and where the verdict is not mapped
-    /// its copy back; [`Self::turn_verdict`] reads it once the stream is
-    /// synchronised.
+    /// Queues on the slot's stream the check of the queries `what` names,
+    /// and where the verdict is not mapped its copy back;
+    /// [`Self::turn_verdict`] reads it once the stream is synchronised.
     pub(crate) fn queue_query_check(
         slot: &mut Slot,
         kernels: &Kernels,
         d: usize,
-        view: DevSlice<'_, f32>,
-        stage: bool,
+        what: Check<'_>,
     ) -> Result<(), CudaError> {
-        let nq = view.len() / d.max(1);
-        let s = Queue::Stream(slot.stream.as_inner());
-        let staged = if stage {
-            Some(slot.queries_at(d, 0, nq)?)
-        } else {
-            None
+        let per = d.max(1);
+        let (view, nq, staged) = match what {
+            Check::Caller(v) => (v, v.len() / per, None),
+            Check::Stage(v) => (
+                v,
+                v.len() / per,
+                Some(slot.queries_at(d, 0, v.len() / per)?),
+            ),
+            Check::Staged(nq) => (slot.queries_at(d, 0, nq)?, nq, None),
         };
+        let s = Queue::Stream(slot.stream.as_inner());
         kernels.check_queries(
             s,
             view,

@@ -291,12 +291,70 @@ fn host_batches_name_the_query_at_fault() {
         ),
         "{e}"
     );
+    // A norm over the bound in one query and a NaN in a later one: the
+    // row-major check names the first query at fault, the view's check the
+    // non-finite value first, as every backend's host check does.
+    let mut mixed = big.clone();
+    mixed[610 * d + 3] = f32::NAN;
+    let e = gpu.search_batch_rowmajor(&mixed, 10).expect_err("mixed");
+    let whole = topk_core::validate::queries_rowmajor(&mixed, d).expect_err("whole check");
+    assert_eq!(e.to_string(), CudaError::from(whole).to_string());
+    let view = ArrayView2::from_shape((nq, d), &mixed[..]).expect("shape");
+    let e = gpu.search_batch(view, 10).expect_err("mixed view");
+    let whole = topk_core::validate::queries(view, d).expect_err("view check");
+    assert_eq!(e.to_string(), whole.to_string());
+    // Values are refused before K = 0; K past `max_k` (scores read back
+    // to the host) still waits for the verdict.
+    let e = gpu
+        .search_batch_rowmajor(&bad_at(&queries, 300 * d), 0)
+        .expect_err("K = 0");
+    assert!(
+        matches!(&e, CudaError::Input(topk_core::Error::NonFinite { .. })),
+        "{e}"
+    );
+    let e = gpu.search_batch_rowmajor(&queries, 0).expect_err("K = 0");
+    assert!(
+        matches!(&e, CudaError::Input(topk_core::Error::ZeroK)),
+        "{e}"
+    );
+    let k_past = CudaConfig::default().max_k + 1;
+    let e = gpu
+        .search_batch_rowmajor(&bad_at(&queries, 650 * d + 9), k_past)
+        .expect_err("K past max_k");
+    assert!(
+        matches!(
+            &e,
+            CudaError::Input(topk_core::Error::NonFinite {
+                at: topk_core::Located::Query(650),
+                column: 9,
+                ..
+            })
+        ),
+        "{e}"
+    );
+    let e = gpu
+        .search_batch_rowmajor(&queries[..d + 1], 10)
+        .expect_err("ragged");
+    assert!(
+        matches!(
+            &e,
+            CudaError::Input(topk_core::Error::DimensionMismatch { .. })
+        ),
+        "{e}"
+    );
     let got = gpu.search_batch_rowmajor(&queries, 10).expect("good batch");
     assert_bits(
         &got,
         &oracle_batch(&oracle, &queries, d, 10),
         "after the errors",
     );
+}
+
+/// `values` with a NaN at flat position `at`.
+fn bad_at(values: &[f32], at: usize) -> Vec<f32> {
+    let mut v = values.to_vec();
+    v[at] = f32::NAN;
+    v
 }
 
 /// The resident corpus with no row removed hands device batches to the
@@ -334,7 +392,29 @@ fn resident_device_batches_take_the_engines_path() {
     let mut bad = queries.clone();
     bad[77 * d] = f32::NAN;
     let e = c.search(&bad, 10, IdFilter::All).expect_err("host NaN");
-    assert!(e.to_string().contains("query 77"), "{e}");
+    assert!(
+        matches!(
+            &e,
+            CudaError::Input(topk_core::Error::NonFinite {
+                at: topk_core::Located::Query(77),
+                column: 0,
+                ..
+            })
+        ),
+        "{e}"
+    );
+    let host = c
+        .search(&queries, 10, IdFilter::All)
+        .expect("host after the error");
+    let want: Vec<Vec<Hit>> = oracle_batch(&oracle, &queries, d, 10)
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|h| Hit::new(ids[h.index as usize], h.score))
+                .collect()
+        })
+        .collect();
+    assert_eq!(host, want, "host after the error");
     let bad_dev = DeviceBuffer::from_slice(&bad).expect("device queries");
     // SAFETY: as above.
     let e = unsafe { c.search_device(bad_dev.as_device_ptr().as_raw(), nq, 10, IdFilter::All, 0) }

@@ -155,10 +155,22 @@ impl Index {
         k: usize,
         filter: FilterSpec<'_>,
     ) -> Result<Vec<Vec<Hit>>, IndexError> {
-        validate::queries(queries, self.dim)?;
+        let filters_fit = match filter {
+            FilterSpec::PerQuery(fs) => fs.len() == queries.nrows(),
+            _ => true,
+        };
+        // A `cuda` index checks the values on the device (as the engine stages
+        // them); every other error still comes after the values' check.
+        let on_device = self.backend == IndexBackend::Cuda
+            && queries.ncols() == self.dim
+            && k > 0
+            && filters_fit;
+        if !on_device {
+            validate::queries(queries, self.dim)?;
+        }
         check_k(k)?;
         if let FilterSpec::PerQuery(fs) = filter {
-            if fs.len() != queries.nrows() {
+            if !filters_fit {
                 return Err(IndexError::FilterCount {
                     filters: fs.len(),
                     queries: queries.nrows(),
@@ -169,13 +181,20 @@ impl Index {
             return Ok(self.graph_search_batch(queries, k, filter));
         }
         if self.backend == IndexBackend::Cuda {
-            return match queries.as_slice() {
+            let found = match queries.as_slice() {
                 Some(flat) => self.device_search(flat, k, filter),
                 None => {
                     let flat: Vec<f32> = queries.iter().copied().collect();
                     self.device_search(&flat, k, filter)
                 }
             };
+            // A batch the device refused gets the host check's error, the
+            // one every backend gives (the first query at fault, its column
+            // and value).
+            return found.map_err(|e| match validate::queries(queries, self.dim) {
+                Err(named) => named.into(),
+                Ok(()) => e,
+            });
         }
         // A shared filter is resolved to rows once for the whole batch.
         let shared = match (self.backend, filter) {

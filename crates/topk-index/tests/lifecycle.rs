@@ -642,4 +642,57 @@ mod cuda {
             }
         }
     }
+
+    /// A `cuda` index checks a batch's values on the device; a batch at
+    /// fault gets the error the oracle index gives (the first query at
+    /// fault, its column and value, before K and the filter count), and the
+    /// next batch is exact.
+    #[test]
+    fn bad_batches_get_the_host_error_on_the_gpu() {
+        let Some(()) = device() else { return };
+        let (n, d, nq) = (3_000usize, 24usize, 300usize);
+        let data = corpora::shuffled_duplicates(3, n, d, 40);
+        let rows = ArrayView2::from_shape((n, d), &data).expect("shape");
+        let ids: Vec<u64> = (0..n as u64).map(|i| i * 2 + 5).collect();
+        let mut gpu = Index::new(d, Metric::Cosine, IndexBackend::Cuda).expect("gpu");
+        let mut oracle = Index::new(d, Metric::Cosine, IndexBackend::Oracle).expect("oracle");
+        gpu.add(&ids, rows).expect("add");
+        oracle.add(&ids, rows).expect("add");
+        let qs = corpora::queries(9, nq, d, &[Kind::Uniform, Kind::SmallInt], &data);
+        let mut nan = qs.clone();
+        nan[211 * d + 7] = f32::NAN;
+        let mut big = qs.clone();
+        big[40 * d..41 * d].fill(1e16);
+        let mut both = big.clone();
+        both[250 * d + 1] = f32::INFINITY;
+        let shared = Filter::new(ids.iter().copied().step_by(2));
+        let per: Vec<Filter> = vec![Filter::default(); nq - 1];
+        for (what, values) in [("nan", &nan), ("norm", &big), ("both", &both)] {
+            let view = ArrayView2::from_shape((nq, d), values).expect("shape");
+            for (k, filter) in [
+                (10, FilterSpec::None),
+                (10, FilterSpec::Shared(&shared)),
+                (0, FilterSpec::None),
+                (10, FilterSpec::PerQuery(&per)),
+            ] {
+                let want = oracle.search_batch(view, k, filter).expect_err(what);
+                let got = gpu.search_batch(view, k, filter).expect_err(what);
+                assert_eq!(got.to_string(), want.to_string(), "{what} k {k}");
+                assert!(
+                    matches!(got, topk_index::IndexError::Input(_)),
+                    "{what}: {got}"
+                );
+            }
+        }
+        let view = ArrayView2::from_shape((nq, d), &qs).expect("shape");
+        let got = gpu
+            .search_batch(view, 10, FilterSpec::None)
+            .expect("search");
+        let want = oracle
+            .search_batch(view, 10, FilterSpec::None)
+            .expect("search");
+        for (q, (g, w)) in got.iter().zip(&want).enumerate() {
+            same(g, w).unwrap_or_else(|e| panic!("query {q} after the errors: {e}"));
+        }
+    }
 }
