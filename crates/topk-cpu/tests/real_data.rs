@@ -8,15 +8,10 @@ use std::path::PathBuf;
 use topk_core::{Metric, Retriever};
 use topk_cpu::{CpuRetriever, Oracle};
 
+/// The data set, or `None` (with a message) where it is absent and
+/// `TOPK_REQUIRE_DATA=1` is not set.
 fn data_dir() -> Option<PathBuf> {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
-    if dir.join("corpus.npy").is_file() {
-        Some(dir)
-    } else {
-        println!("skipping: {} not found", dir.display());
-        None
-    }
+    topk_testkit::shared_data("minilm-docs-20k")
 }
 
 #[test]

@@ -428,12 +428,9 @@ fn empty_synthetic_corpus() {
 #[test]
 fn real_embeddings_match_their_ground_truth() {
     // shared/data/minilm-docs-20k, `../shared/data` from the repository root.
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
-    if !dir.join("corpus.npy").is_file() {
-        println!("skipped: {} not found", dir.display());
+    let Some(dir) = topk_testkit::shared_data("minilm-docs-20k") else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("hits.npy");
     let o = demo(

@@ -22,22 +22,7 @@ struct Fixture {
 }
 
 fn data_dir() -> Option<PathBuf> {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
-    if dir.join("corpus.npy").exists() {
-        return Some(dir);
-    }
-    let required = std::env::var_os("TOPK_REQUIRE_DATA").is_some_and(|v| v == "1");
-    assert!(
-        !required,
-        "TOPK_REQUIRE_DATA=1 but {} is absent",
-        dir.display()
-    );
-    eprintln!(
-        "skipping: {} is absent (set TOPK_REQUIRE_DATA=1 to fail instead)",
-        dir.display()
-    );
-    None
+    topk_testkit::shared_data("minilm-docs-20k")
 }
 
 fn fixture() -> Option<&'static Fixture> {

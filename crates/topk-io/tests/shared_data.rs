@@ -1,6 +1,7 @@
 //! The real embeddings in `shared/data/minilm-docs-20k`, written by numpy:
 //! the `.npy` and `.?vecs` copies of each array must agree bit for bit.
-//! Skipped, with a message, where the data is absent.
+//! Skipped, with a message, where the data is absent (a failure under
+//! `TOPK_REQUIRE_DATA=1`).
 
 use std::path::PathBuf;
 
@@ -9,16 +10,10 @@ use topk_io::{
     MappedMatrix,
 };
 
+/// `../shared/data/minilm-docs-20k` from the repository root, or `None`
+/// (with a message) where it is absent and `TOPK_REQUIRE_DATA=1` is not set.
 fn data_dir() -> Option<PathBuf> {
-    // `../shared/data` relative to the repository root.
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
-    if dir.join("corpus.npy").is_file() {
-        Some(dir)
-    } else {
-        println!("skipped: {} not found", dir.display());
-        None
-    }
+    topk_testkit::shared_data("minilm-docs-20k")
 }
 
 #[test]

@@ -1,9 +1,10 @@
 """The README's Python quickstart and examples/python/retrieve.py run as
 written (the example needs ../shared/data/minilm-docs-20k and skips without
-it)."""
+it, unless TOPK_REQUIRE_DATA=1 makes its absence a failure)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,16 @@ from conftest import same_bytes
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT.parent / "shared" / "data" / "minilm-docs-20k"
+
+
+def need_data() -> None:
+    """Skips where the real embeddings are absent; fails instead under
+    TOPK_REQUIRE_DATA=1."""
+    if (DATA / "corpus.npy").is_file():
+        return
+    if os.environ.get("TOPK_REQUIRE_DATA") == "1":
+        pytest.fail(f"TOPK_REQUIRE_DATA=1 but {DATA} holds no corpus.npy")
+    pytest.skip(f"{DATA} holds no corpus.npy (set TOPK_REQUIRE_DATA=1 to fail instead)")
 
 
 def test_the_readme_quickstart_runs(tmp_path, monkeypatch) -> None:
@@ -33,8 +44,7 @@ def test_the_readme_quickstart_runs(tmp_path, monkeypatch) -> None:
 
 
 def test_the_retrieval_example_runs() -> None:
-    if not (DATA / "corpus.npy").exists():
-        pytest.skip(f"{DATA} is absent")
+    need_data()
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples/python/retrieve.py"), str(DATA)],
         capture_output=True,
@@ -46,8 +56,7 @@ def test_the_retrieval_example_runs() -> None:
 
 
 def test_real_embeddings_are_the_same_bytes_on_both_exact_backends() -> None:
-    if not (DATA / "corpus.npy").exists():
-        pytest.skip(f"{DATA} is absent")
+    need_data()
     corpus = np.load(DATA / "corpus.npy")[:5000]
     queries = np.load(DATA / "queries.npy")[:20]
     for metric in ["cosine", "dot", "l2"]:

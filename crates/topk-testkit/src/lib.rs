@@ -8,6 +8,7 @@
 //! | [`overflow`] | the overflow rule as a property test any exact backend must keep |
 //! | [`files`] | [`files::crc32`], to edit files and fix their checksums as a writer would; [`files::full_disk_child`], a write that fails as on a full disk |
 //! | [`hits`] | hit lists compared bit for bit, rows from vectors (history tests) |
+//! | [`shared_data`] | the real embeddings beside the repository, skipped with a printed reason where absent, a failure under `TOPK_REQUIRE_DATA=1` |
 //!
 //! ```
 //! use topk_testkit::{conformance, Label};
@@ -20,6 +21,7 @@
 
 mod conformance;
 pub mod corpora;
+mod data;
 pub mod files;
 mod gpu;
 pub mod hits;
@@ -27,5 +29,6 @@ mod labels;
 pub mod overflow;
 
 pub use conformance::{conformance, Coverage, OpenFn, Subject};
+pub use data::{data_required, shared_data, REQUIRE_DATA};
 pub use gpu::{gpu_cases, gpu_or_skip, gpu_required, gpu_runner, or_skip, GPU_CASES, REQUIRE_GPU};
 pub use labels::Label;

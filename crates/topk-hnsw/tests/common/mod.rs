@@ -99,14 +99,8 @@ pub fn search_all(
     index.search_batch_with_ef(qs, k, ef).unwrap()
 }
 
-/// The real-embedding set, or `None` (with a message) where it is absent.
+/// The real-embedding set, or `None` (with a message) where it is absent
+/// and `TOPK_REQUIRE_DATA=1` is not set.
 pub fn minilm_dir() -> Option<PathBuf> {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/minilm-docs-20k");
-    if dir.join("corpus.npy").exists() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: {} not present", dir.display());
-        None
-    }
+    topk_testkit::shared_data("minilm-docs-20k")
 }
