@@ -124,38 +124,9 @@ fn merge(py: Python<'_>, results: &Bound<'_, PyAny>, k: i64, metric: &str) -> Py
         }
     }
     let l2 = metric == Metric::L2;
-    // Per query, each shard's hits as the Rust side scores them (L2 back to
-    // the negated squared distance); `-1` ids are padding and are dropped.
-    let mut lists: Vec<Vec<Vec<Hit>>> = Vec::with_capacity(queries);
-    for q in 0..queries {
-        let mut per_shard = Vec::with_capacity(parts.len());
-        for (i, p) in parts.iter().enumerate() {
-            let width = p.shape.1;
-            let mut hits = Vec::with_capacity(width);
-            for j in q * width..(q + 1) * width {
-                let (id, score) = (p.ids[j], p.scores[j]);
-                if id == -1 {
-                    continue;
-                }
-                let Ok(id) = u64::try_from(id) else {
-                    return Err(invalid(
-                        py,
-                        format!("results[{i}]: id {id} is negative (only -1, the padding, may be)"),
-                    ));
-                };
-                if score.is_nan() {
-                    return Err(invalid(
-                        py,
-                        format!("results[{i}]: the score of id {id} is NaN"),
-                    ));
-                }
-                hits.push(Hit::new(id, if l2 { -score } else { score }));
-            }
-            per_shard.push(hits);
-        }
-        lists.push(per_shard);
-    }
+    // Hits are built and merged without the GIL: the parts are owned copies.
     let merged = py.detach(|| -> Result<Results, String> {
+        let lists = shard_hits(&parts, queries, l2)?;
         let mut out = Results::with_room(queries, k)?;
         for (q, per_shard) in lists.iter().enumerate() {
             // Every input hit, not only the merged top k: a repeat anywhere
@@ -185,6 +156,38 @@ fn merge(py: Python<'_>, results: &Bound<'_, PyAny>, k: i64, metric: &str) -> Py
         Ok(out)
     });
     merged.map_err(|m| invalid(py, m))?.into_py(py, single)
+}
+
+/// Per query, each shard's hits as the Rust side scores them (L2 back to
+/// the negated squared distance); `-1` ids are padding and are dropped. A
+/// negative id other than `-1` or a NaN score is an error naming it.
+fn shard_hits(parts: &[Part], queries: usize, l2: bool) -> Result<Vec<Vec<Vec<Hit>>>, String> {
+    let mut lists = Vec::with_capacity(queries);
+    for q in 0..queries {
+        let mut per_shard = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            let width = p.shape.1;
+            let mut hits = Vec::with_capacity(width);
+            for j in q * width..(q + 1) * width {
+                let (id, score) = (p.ids[j], p.scores[j]);
+                if id == -1 {
+                    continue;
+                }
+                let Ok(id) = u64::try_from(id) else {
+                    return Err(format!(
+                        "results[{i}]: id {id} is negative (only -1, the padding, may be)"
+                    ));
+                };
+                if score.is_nan() {
+                    return Err(format!("results[{i}]: the score of id {id} is NaN"));
+                }
+                hits.push(Hit::new(id, if l2 { -score } else { score }));
+            }
+            per_shard.push(hits);
+        }
+        lists.push(per_shard);
+    }
+    Ok(lists)
 }
 
 /// The shard of each id among `shards`, as int64 (the placement rule
