@@ -270,10 +270,7 @@ fn host_batches_name_the_query_at_fault() {
         let e = gpu.search_batch_rowmajor(&bad, 10).expect_err("non-finite");
         let whole = topk_core::validate::queries_rowmajor(&bad, d).expect_err("whole check");
         assert_eq!(e.to_string(), CudaError::from(whole).to_string());
-        assert!(
-            matches!(&e, CudaError::Input(topk_core::Error::NonFinite { at: topk_core::Located::Query(i), column: c, .. }) if *i == q && *c == column),
-            "{e}"
-        );
+        assert!(non_finite_at(&e, q, column), "{e}");
         let view = ArrayView2::from_shape((nq, d), &bad[..]).expect("shape");
         let e = gpu.search_batch(view, 10).expect_err("non-finite view");
         assert!(e.to_string().contains(&format!("query {q},")), "{e}");
@@ -321,17 +318,7 @@ fn host_batches_name_the_query_at_fault() {
     let e = gpu
         .search_batch_rowmajor(&bad_at(&queries, 650 * d + 9), k_past)
         .expect_err("K past max_k");
-    assert!(
-        matches!(
-            &e,
-            CudaError::Input(topk_core::Error::NonFinite {
-                at: topk_core::Located::Query(650),
-                column: 9,
-                ..
-            })
-        ),
-        "{e}"
-    );
+    assert!(non_finite_at(&e, 650, 9), "{e}");
     let e = gpu
         .search_batch_rowmajor(&queries[..d + 1], 10)
         .expect_err("ragged");
@@ -348,6 +335,23 @@ fn host_batches_name_the_query_at_fault() {
         &oracle_batch(&oracle, &queries, d, 10),
         "after the errors",
     );
+}
+
+/// Whether `e` is the input rule's non-finite error at `query`, `column`.
+fn non_finite_at(e: &CudaError, query: usize, column: usize) -> bool {
+    matches!(e, CudaError::Input(topk_core::Error::NonFinite { at: topk_core::Located::Query(i), column: c, .. }) if *i == query && *c == column)
+}
+
+/// The oracle's answers as hits of `ids` (row `i` holds `ids[i]`).
+fn oracle_hits(oracle: &Oracle, queries: &[f32], d: usize, k: usize, ids: &[u64]) -> Vec<Vec<Hit>> {
+    oracle_batch(oracle, queries, d, k)
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|h| Hit::new(ids[h.index as usize], h.score))
+                .collect()
+        })
+        .collect()
 }
 
 /// `values` with a NaN at flat position `at`.
@@ -375,14 +379,7 @@ fn resident_device_batches_take_the_engines_path() {
     let oracle = Oracle::from_rowmajor(data, d, Metric::L2).expect("oracle");
     for k in [1, 10, 100] {
         // Ids ascend with the rows, so the oracle's row order is the id order.
-        let want: Vec<Vec<Hit>> = oracle_batch(&oracle, &queries, d, k)
-            .iter()
-            .map(|r| {
-                r.iter()
-                    .map(|h| Hit::new(ids[h.index as usize], h.score))
-                    .collect()
-            })
-            .collect();
+        let want = oracle_hits(&oracle, &queries, d, k, &ids);
         let host = c.search(&queries, k, IdFilter::All).expect("host");
         assert_eq!(host, want, "k {k} host");
         // SAFETY: `dev` lives past the call and nothing writes it.
@@ -392,29 +389,15 @@ fn resident_device_batches_take_the_engines_path() {
     let mut bad = queries.clone();
     bad[77 * d] = f32::NAN;
     let e = c.search(&bad, 10, IdFilter::All).expect_err("host NaN");
-    assert!(
-        matches!(
-            &e,
-            CudaError::Input(topk_core::Error::NonFinite {
-                at: topk_core::Located::Query(77),
-                column: 0,
-                ..
-            })
-        ),
-        "{e}"
-    );
+    assert!(non_finite_at(&e, 77, 0), "{e}");
     let host = c
         .search(&queries, 10, IdFilter::All)
         .expect("host after the error");
-    let want: Vec<Vec<Hit>> = oracle_batch(&oracle, &queries, d, 10)
-        .iter()
-        .map(|r| {
-            r.iter()
-                .map(|h| Hit::new(ids[h.index as usize], h.score))
-                .collect()
-        })
-        .collect();
-    assert_eq!(host, want, "host after the error");
+    assert_eq!(
+        host,
+        oracle_hits(&oracle, &queries, d, 10, &ids),
+        "host after the error"
+    );
     let bad_dev = DeviceBuffer::from_slice(&bad).expect("device queries");
     // SAFETY: as above.
     let e = unsafe { c.search_device(bad_dev.as_device_ptr().as_raw(), nq, 10, IdFilter::All, 0) }
