@@ -132,6 +132,33 @@ pub fn queries(qs: ArrayView2<'_, f32>, dim: usize) -> Result<()> {
     bounded_view(qs, Located::Query)
 }
 
+/// Searches a `Q × D` batch of any layout with `search`, which takes its
+/// values row-major and checks them itself (a GPU engine, on the device)
+/// with the same rules: the host reads them only where the error order
+/// needs it. A wrong width or K = 0 is checked here first (values before K,
+/// as [`queries`] then [`k`] do), and a batch `search` refuses (`refused`)
+/// gets [`queries`]' own error, the one every backend gives for this view
+/// (a non-finite value before a large norm, the first query at fault).
+pub fn queries_checked_by<T, E: From<Error>>(
+    qs: ArrayView2<'_, f32>,
+    dim: usize,
+    k: usize,
+    search: impl FnOnce(&[f32]) -> std::result::Result<T, E>,
+    refused: impl Fn(&E) -> bool,
+) -> std::result::Result<T, E> {
+    if qs.ncols() != dim || k == 0 {
+        queries(qs, dim)?;
+    }
+    let found = match qs.as_slice() {
+        Some(flat) => search(flat),
+        None => search(&qs.iter().copied().collect::<Vec<f32>>()),
+    };
+    match found {
+        Err(e) if refused(&e) => Err(queries(qs, dim).err().map_or(e, E::from)),
+        found => found,
+    }
+}
+
 /// Checks K and returns the number of results a search yields: `min(k, n)`.
 pub fn k(k: usize, n: usize) -> Result<usize> {
     if k == 0 {
@@ -565,5 +592,63 @@ mod tests {
         assert!(message(&e).contains("K = 0"));
         assert_eq!(k(15, 10).unwrap(), 10);
         assert_eq!(k(3, 10).unwrap(), 3);
+    }
+
+    /// A backend that checks values itself is handed the row-major values
+    /// only when no earlier error is due, and a batch it refuses gets the
+    /// host check's error for the view.
+    #[test]
+    fn queries_checked_by_keeps_the_host_errors_and_their_order() {
+        use std::cell::Cell;
+        let calls = Cell::new(0);
+        // Two columns of a 3 × 4 buffer: a strided view.
+        let mut data = [1.0_f32; 12];
+        data[2 * 4] = 1e30; // row 2: a norm over the bound
+        let view =
+            ArrayView2::from_shape(ndarray::ShapeBuilder::strides((3, 2), (4, 1)), &data[..10])
+                .unwrap();
+        let search = |flat: &[f32]| -> std::result::Result<usize, Error> {
+            calls.set(calls.get() + 1);
+            assert_eq!(flat.len(), 6, "row-major values of the view");
+            Err(Error::ZeroK)
+        };
+        let e = queries_checked_by(view, 2, 5, search, |_| true).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::NormTooLarge {
+                    at: Located::Query(2),
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(calls.get(), 1);
+        // A refusal the host check does not confirm stays the backend's.
+        let fine = ArrayView2::from_shape((3, 4), &[0.5_f32; 12]).unwrap();
+        let e = queries_checked_by(fine, 4, 5, search_ok_len(12, &calls), |_| true).unwrap_err();
+        assert!(matches!(e, Error::ZeroK), "{e}");
+        // A wrong width, or bad values with K = 0, never reach the backend.
+        let before = calls.get();
+        let e = queries_checked_by(fine, 3, 5, search_ok_len(12, &calls), |_| true).unwrap_err();
+        assert!(matches!(e, Error::DimensionMismatch { .. }), "{e}");
+        let e = queries_checked_by(view, 2, 0, search_ok_len(6, &calls), |_| true).unwrap_err();
+        assert!(matches!(e, Error::NormTooLarge { .. }), "{e}");
+        assert_eq!(calls.get(), before);
+        let got = queries_checked_by(fine, 4, 5, |f| Ok::<_, Error>(f.len()), |_| true);
+        assert_eq!(got.unwrap(), 12);
+    }
+
+    /// A stand-in backend that counts its calls, checks the length it is
+    /// handed and refuses.
+    fn search_ok_len(
+        len: usize,
+        calls: &std::cell::Cell<usize>,
+    ) -> impl FnOnce(&[f32]) -> std::result::Result<usize, Error> + '_ {
+        move |flat| {
+            calls.set(calls.get() + 1);
+            assert_eq!(flat.len(), len);
+            Err(Error::ZeroK)
+        }
     }
 }

@@ -402,22 +402,14 @@ impl Retriever for CudaPlugin {
         queries: ArrayView2<'_, f32>,
         k: usize,
     ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
-        if queries.ncols() != self.dim || k == 0 {
-            validate::queries(queries, self.dim)?;
-        }
-        let res = match queries.as_slice() {
-            Some(flat) => self.search_batch_rowmajor(flat, k),
-            None => {
-                let flat: Vec<f32> = queries.iter().copied().collect();
-                self.search_batch_rowmajor(&flat, k)
-            }
-        };
-        // The values were checked on the device; a batch at fault gets the
-        // error every backend gives for this view.
-        if matches!(res, Err(LoadError::Input(_))) {
-            validate::queries(queries, self.dim)?;
-        }
-        Ok(res?)
+        // The engine checks the values on the device as it stages them.
+        Ok(validate::queries_checked_by(
+            queries,
+            self.dim,
+            k,
+            |flat| self.search_batch_rowmajor(flat, k),
+            |e| matches!(e, LoadError::Input(_)),
+        )?)
     }
 }
 

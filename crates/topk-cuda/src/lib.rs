@@ -581,22 +581,13 @@ impl Retriever for CudaRetriever {
         queries: ArrayView2<'_, f32>,
         k: usize,
     ) -> topk_core::Result<Vec<Vec<Neighbor>>> {
-        let d = self.engine.dim();
-        if queries.ncols() != d || k == 0 {
-            validate::queries(queries, d)?;
-        }
-        let res = match queries.as_slice() {
-            Some(flat) => self.engine.search_batch(flat, k),
-            None => {
-                let flat: Vec<f32> = queries.iter().copied().collect();
-                self.engine.search_batch(&flat, k)
-            }
-        };
-        // The values were checked on the device; a batch at fault gets the
-        // error every backend gives for this view.
-        if matches!(res, Err(CudaError::Input(_))) {
-            validate::queries(queries, d)?;
-        }
-        Ok(res?)
+        // The values are checked on the device as they are staged.
+        Ok(validate::queries_checked_by(
+            queries,
+            self.engine.dim(),
+            k,
+            |flat| self.engine.search_batch(flat, k),
+            |e| matches!(e, CudaError::Input(_)),
+        )?)
     }
 }

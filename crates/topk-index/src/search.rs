@@ -159,15 +159,22 @@ impl Index {
             FilterSpec::PerQuery(fs) => fs.len() == queries.nrows(),
             _ => true,
         };
-        // A `cuda` index checks the values on the device (as the engine stages
-        // them); every other error still comes after the values' check.
-        let on_device = self.backend == IndexBackend::Cuda
-            && queries.ncols() == self.dim
-            && k > 0
-            && filters_fit;
-        if !on_device {
-            validate::queries(queries, self.dim)?;
+        if self.backend == IndexBackend::Cuda && filters_fit {
+            // The values are checked on the device as the engine stages them;
+            // a batch it refuses gets the host check's error, the one every
+            // backend gives, as does any other failure of a batch at fault.
+            return validate::queries_checked_by(
+                queries,
+                self.dim,
+                k,
+                |flat| {
+                    check_k(k)?;
+                    self.device_search(flat, k, filter)
+                },
+                |_| true,
+            );
         }
+        validate::queries(queries, self.dim)?;
         check_k(k)?;
         if let FilterSpec::PerQuery(fs) = filter {
             if !filters_fit {
@@ -179,22 +186,6 @@ impl Index {
         }
         if self.backend == IndexBackend::Hnsw {
             return Ok(self.graph_search_batch(queries, k, filter));
-        }
-        if self.backend == IndexBackend::Cuda {
-            let found = match queries.as_slice() {
-                Some(flat) => self.device_search(flat, k, filter),
-                None => {
-                    let flat: Vec<f32> = queries.iter().copied().collect();
-                    self.device_search(&flat, k, filter)
-                }
-            };
-            // A batch the device refused gets the host check's error, the
-            // one every backend gives (the first query at fault, its column
-            // and value).
-            return found.map_err(|e| match validate::queries(queries, self.dim) {
-                Err(named) => named.into(),
-                Ok(()) => e,
-            });
         }
         // A shared filter is resolved to rows once for the whole batch.
         let shared = match (self.backend, filter) {

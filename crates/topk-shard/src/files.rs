@@ -145,9 +145,6 @@ impl ShardedIndex {
     }
 }
 
-/// One more than the largest generation named in `dir`: by its manifest, or
-/// by shard files a failed save left behind, so a save never overwrites a
-/// file the current manifest names.
 /// The generation the next save into the folder `dir` writes: one past the
 /// larger of its manifest's and of every shard file's there, so a save
 /// never reuses the name of a file a failed or concurrent save left.

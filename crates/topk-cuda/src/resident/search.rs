@@ -36,13 +36,7 @@ impl ResidentCorpus {
     ) -> Result<Vec<Vec<Hit>>, CudaError> {
         let d = self.dim();
         let nq = queries.len() / d;
-        if queries.len() % d == 0
-            && nq > 1
-            && k > 0
-            && matches!(filter, IdFilter::All)
-            && self.dead == 0
-            && !self.ids.is_empty()
-        {
+        if queries.len() % d == 0 && nq > 1 && self.engine_batch(k, filter) {
             // Every row live: the engine's batch, which checks the values on
             // the device as it stages them (the host check only for a batch
             // at fault, to name it).
@@ -86,7 +80,7 @@ impl ResidentCorpus {
             return Ok(Vec::new());
         }
         let view = driver::external::<f32>(queries, values)?;
-        if matches!(filter, IdFilter::All) && self.dead == 0 && !self.ids.is_empty() && k > 0 {
+        if self.engine_batch(k, filter) {
             // Every row live: the engine's batch, whose check is read with
             // its results (no wait of its own).
             let found = self.engine.search_batch_device(view, stream, k)?;
@@ -95,6 +89,13 @@ impl ResidentCorpus {
         self.engine
             .check_device_queries(&mut *self.engine.slot()?, view, nq, stream)?;
         self.search_source(Source::Device(view), nq, k, filter)
+    }
+
+    /// Whether a batch goes to the engine's own batch path, which checks
+    /// its values on the device as it stages them: every stored row live,
+    /// no filter, K ≥ 1.
+    fn engine_batch(&self, k: usize, filter: IdFilter<'_>) -> bool {
+        matches!(filter, IdFilter::All) && self.dead == 0 && !self.ids.is_empty() && k > 0
     }
 
     /// A checked search of `nq` queries from `src`.
